@@ -1,0 +1,49 @@
+"""Shared pytest fixtures.  Keep this file tidy: one section per resource."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------
+# Docker Engine
+# --------------------------------------------------------------------------
+def _start_docker_engine() -> str:
+    """Run scripts/docker_engine.sh once (root only); return its output tail."""
+    script = REPO_ROOT / "scripts" / "docker_engine.sh"
+    if not script.exists():
+        return f"{script} missing"
+    if os.geteuid() != 0:
+        return "not root, cannot start dockerd"
+    try:
+        proc = subprocess.run(["bash", str(script)], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return f"{script} timed out"
+    return (proc.stdout + proc.stderr).strip()[-2000:] or f"exit {proc.returncode}"
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A ``docker.DockerClient`` whose engine answers and has the sandbox image.
+
+    If no engine answers and we are root, ``scripts/docker_engine.sh`` is run
+    once to install/start one; skips only when none can be started."""
+    docker = pytest.importorskip("docker", reason="docker SDK missing: pip install '.[docker]'")
+    from tangram.executors.docker_image import engine_error, ensure_image
+
+    reason = engine_error()
+    if reason is not None:
+        script_out = _start_docker_engine()
+        if engine_error() is not None:
+            pytest.skip(f"no Docker Engine can be started: {reason}; {script_out}")
+    client = docker.from_env(timeout=120)
+    ensure_image(client)
+    yield client
+    client.close()
