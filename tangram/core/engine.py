@@ -1,0 +1,340 @@
+"""The engine: queue, running set, managers and the policy call (DESIGN.md §6).
+
+Synchronous and clock-injected: the aiohttp service drives it with the real
+clock and real executors, the simulator with a virtual clock and simulated
+executors. It never touches the outside world: every call returns the
+actions that start now (:class:`Started`), and the driver runs them and
+reports back with :meth:`Engine.complete`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from tangram.core.errors import UnknownActionError, UnschedulableError
+from tangram.core.estimator import DurationEstimator
+from tangram.core.model import Action
+from tangram.managers.base import ResourceManager
+from tangram.policy.schedule import plan as elastic_plan
+from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
+
+WAITING, RUNNING = "waiting", "running"
+FINAL_STATES = frozenset({"succeeded", "failed", "timeout", "cancelled"})
+Policy = Callable[[Snapshot], Plan]
+
+
+@dataclass(slots=True, eq=False)
+class ActionRecord:
+    """What the engine knows of one action: its state, grants and timing."""
+
+    action: Action
+    submitted_at: float
+    state: str = WAITING
+    started_at: float | None = None
+    finished_at: float | None = None
+    dispatch: Dispatch | None = None
+    grants: dict[str, Any] = field(default_factory=dict)  # pool -> manager's grant
+    estimated_end: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return self.action.id
+
+    @property
+    def queued_s(self) -> float | None:
+        return None if self.started_at is None else self.started_at - self.submitted_at
+
+    @property
+    def exec_s(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+    @property
+    def act_s(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.submitted_at
+
+    @property
+    def dop(self) -> int | None:
+        return None if self.dispatch is None else self.dispatch.dop
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """An action the driver must run now, with the manager grants it holds."""
+
+    record: ActionRecord
+    dispatch: Dispatch
+    grants: Mapping[str, Any]
+
+    @property
+    def action(self) -> Action:
+        return self.record.action
+
+
+class Engine:
+    """Submit, complete, cancel; each returns the actions that start now."""
+
+    def __init__(
+        self,
+        managers: Sequence[ResourceManager],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        params: PolicyParams | None = None,
+        policy: Policy = elastic_plan,
+        estimator: DurationEstimator | None = None,
+        keep_finished: int = 100_000,
+    ):
+        self.managers = list(managers)
+        self.clock = clock
+        self.params = params or PolicyParams()
+        self.policy = policy
+        self.estimator = estimator or DurationEstimator()
+        self._keep_finished = keep_finished
+        self._owner: dict[str, ResourceManager] = {}
+        self._refresh_owners()
+        self.waiting: dict[str, ActionRecord] = {}  # insertion order is FCFS order
+        self.running: dict[str, ActionRecord] = {}
+        self.finished: dict[str, ActionRecord] = {}
+        self.placement: dict[str, str] = {}  # trajectory -> node
+        self._placed_mem: dict[str, tuple[str, int]] = {}  # holder -> (mem pool, MiB)
+        self.rounds = 0
+
+    # ------------------------------------------------------------------ #
+    # topology
+
+    def _refresh_owners(self) -> None:
+        self._owner.clear()
+        for m in self.managers:
+            for p in m.pool_states():
+                if p.name in self._owner:
+                    raise ValueError(f"pool {p.name!r} is owned by two managers")
+                self._owner[p.name] = m
+
+    def add_manager(self, manager: ResourceManager) -> None:
+        self.managers.append(manager)
+        self._refresh_owners()
+
+    def pool_states(self) -> dict[str, PoolState]:
+        return {p.name: p for m in self.managers for p in m.pool_states()}
+
+    def nodes(self, pools: Mapping[str, PoolState] | None = None) -> tuple[str, ...]:
+        pools = self.pool_states() if pools is None else pools
+        seen: dict[str, None] = {}
+        for p in pools.values():
+            if p.node is not None:
+                seen.setdefault(p.node, None)
+        return tuple(seen)
+
+    # ------------------------------------------------------------------ #
+    # events
+
+    def submit(self, action: Action) -> list[Started]:
+        """Queue ``action`` (rejecting a demand that can never fit) and schedule."""
+        if action.id in self.waiting or action.id in self.running or action.id in self.finished:
+            raise UnschedulableError("id", f"action {action.id!r} was already submitted")
+        self.check_feasible(action)
+        self.waiting[action.id] = ActionRecord(action, submitted_at=self.clock())
+        return self.schedule()
+
+    def complete(self, action_id: str, status: str = "succeeded") -> list[Started]:
+        """The driver reports that a running action ended; free its units and schedule."""
+        if status not in FINAL_STATES:
+            raise ValueError(f"status: must be one of {sorted(FINAL_STATES)}, got {status!r}")
+        rec = self.running.pop(action_id, None)
+        if rec is None:
+            raise UnknownActionError(f"action {action_id!r} is not running")
+        self._finish(rec, status)
+        if status == "succeeded" and rec.exec_s is not None:
+            units = rec.dispatch.units.get(rec.action.key, 0) if rec.action.key else 0
+            self.estimator.observe(rec.action, units, rec.exec_s)
+        return self.schedule()
+
+    def cancel(self, action_id: str) -> list[Started]:
+        """Cancel a waiting or running action (the driver kills a running one)."""
+        rec = self.waiting.pop(action_id, None) or self.running.pop(action_id, None)
+        if rec is None:
+            if action_id in self.finished:
+                return []
+            raise UnknownActionError(f"action {action_id!r} is unknown")
+        self._finish(rec, "cancelled")
+        return self.schedule()
+
+    def close_trajectory(self, trajectory: str) -> list[Started]:
+        """The trajectory ended: its memory reservation and node pin go away."""
+        self.placement.pop(trajectory, None)
+        self._release_mem(trajectory)
+        return self.schedule()
+
+    def tick(self) -> list[Started]:
+        """Re-run the policy (a quota period refilled, a node came back, ...)."""
+        return self.schedule()
+
+    def next_wakeup(self) -> float | None:
+        now = self.clock()
+        times = [t for m in self.managers if (t := m.next_wakeup(now)) is not None]
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ #
+    # scheduling
+
+    def snapshot(self) -> Snapshot:
+        now = self.clock()
+        pools = self.pool_states()
+        running_by_pool: dict[str, list[tuple[float, int]]] = {}
+        for rec in self.running.values():
+            left = max(rec.estimated_end - now, 0.0)
+            for rtype, pname in rec.dispatch.pools.items():
+                running_by_pool.setdefault(pname, []).append((left, rec.dispatch.units[rtype]))
+        if running_by_pool:
+            pools = {
+                name: (_with_running(p, running_by_pool[name]) if name in running_by_pool else p)
+                for name, p in pools.items()
+            }
+        return Snapshot(
+            pools=pools,
+            nodes=self.nodes(pools),
+            waiting=tuple(r.action for r in self.waiting.values()),
+            placement=dict(self.placement),
+            class_estimates=self.estimator.class_estimates(),
+            params=self.params,
+        )
+
+    def schedule(self) -> list[Started]:
+        if not self.waiting:
+            return []
+        self.rounds += 1
+        result = self.policy(self.snapshot())
+        # buddy chunks are placed largest first, which is what the policy's packing assumed
+        ordered = sorted(result.dispatches, key=lambda d: -d.units.get("gpu", 0))
+        started = [self._start(d) for d in ordered]
+        order = {d.action.id: i for i, d in enumerate(result.dispatches)}
+        started.sort(key=lambda s: order[s.action.id])
+        return started
+
+    def _start(self, d: Dispatch) -> Started:
+        rec = self.waiting.pop(d.action.id)
+        a = d.action
+        grants: dict[str, Any] = {}
+        try:
+            if d.place_mem_mb:
+                holder = a.trajectory or a.id
+                mpool = pool_name("mem", d.node)
+                self._owner[mpool].allocate(mpool, d.place_mem_mb, holder, a)
+                self._placed_mem[holder] = (mpool, d.place_mem_mb)
+            if a.trajectory is not None and "cpu" in a.demands and d.node is not None:
+                self.placement.setdefault(a.trajectory, d.node)
+            for rtype, pname in d.pools.items():
+                grants[pname] = self._owner[pname].allocate(pname, d.units[rtype], a.id, a)
+        except Exception:
+            for pname in grants:  # nothing leaks when a manager refuses
+                self._owner[pname].release(pname, a.id)
+            if d.place_mem_mb and a.trajectory is None:
+                self._release_mem(a.id)
+            self.waiting[a.id] = rec
+            raise
+        now = self.clock()
+        rec.state = RUNNING
+        rec.started_at = now
+        rec.dispatch = d
+        rec.grants = grants
+        rec.estimated_end = now + (d.estimated_s or self.params.default_duration_s)
+        self.running[a.id] = rec
+        return Started(rec, d, grants)
+
+    def _finish(self, rec: ActionRecord, status: str) -> None:
+        rec.state = status
+        rec.finished_at = self.clock()
+        for pname in rec.grants:
+            self._owner[pname].release(pname, rec.action.id)
+        if rec.action.trajectory is None:
+            self._release_mem(rec.action.id)  # a one-shot action's memory lives with it
+        self.finished[rec.action.id] = rec
+        if len(self.finished) > self._keep_finished:
+            self.finished.pop(next(iter(self.finished)))
+
+    def _release_mem(self, holder: str) -> None:
+        placed = self._placed_mem.pop(holder, None)
+        if placed is not None:
+            self._owner[placed[0]].release(placed[0], holder)
+
+    # ------------------------------------------------------------------ #
+    # feasibility and checks
+
+    def check_feasible(self, action: Action) -> None:
+        """Reject a demand that no node can ever satisfy (never queued)."""
+        pools = self.pool_states()
+        nodes = self.nodes(pools)
+        for rtype, demand in action.demands.items():
+            if rtype.startswith("api:"):
+                p = pools.get(rtype)
+                if p is None:
+                    raise UnschedulableError(f"resources.{rtype}", f"no API pool named {rtype[4:]!r} is configured")
+                if demand.min > p.capacity:
+                    raise UnschedulableError(f"resources.{rtype}", f"needs {demand.min} slots, the pool has {p.capacity}")
+        local = [t for t in action.demands if t in ("cpu", "gpu")]
+        if not local:
+            return
+        bound = self.placement.get(action.trajectory) if (action.trajectory and "cpu" in action.demands) else None
+        candidates = (bound,) if bound is not None else nodes
+        reasons = []
+        for node in candidates:
+            why = self._node_cannot_host(action, node, pools, bound is None)
+            if why is None:
+                return
+            reasons.append(why)
+        rtype = local[0]
+        if not reasons:
+            raise UnschedulableError(f"resources.{rtype}", f"no node has a {rtype} pool")
+        where = f"trajectory's node {bound!r}" if bound is not None else "any node"
+        raise UnschedulableError(f"resources.{reasons[0][0]}", f"{where} can never fit it: {reasons[0][1]}")
+
+    @staticmethod
+    def _node_cannot_host(action: Action, node: str, pools, unplaced: bool) -> tuple[str, str] | None:
+        for rtype in ("cpu", "gpu"):
+            d = action.demands.get(rtype)
+            if d is None:
+                continue
+            p = pools.get(pool_name(rtype, node))
+            if p is None:
+                return rtype, f"node {node!r} has no {rtype} pool"
+            if d.min > p.capacity:
+                return rtype, f"needs at least {d.min}, node {node!r} has {p.capacity}"
+        if unplaced and "cpu" in action.demands and action.mem_mb:
+            p = pools.get(pool_name("mem", node))
+            cap = p.capacity if p else 0
+            if action.mem_mb > cap:
+                return "mem_mb", f"needs {action.mem_mb} MiB, node {node!r} has {cap}"
+        return None
+
+    def check_invariants(self) -> None:
+        for m in self.managers:
+            m.check_invariants()
+        held = {(p, h) for m in self.managers for p, hs in m.held().items() for h in hs}
+        expected = {(p, rid) for rid, rec in self.running.items() for p in rec.grants}
+        expected |= {(mp, h) for h, (mp, _) in self._placed_mem.items()}
+        if held and held != expected:
+            raise AssertionError(f"grants out of sync: leaked {sorted(held - expected)}, missing {sorted(expected - held)}")
+
+    # ------------------------------------------------------------------ #
+    # introspection
+
+    def record(self, action_id: str) -> ActionRecord:
+        for table in (self.waiting, self.running, self.finished):
+            rec = table.get(action_id)
+            if rec is not None:
+                return rec
+        raise UnknownActionError(f"action {action_id!r} is unknown")
+
+    def records(self) -> Iterable[ActionRecord]:
+        yield from self.finished.values()
+        yield from self.running.values()
+        yield from self.waiting.values()
+
+
+def _with_running(p: PoolState, running: list[tuple[float, int]]) -> PoolState:
+    return PoolState(
+        name=p.name, rtype=p.rtype, node=p.node, capacity=p.capacity, free=p.free,
+        chunks=p.chunks, running=tuple(running), resident=p.resident,
+    )

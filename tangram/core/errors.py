@@ -1,0 +1,28 @@
+"""Errors that name the offending field and the reason.
+
+"Does not fit now" is never an exception (it is a value in the policy);
+these are for input that is wrong or can never be served.
+"""
+from __future__ import annotations
+
+
+class TangramError(Exception):
+    """Base class of every error raised on purpose by tangram."""
+
+
+class DemandError(TangramError, ValueError):
+    """An action (or one of its fields) is malformed."""
+
+    def __init__(self, field: str, reason: str):
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class UnschedulableError(DemandError):
+    """A well-formed demand that no node of the cluster can ever satisfy."""
+
+
+class UnknownActionError(TangramError, KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "unknown action"

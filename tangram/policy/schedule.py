@@ -1,0 +1,325 @@
+"""One scheduling round (paper Algorithm 1, DESIGN.md §4).
+
+1. FCFS candidates: walk the queue, take every action whose minimum demands
+   fit together with the earlier candidates' (vector constraint, topology
+   aware); an action that does not fit blocks the pools it needs, so later
+   actions never overtake it there (no starvation) while actions that need
+   other pools go on (an API call never waits behind a test suite).
+2. Group the scalable candidates by key pool; the rest get their minimum.
+3. Greedy eviction per group with the ACT approximation (Algorithm 2) over
+   the DPArrange prefix table (one DP pass serves every prefix).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from types import MappingProxyType
+from typing import Sequence
+
+from tangram.core.model import Action
+from tangram.policy.arrange import ChunkOperator, UnitsOperator, packable, prefix_table
+from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
+
+_EPS = 1e-9
+
+
+class _Candidate:
+    __slots__ = ("action", "node", "pools", "units", "place_mem")
+
+    def __init__(self, action: Action, node: str | None, pools: dict[str, str], place_mem: int):
+        self.action = action
+        self.node = node
+        self.pools = pools  # rtype -> pool name
+        self.units = {t: d.min for t, d in action.demands.items()}
+        self.place_mem = place_mem
+
+
+def plan(snap: Snapshot) -> Plan:
+    """Decide what starts now, where, and with how many units."""
+    if not snap.waiting:
+        return Plan()
+    cands, lookahead = _select_candidates(snap)
+    if not cands:
+        return Plan()
+    _elastic_allocation(snap, cands, lookahead)
+    return Plan(tuple(
+        Dispatch(
+            action=c.action,
+            node=c.node,
+            units=MappingProxyType(dict(c.units)),
+            pools=MappingProxyType(dict(c.pools)),
+            place_mem_mb=c.place_mem,
+            estimated_s=_duration(c.action, c.units.get(c.action.key, 0) if c.action.key else 0, snap),
+        )
+        for c in cands
+        if c is not None
+    ))
+
+
+# --------------------------------------------------------------------------- #
+# 1. candidates
+
+
+def _select_candidates(snap: Snapshot):
+    pools = snap.pools
+    free = {name: p.free for name, p in pools.items()}
+    taken_chunks: dict[str, list[int]] = {name: [] for name, p in pools.items() if p.chunked}
+    blocked: set[str] = set()
+    placed: dict[str, str] = {}  # trajectories placed by this round
+    cands: list[_Candidate] = []
+    lookahead: dict[str, list[Action]] = {}
+    limit = snap.params.lookahead
+    n_pools = len(pools)
+
+    def fits(pname: str, units: int) -> bool:
+        p = pools[pname]
+        if p.chunked:
+            return free[pname] >= units and packable(p.chunks, taken_chunks[pname] + [units])
+        return free[pname] >= units
+
+    for a in snap.waiting:
+        if len(blocked) >= n_pools:
+            break  # every pool has a blocked head: nothing later can start
+        node, needed, place_mem = _place(a, snap, placed, free, fits, blocked)
+        if node is _NO_NODE:
+            for pname in needed:
+                blocked.add(pname)
+                waiting = lookahead.setdefault(pname, [])
+                if len(waiting) < limit:
+                    waiting.append(a)
+            continue
+        pools_of = {t: pool_name(t, node) for t in a.demands}
+        for t, d in a.demands.items():
+            pname = pools_of[t]
+            free[pname] -= d.min
+            if pname in taken_chunks:
+                taken_chunks[pname].append(d.min)
+        if place_mem:
+            free[pool_name("mem", node)] -= place_mem
+        if node is not None and "cpu" in a.demands and a.trajectory is not None:
+            placed.setdefault(a.trajectory, node)
+        cands.append(_Candidate(a, node, pools_of, place_mem))
+    return cands, lookahead
+
+
+class _NoNode:
+    pass
+
+
+_NO_NODE = _NoNode()
+
+
+def _needs_node(a: Action) -> bool:
+    return "cpu" in a.demands or "gpu" in a.demands
+
+
+def _place(a: Action, snap: Snapshot, placed, free, fits, blocked):
+    """Choose the node for ``a``: returns (node, pools it would block, memory to place).
+
+    A trajectory stays on the node its first CPU action was placed on; an
+    unplaced one goes to a node with cores for the action and memory for the
+    whole trajectory, the one with the most free memory (load balancing).
+    """
+    api_pools = [t for t in a.demands if t not in ("cpu", "gpu")]
+    for t in api_pools:
+        if t not in snap.pools:
+            return _NO_NODE, [], 0  # its pool vanished (e.g. reconfigured); it waits
+    if not _needs_node(a):
+        ok = all(t not in blocked and fits(t, a.demands[t].min) for t in api_pools)
+        return (None, [], 0) if ok else (_NO_NODE, api_pools, 0)
+
+    bound = None
+    if "cpu" in a.demands and a.trajectory is not None:
+        bound = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
+    nodes = (bound,) if bound is not None else snap.nodes
+    api_ok = all(t not in blocked and fits(t, a.demands[t].min) for t in api_pools)
+    best, best_key = _NO_NODE, None
+    local = [t for t in a.demands if t in ("cpu", "gpu")]
+    for node in nodes:
+        names = [pool_name(t, node) for t in local]
+        if any(n not in snap.pools or n in blocked for n in names):
+            continue
+        if not all(fits(n, a.demands[t].min) for n, t in zip(names, local)):
+            continue
+        mem = 0
+        if bound is None and "cpu" in a.demands and a.mem_mb:
+            mem = a.mem_mb
+            mname = pool_name("mem", node)
+            if mname not in snap.pools or mname in blocked or free[mname] < mem:
+                continue
+        key = _node_preference(a, node, snap, free)
+        if best_key is None or key > best_key:
+            best, best_key = node, key
+    if best is _NO_NODE or not api_ok:
+        block = [pool_name(t, n) for n in nodes for t in local if pool_name(t, n) in snap.pools]
+        if bound is None and "cpu" in a.demands and a.mem_mb:
+            block += [pool_name("mem", n) for n in nodes if pool_name("mem", n) in snap.pools]
+        return _NO_NODE, block + api_pools, 0
+    mem = a.mem_mb if (bound is None and "cpu" in a.demands and a.mem_mb) else 0
+    return best, [], mem
+
+
+def _node_preference(a: Action, node: str, snap: Snapshot, free) -> tuple:
+    if "gpu" in a.demands:
+        gp = snap.pools[pool_name("gpu", node)]
+        resident = a.service is not None and any(s.startswith(a.service) for s in gp.resident)
+        return (resident, free[gp.name])
+    mname = pool_name("mem", node)
+    mem_free = free.get(mname, 0)
+    return (mem_free, free[pool_name("cpu", node)])
+
+
+# --------------------------------------------------------------------------- #
+# 2./3. elastic allocation per key pool
+
+
+def _duration(a: Action, units: int, snap: Snapshot) -> float:
+    d = a.duration(units) if units else (a.t1_s if a.t1_s is not None else None)
+    if d is not None:
+        return d
+    return snap.class_estimates.get(a.action_class, snap.params.default_duration_s)
+
+
+def _options(a: Action, cap: int, params: PolicyParams) -> dict[int, float]:
+    demand = a.demands[a.key]
+    limit = cap
+    caps = params.dop_caps.get(a.action_class)
+    if caps is not None:
+        limit = min(limit, max(caps, demand.min))
+    if params.fixed_dop is not None:
+        # the ablation baseline: the largest option not above N (at least the minimum)
+        fixed = max((o for o in demand.options if o <= params.fixed_dop), default=demand.min)
+        return {fixed: a.duration(fixed)} if fixed <= cap else {}
+    return {u: a.duration(u) for u in demand.options if u <= limit}
+
+
+def _elastic_allocation(snap: Snapshot, cands: list[_Candidate], lookahead) -> None:
+    groups: dict[str, list[_Candidate]] = {}
+    for c in cands:
+        if c.action.scalable:
+            groups.setdefault(c.pools[c.action.key], []).append(c)
+    for pname, group in groups.items():
+        _arrange_group(snap, snap.pools[pname], group, cands, lookahead.get(pname, ()))
+
+
+def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
+    members = set(id(c) for c in group)
+    others = [c for c in cands if c is not None and id(c) not in members and pool.name in c.pools.values()]
+    other_units = [c.units[_rtype_of(c, pool.name)] for c in others]
+    if pool.chunked:
+        rest = _chunks_left(pool.chunks, other_units)
+        operator = ChunkOperator(rest)
+        capacity = sum(rest)
+    else:
+        capacity = pool.free - sum(other_units)
+        operator = UnitsOperator(max(capacity, 0))
+    params = snap.params
+    options = [_options(c.action, capacity, params) for c in group]
+    table = prefix_table(options, operator)
+
+    seed = list(pool.running) + [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
+    remaining_tail = list(waiting_after)
+    best = None
+    n = len(group)
+    for t in range(n, 0, -1):
+        if not table.feasible(t):
+            continue
+        units = table.units(t)
+        evicted = [c.action for c in group[t:]]
+        obj = table.best(t) + _estimate_rest(
+            seed + [(group[i].action.duration(u), u) for i, u in enumerate(units)],
+            capacity - sum(units),
+            evicted + remaining_tail,
+            pool,
+            snap,
+        )
+        if best is None or obj < best[0] - _EPS:
+            best = (obj, t, units)
+        else:
+            break  # evicting one more did not lower the objective
+    if best is None:  # cannot happen when minimums fit; keep minimums
+        return
+    _, t, units = best
+    for i, c in enumerate(group):
+        if i < t:
+            c.units[c.action.key] = units[i]
+        else:
+            cands[cands.index(c)] = None  # evicted: keeps its queue position
+
+
+def _rtype_of(c: _Candidate, pname: str) -> str:
+    for t, p in c.pools.items():
+        if p == pname:
+            return t
+    raise KeyError(pname)
+
+
+def _chunks_left(free_chunks: Sequence[int], taken: Sequence[int]) -> tuple[int, ...]:
+    from tangram.policy.arrange import CHUNK_SIZES, pack_one
+
+    avail = {s: 0 for s in CHUNK_SIZES}
+    for c in free_chunks:
+        avail[c] += 1
+    for r in sorted(taken, reverse=True):
+        pack_one(avail, r)
+    return tuple(s for s in CHUNK_SIZES for _ in range(avail[s]))
+
+
+def _estimate_rest(heap_items, free_units: int, remaining: list[Action], pool: PoolState, snap: Snapshot) -> float:
+    """Algorithm 2: ACT estimate of the actions still waiting for this pool.
+
+    Each gets its minimum and starts, in queue order, when the completion heap
+    has released enough units; the first ``depth - 1`` try every feasible
+    count instead (a bounded search).
+    """
+    heap = [(max(f, 0.0), u) for f, u in heap_items]
+    heapq.heapify(heap)
+    return _walk(heap, free_units, 0.0, remaining, 0, snap.params.depth - 1, pool, snap)
+
+
+def _walk(heap, free, now, remaining, i, explore, pool, snap) -> float:
+    total = 0.0
+    rtype = pool.rtype
+    while i < len(remaining):
+        a = remaining[i]
+        demand = a.demands.get(rtype)
+        if demand is None:
+            i += 1
+            continue
+        if explore > 0 and a.scalable and a.key == rtype:
+            best = math.inf
+            for u in demand.options:
+                if u > pool.capacity:
+                    break
+                h = list(heap)
+                f, t = _start_time(h, free, now, u)
+                d = a.duration(u)
+                heapq.heappush(h, (t + d, u))
+                cost = (t + d) + _walk(h, f - u, t, remaining, i + 1, explore - 1, pool, snap)
+                best = min(best, cost)
+            return total + (best if best < math.inf else 0.0)
+        u = demand.min
+        free, now = _start_time(heap, free, now, u)
+        d = _duration(a, u, snap)
+        total += now + d
+        heapq.heappush(heap, (now + d, u))
+        free -= u
+        i += 1
+    return total
+
+
+def _start_time(heap, free, now, units):
+    """Pop completions until ``units`` are free; returns (free, start time).
+
+    An empty heap with too few units means the pool's accounting is not all
+    known to the estimate (units held outside the engine): assume they are
+    free rather than waiting forever.
+    """
+    while free < units:
+        if not heap:
+            return units, now
+        t, u = heapq.heappop(heap)
+        free += u
+        if t > now:
+            now = t
+    return free, now

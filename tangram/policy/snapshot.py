@@ -1,0 +1,105 @@
+"""Frozen inputs and outputs of the policy.
+
+The engine builds a :class:`Snapshot` from its queue and its managers' pool
+states; :func:`tangram.policy.schedule.plan` turns it into a :class:`Plan`;
+the engine applies the plan through the managers. Nothing here mutates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from tangram.core.model import Action, NODE_LOCAL_TYPES
+
+_EMPTY: Mapping = MappingProxyType({})
+
+
+def pool_name(rtype: str, node: str | None) -> str:
+    """``cpu@node0`` for node-local types, the type itself (``api:x``) otherwise."""
+    return f"{rtype}@{node}" if rtype in NODE_LOCAL_TYPES else rtype
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """One pool as its manager sees it right now.
+
+    ``chunks`` (GPU pools only) lists the sizes of the free buddy chunks;
+    ``running`` lists ``(seconds_left, units)`` of the actions holding units,
+    seeding the completion heap of the ACT estimate; ``resident`` names the
+    services whose state is on this pool's devices (GPU affinity).
+    """
+
+    name: str
+    rtype: str
+    node: str | None
+    capacity: int
+    free: int
+    chunks: tuple[int, ...] | None = None
+    running: tuple[tuple[float, int], ...] = ()
+    resident: frozenset[str] = frozenset()
+
+    @property
+    def chunked(self) -> bool:
+        return self.chunks is not None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyParams:
+    """Knobs of the elastic policy (paper: depth 2 or 3 is enough)."""
+
+    depth: int = 2
+    lookahead: int = 32
+    default_duration_s: float = 1.0
+    # per-class caps on the key resource's DoP (chosen by `tangram tune`)
+    dop_caps: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    # ablation baseline: every elastic action gets exactly this many units (or its nearest option)
+    fixed_dop: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ValueError(f"depth: must be >= 1, got {self.depth}")
+        if self.lookahead < 0:
+            raise ValueError(f"lookahead: must be >= 0, got {self.lookahead}")
+        if not self.default_duration_s > 0:
+            raise ValueError(f"default_duration_s: must be positive, got {self.default_duration_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the policy may look at, frozen at one instant."""
+
+    pools: Mapping[str, PoolState]
+    nodes: tuple[str, ...]
+    waiting: tuple[Action, ...]
+    placement: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # trajectory -> node (memory already reserved)
+    class_estimates: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # running average duration per class
+    params: PolicyParams = field(default_factory=PolicyParams)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Start ``action`` now with ``units[rtype]`` units taken from ``pools[rtype]``.
+
+    ``place_mem_mb`` > 0 means the action's trajectory is placed on ``node``
+    now and that much memory is reserved for it.
+    """
+
+    action: Action
+    node: str | None
+    units: Mapping[str, int]
+    pools: Mapping[str, str]
+    place_mem_mb: int = 0
+    estimated_s: float | None = None
+
+    @property
+    def dop(self) -> int:
+        key = self.action.key
+        if key is not None:
+            return self.units[key]
+        return next(iter(self.units.values()), 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    dispatches: tuple[Dispatch, ...] = ()
