@@ -1,0 +1,64 @@
+"""What every executor offers: dumb, asynchronous hands (DESIGN.md §5, §8).
+
+An executor never decides anything: it is told which environment, which
+cores / GPU chunk / API slot and which DoP, runs the action, and reports.
+Timeouts and cancellation arrive as ``asyncio.CancelledError`` or the
+``timeout_s`` argument; the executor must kill what it started *before*
+returning, so the caller can give the units back safely.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+SUCCEEDED, FAILED, TIMEOUT, CANCELLED = "succeeded", "failed", "timeout", "cancelled"
+
+
+@dataclass(slots=True)
+class ExecResult:
+    """Outcome of one action as the wire API reports it."""
+
+    status: str  # succeeded | failed | timeout | cancelled
+    exit_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    output: Any = None  # kind-specific (http body, model scores, ...)
+    error: str | None = None  # a human-readable reason when not succeeded
+    details: dict[str, Any] = field(default_factory=dict)  # e.g. which isolation was used
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where and with what an action runs, as decided by the engine and managers."""
+
+    action_id: str
+    node: str | None
+    dop: int
+    cores: Sequence[int] = ()  # CPU actions: the exclusive core set
+    cpu_quota: float | None = None  # CPUs worth of CFS quota (defaults to len(cores))
+    gpu_devices: Sequence[int] = ()  # GPU actions: the chunk's devices
+    grants: Mapping[str, Any] = field(default_factory=dict)
+
+
+class EnvironmentExecutor(ABC):
+    """Runs ``exec`` actions inside per-trajectory environments (dir or container)."""
+
+    name: str = "abstract"
+
+    @abstractmethod
+    async def create_environment(self, env_id: str, *, image: str | None = None, memory_mb: int = 0,
+                                 labels: Mapping[str, str] | None = None) -> None:
+        """Make the environment (working directory, container); idempotent."""
+
+    @abstractmethod
+    async def destroy_environment(self, env_id: str) -> None:
+        """Remove it and everything in it; idempotent."""
+
+    @abstractmethod
+    async def exec(self, env_id: str, command: str, placement: Placement, *, timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        """Run ``command`` (``${parallel_num}`` already rendered) pinned to ``placement``."""
+
+    async def close(self) -> None:
+        """Release every environment; idempotent."""
