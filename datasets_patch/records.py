@@ -150,7 +150,8 @@ def _patch_field(path: str, container: dict, key: str, keep_explicit: bool,
             notes.append(f"{backup!r} already present; left as it was")
         else:
             container[backup] = value
-    needs = any(r.needs_xdist for r in results)
+    # one install line in a list of commands serves the later ones too
+    needs = not installed and any(r.needs_xdist for r in results)
     return FieldResult(path, outcome, value, new_value, notes, runners), needs
 
 
