@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         result = patch_record(record, fields, keep_explicit=args.keep_explicit,
                               install_step=args.install_step)
         report.add(index, record, result, install_added=not had_install and INSTALL_FIELD in record)
-    print(report.format())
+    # files first, so a closed stdout (| head) cannot lose them
     status = 0
     if args.report:
         try:
@@ -71,14 +71,14 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"tangram patch-dataset: cannot write report {args.report}: {exc}", file=sys.stderr)
             status = 1
-    if args.dry_run:
-        print("dry run: nothing written")
-        return status
-    out_fmt = FORMATS.get(os.path.splitext(args.output)[1].lower(), ds.fmt)
-    try:
-        write_dataset(args.output, ds, out_fmt)
-    except DatasetError as exc:
-        print(f"tangram patch-dataset: cannot write output {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {len(ds.records)} records to {args.output}")
+    if not args.dry_run:
+        out_fmt = FORMATS.get(os.path.splitext(args.output)[1].lower(), ds.fmt)
+        try:
+            write_dataset(args.output, ds, out_fmt)
+        except DatasetError as exc:
+            print(f"tangram patch-dataset: cannot write output {exc}", file=sys.stderr)
+            return 1
+    print(report.format())
+    print("dry run: nothing written" if args.dry_run
+          else f"wrote {len(ds.records)} records to {args.output}")
     return status

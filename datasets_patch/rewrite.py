@@ -90,6 +90,15 @@ def patch_script(text: str, keep_explicit: bool = False, install_step: bool = Fa
                 first_needing = cmd
         elif runner.kind == "django":
             inv = _patch_django(text, cmd, runner, keep_explicit, edits)
+        elif runner.kind == "nested":
+            nested = _patch_nested(cmd.words[runner.program], keep_explicit, edits)
+            if nested is None:
+                continue
+            invocations.extend(nested.invocations)
+            notes.extend(nested.notes)
+            if nested.needs_xdist and first_needing is None:
+                first_needing = cmd
+            continue
         elif runner.kind == "other":
             inv = Invocation(runner.name, "unsupported_runner", cmd.words[runner.program].start)
         else:
@@ -206,6 +215,21 @@ def _patch_django(text: str, cmd: Command, runner: Runner, keep_explicit: bool,
         else:
             edits.append((_strip_left(text, first.start), last.end, ""))
     return inv
+
+
+def _patch_nested(word: Word, keep_explicit: bool,
+                  edits: list[tuple[int, int, str]]) -> PatchResult | None:
+    """Patch the script of ``bash -c '...'`` when its quoting maps offsets one to one."""
+    res = patch_script(word.value, keep_explicit=keep_explicit)
+    if word.end - word.start != len(word.value) + 2:
+        # escapes or mixed quoting: offsets would not map one to one; leave it
+        if not res.invocations:
+            return None
+        inv = Invocation("shell -c (escaped quoting)", "unsupported_runner", word.start)
+        return PatchResult(word.value, inv.outcome, [inv])
+    if res.text != word.value:
+        edits.append((word.start + 1, word.end - 1, res.text))
+    return res
 
 
 def _raw_is_parallel(word: Word) -> bool:

@@ -38,11 +38,13 @@ _SUBCOMMAND_TOOLS = {"go", "cargo", "npm", "pnpm", "yarn", "npx", "bundle", "mvn
                      "make", "dotnet", "gradle", "gradlew", "mvnw", "composer"}
 _RUN_WRAPPERS = {"poetry", "uv", "pipenv", "pdm", "hatch", "rye"}
 _TEST_WORDS = ("test", "check", "spec")
+_SHELLS = {"bash", "sh", "zsh", "dash", "ksh"}
+_SHELL_C = re.compile(r"^-[a-z]*c$")  # -c, -lc, -ec: the next word is a script
 
 
 @dataclass
 class Runner:
-    kind: str  # "pytest", "django", "pip", "setup", "other"
+    kind: str  # "pytest", "django", "pip", "setup", "other", "nested" (bash -c SCRIPT)
     name: str  # for reports: "pytest", "tox", "go test", ...
     program: int  # index of the word after which runner options go
     module: str = ""  # for python -m / pip: what is run
@@ -64,6 +66,11 @@ def resolve(words: list[Word]) -> Runner:
         elif base in _RUN_WRAPPERS and nxt == "run":
             i = _skip_options(words, i + 2, {"--with", "-p", "--python", "--env-file", "-e",
                                              "--package", "--extra", "--group"})
+        elif base == "sudo":
+            i = _skip_options(words, i + 1, {"-u", "--user", "-g", "--group", "-C", "-D", "-h",
+                                             "-p", "-r", "-t", "-U"})
+        elif base in _SHELLS or base == "su":
+            return _resolve_shell(words, i)
         elif base == "conda" and nxt == "run":
             i = _skip_options(words, i + 2, {"-n", "--name", "-p", "--prefix"})
         elif _PYTHON.match(base):
@@ -81,6 +88,18 @@ def _skip_options(words: list[Word], i: int, value_opts: set[str]) -> int:
     while i < len(words) and words[i].value.startswith("-"):
         i += 2 if words[i].value in value_opts else 1
     return i
+
+
+def _resolve_shell(words: list[Word], i: int) -> Runner:
+    """``bash -c SCRIPT`` / ``su user -c SCRIPT``: the script is a nested command."""
+    base = os.path.basename(words[i].value)
+    for j in range(i + 1, len(words)):
+        value = words[j].value
+        if _SHELL_C.match(value) or value == "--command":
+            return Runner("nested", base, j + 1) if j + 1 < len(words) else Runner("setup", base, i)
+        if base in _SHELLS and not value.startswith("-"):
+            return _classify_program(words, j)  # bash run_tests.sh
+    return Runner("setup", base, i)
 
 
 def _skip_env(words: list[Word], i: int) -> int:
@@ -151,6 +170,10 @@ def _classify_program(words: list[Word], i: int) -> Runner:
         return Runner("pip", "pip", i)
     if base in KNOWN_RUNNERS or value in ("bin/test", "./bin/test"):
         return Runner("other", value if "/" in value else base, i)
+    # bundle exec rspec, yarn jest, npx karma: the runner is a few words in
+    for w in words[i + 1:i + 3]:
+        if os.path.basename(w.value) in KNOWN_RUNNERS:
+            return Runner("other", f"{base} {w.value}", i)
     if base in SETUP_PROGRAMS and "/" not in value:  # a path is a script, not the builtin
         return Runner("setup", base, i)
     name = base

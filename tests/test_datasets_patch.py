@@ -111,6 +111,21 @@ CASES = [
     ("go", 'go test -v ./... -run "^TestX"', 'go test -v ./... -run "^TestX"', "unsupported_runner"),
     # python -m unittest: untouched, reported
     ("unittest", "python -m unittest discover", "python -m unittest discover", "unsupported_runner"),
+    # bash -c '...': the nested script is patched inside its quotes
+    ("bash -c", "bash -c 'cd /testbed && pytest -rA'", f"bash -c 'cd /testbed && pytest -n {P} -rA'",
+     "patched"),
+    # sudo -u user bash -lc "...": wrappers, then the nested script
+    ("sudo bash -lc", 'sudo -u bob bash -lc "pytest -x"', f'sudo -u bob bash -lc "pytest -n {P} -x"',
+     "patched"),
+    # escaped quotes in a nested script: offsets do not map, so it is only reported
+    ("nested escaped", 'bash -c "pytest -k \\"a b\\""', 'bash -c "pytest -k \\"a b\\""',
+     "unsupported_runner"),
+    # su user -c "karma ...": a runner inside a nested script, reported
+    ("su -c karma", 'su chromeuser -c "./node_modules/.bin/karma start k.js"',
+     'su chromeuser -c "./node_modules/.bin/karma start k.js"', "unsupported_runner"),
+    # yarn jest / bundle exec cucumber: the runner is a word or two in
+    ("yarn jest", "yarn jest babel-parser -t arrow", "yarn jest babel-parser -t arrow",
+     "unsupported_runner"),
     # setup only: nothing to run
     ("setup only", "pip install -e . && git status", "pip install -e . && git status", "no_test_command"),
 ]

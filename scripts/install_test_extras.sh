@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Test-only extras that cannot go into scripts/test-requirements.txt.
+#
+# swebench==4.1.0: tests/test_datasets_patch_swebench.py reads its real
+# evaluation specs (MAP_REPO_VERSION_TO_SPECS, gone in 5.x). Installed with
+# --no-deps: its dependencies (modal, datasets, docker, ...) are heavy and the
+# constants need none of them. Without this the test installs it into a
+# temporary directory itself.
+set -euo pipefail
+python3 -m pip install -q --no-deps "swebench==4.1.0"
