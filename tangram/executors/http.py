@@ -1,0 +1,121 @@
+"""HTTP executor: makes the real API call of an ``api:<name>`` action.
+
+Dumb on purpose: the basic manager already decided that the call may go out
+now (a concurrency slot and quota are held), so this only sends the request
+and reports ``output = {"status", "body", "latency_s"}``; a non-2xx answer is
+``status="failed"``. ``aiohttp`` is imported lazily (the core never imports it).
+"""
+from __future__ import annotations
+
+import asyncio
+import json as _json
+import time
+from typing import Any, Mapping
+
+from tangram.executors.base import FAILED, SUCCEEDED, TIMEOUT, ExecResult
+
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+
+
+class HttpExecutor:
+    """One shared ``aiohttp.ClientSession``; an async context manager; ``close()`` is idempotent."""
+
+    name = "http"
+
+    def __init__(self, *, default_timeout_s: float = 60.0, max_body_bytes: int = 16 << 20,
+                 session: Any = None):
+        if not default_timeout_s > 0:
+            raise ValueError(f"default_timeout_s: must be positive, got {default_timeout_s!r}")
+        self.default_timeout_s = float(default_timeout_s)
+        self.max_body_bytes = int(max_body_bytes)
+        self._session = session
+        self._own_session = session is None
+
+    async def __aenter__(self) -> "HttpExecutor":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def _get_session(self) -> Any:
+        if self._session is None or self._session.closed:
+            import aiohttp  # lazy
+
+            # no connection limit here: the basic manager is the traffic control
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            self._own_session = True
+        return self._session
+
+    async def close(self) -> None:
+        s, self._session = self._session, None
+        if s is not None and self._own_session and not s.closed:
+            await s.close()
+
+    async def call(self, url: str, *, method: str = "GET", headers: Mapping[str, str] | None = None,
+                   json: Any = None, body: str | bytes | None = None,
+                   timeout_s: float | None = None) -> ExecResult:
+        """Send one request; never raises for network errors (they are a ``failed`` result)."""
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url: must be an http(s) URL, got {url!r}")
+        m = str(method).upper()
+        if m not in _METHODS:
+            raise ValueError(f"method: must be one of {sorted(_METHODS)}, got {method!r}")
+        if json is not None and body is not None:
+            raise ValueError("body: give either json or body, not both")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s: must be positive, got {timeout_s!r}")
+        import aiohttp  # lazy
+
+        timeout = float(timeout_s or self.default_timeout_s)
+        session = self._get_session()
+        t0 = time.perf_counter()
+        details: dict[str, Any] = {"method": m, "url": url}
+
+        async def send() -> tuple[int, bytes, str]:
+            async with session.request(m, url, headers=dict(headers or {}), json=json, data=body) as resp:
+                return resp.status, await resp.content.read(self.max_body_bytes), resp.headers.get("Content-Type", "")
+
+        try:
+            status, raw, ctype = await asyncio.wait_for(send(), timeout)
+        except asyncio.TimeoutError:
+            latency = time.perf_counter() - t0
+            return ExecResult(status=TIMEOUT, output={"status": None, "body": None, "latency_s": latency},
+                              error=f"no answer within {timeout:g} s", details=details)
+        except asyncio.CancelledError:
+            raise  # the aiohttp request is aborted with the task; nothing else runs
+        except aiohttp.ClientError as e:
+            latency = time.perf_counter() - t0
+            return ExecResult(status=FAILED, output={"status": None, "body": None, "latency_s": latency},
+                              error=f"{type(e).__name__}: {e}", details=details)
+        latency = time.perf_counter() - t0
+        out = {"status": status, "body": _decode(raw, ctype), "latency_s": latency}
+        ok = 200 <= status < 300
+        return ExecResult(status=SUCCEEDED if ok else FAILED, exit_code=None, output=out,
+                          error=None if ok else f"HTTP {status}", details=details)
+
+    async def run(self, request: Mapping[str, Any], *, timeout_s: float | None = None) -> ExecResult:
+        """Run a payload ``{"url", "method", "headers", "json" | "body", "timeout_s"}``."""
+        if not isinstance(request, Mapping):
+            raise ValueError(f"request: expected a mapping, got {type(request).__name__}")
+        unknown = set(request) - {"url", "method", "headers", "json", "body", "timeout_s"}
+        if unknown:
+            raise ValueError(f"request: unknown keys {sorted(unknown)}")
+        if "url" not in request:
+            raise ValueError("request.url: is required")
+        return await self.call(request["url"], method=request.get("method", "GET"),
+                               headers=request.get("headers"), json=request.get("json"),
+                               body=request.get("body"), timeout_s=timeout_s or request.get("timeout_s"))
+
+
+def _decode(raw: bytes, content_type: str) -> Any:
+    """JSON bodies as objects, text as str, anything else as bytes."""
+    if "json" in content_type:
+        try:
+            return _json.loads(raw)
+        except ValueError:
+            pass
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw
+

@@ -1,0 +1,222 @@
+"""Basic manager (API pools): concurrency slots, sliding and fixed quota
+windows, next_wakeup, books and errors, on a virtual clock; plus the small
+asyncio driver loop the executor tests share (submit, run Started, complete,
+respect next_wakeup)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+import pytest
+
+from tangram.core.engine import Engine, Started
+from tangram.core.model import Action
+from tangram.managers.base import AllocationError
+from tangram.managers.basic import ApiLimit, BasicManager
+
+
+class Clock:
+    def __init__(self, t: float = 100.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def drive(engine: Engine, actions: list[Action],
+                run: Callable[[Started], Awaitable[str]], *, deadline_s: float = 60.0) -> dict[str, str]:
+    """Submit every action, run what starts, complete it, repeat; sleep until
+    ``engine.next_wakeup()`` when nothing runs. Returns id -> final status."""
+    tasks: dict[asyncio.Task, Started] = {}
+    statuses: dict[str, str] = {}
+
+    def launch(started: list[Started]) -> None:
+        for s in started:
+            tasks[asyncio.ensure_future(run(s))] = s
+
+    for a in actions:
+        launch(engine.submit(a))
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while engine.waiting or engine.running:
+        assert loop.time() < end, "driver deadline"
+        wake = engine.next_wakeup()
+        timeout = None if wake is None else max(wake - engine.clock(), 0.0) + 1e-3
+        if tasks:
+            done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            assert timeout is not None, f"stuck: {len(engine.waiting)} waiting, nothing runs, no wakeup"
+            await asyncio.sleep(timeout)
+            done = set()
+        for t in done:
+            s = tasks.pop(t)
+            status = t.result()
+            statuses[s.action.id] = status
+            launch(engine.complete(s.action.id, status))
+        if not done:
+            launch(engine.tick())
+    return statuses
+
+
+def api_action(i: int, name: str = "svc", units: int = 1, **payload) -> Action:
+    return Action.build(f"a{i}", {f"api:{name}": units}, payload=payload)
+
+
+# ---------------------------------------------------------------------- #
+# configuration errors name the field and the reason
+
+@pytest.mark.parametrize("limits, field", [
+    ({"svc": {}}, "limits['svc']: needs a concurrency limit"),          # no limit at all
+    ({"svc": {"concurrency": 0}}, "limits['svc'].concurrency"),          # non-positive
+    ({"svc": {"quota": 5}}, "limits['svc'].period_s"),                   # quota without period
+    ({"svc": {"quota": 5, "period_s": 0}}, "limits['svc'].period_s"),    # zero period
+    ({"svc": {"concurrency": 2, "period_s": 1.0}}, "limits['svc'].period_s"),  # period without quota
+    ({"svc": {"quota": 5, "period_s": 1, "window": "tumbling"}}, "limits['svc'].window"),
+    ({"svc": {"conc": 2}}, "limits['svc']: unknown keys ['conc']"),
+    ({"svc": 3}, "limits['svc']: expected an ApiLimit"),
+])
+def test_bad_config_names_field(limits, field):
+    with pytest.raises(ValueError) as e:
+        BasicManager(limits)
+    assert field in str(e.value)
+
+
+def test_pool_names_accept_prefix_and_reject_duplicates():
+    m = BasicManager({"a": ApiLimit(concurrency=1), "api:b": {"concurrency": 2}})
+    assert sorted(p.name for p in m.pool_states()) == ["api:a", "api:b"]
+    with pytest.raises(ValueError, match="configured twice"):
+        BasicManager({"a": {"concurrency": 1}, "api:a": {"concurrency": 1}})
+
+
+# ---------------------------------------------------------------------- #
+# concurrency
+
+def test_concurrency_slots_and_idempotent_release():
+    clock = Clock()
+    m = BasicManager({"svc": {"concurrency": 3}}, clock=clock)
+    (p,) = m.pool_states()
+    assert (p.capacity, p.free, p.node) == (3, 3, None)
+    assert m.allocate("api:svc", 2, "x") == 2
+    assert next(iter(m.pool_states())).free == 1
+    with pytest.raises(AllocationError, match="2 units requested, 1 free"):
+        m.allocate("api:svc", 2, "y")
+    with pytest.raises(AllocationError, match="already holds"):
+        m.allocate("api:svc", 1, "x")
+    with pytest.raises(AllocationError, match="unknown pool"):
+        m.allocate("api:nope", 1, "z")
+    assert m.held() == {"api:svc": {"x": 2}}
+    assert m.release("api:svc", "x") is True
+    assert m.release("api:svc", "x") is False  # idempotent
+    assert m.release("api:nope", "x") is False
+    assert next(iter(m.pool_states())).free == 3
+    assert m.next_wakeup(clock()) is None  # concurrency alone never refills on its own
+    m.check_invariants()
+
+
+# ---------------------------------------------------------------------- #
+# quotas
+
+def test_sliding_quota_refills_per_grant():
+    clock = Clock(10.0)
+    m = BasicManager({"svc": {"quota": 3, "period_s": 1.0}}, clock=clock)
+    for i, t in enumerate((10.0, 10.2, 10.5)):
+        clock.t = t
+        m.allocate("api:svc", 1, f"h{i}")
+        m.release("api:svc", f"h{i}")  # release does not give quota back
+    assert next(iter(m.pool_states())).free == 0
+    assert m.next_wakeup(clock()) == pytest.approx(11.0)  # the first grant leaves its window
+    clock.t = 10.999
+    assert next(iter(m.pool_states())).free == 0
+    clock.t = 11.0
+    assert next(iter(m.pool_states())).free == 1
+    assert m.next_wakeup(clock()) == pytest.approx(11.2)
+    clock.t = 11.6
+    assert next(iter(m.pool_states())).free == 3
+    assert m.next_wakeup(clock()) is None
+    m.check_invariants()
+
+
+def test_fixed_window_refills_whole_quota_at_boundary():
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 2, "period_s": 1.0, "window": "fixed"}}, clock=clock)
+    clock.t = 0.9
+    m.allocate("api:svc", 2, "a")
+    assert next(iter(m.pool_states())).free == 0
+    assert m.next_wakeup(clock()) == pytest.approx(1.0)
+    clock.t = 1.0  # new window: everything back though the grant was only 0.1 s ago
+    assert next(iter(m.pool_states())).free == 2
+    clock.t = 3.5
+    m.allocate("api:svc", 1, "b")
+    assert m.next_wakeup(clock()) == pytest.approx(4.0)  # windows stay aligned to the origin
+    m.check_invariants()
+
+
+def test_free_is_min_of_slots_and_quota():
+    clock = Clock()
+    m = BasicManager({"svc": {"concurrency": 2, "quota": 5, "period_s": 1.0}}, clock=clock)
+    assert next(iter(m.pool_states())).capacity == 2
+    m.allocate("api:svc", 2, "a")
+    assert next(iter(m.pool_states())).free == 0  # slots bind
+    m.release("api:svc", "a")
+    m.allocate("api:svc", 2, "b")
+    m.release("api:svc", "b")
+    assert next(iter(m.pool_states())).free == 1  # quota binds: 4 of 5 consumed
+    m.check_invariants()
+
+
+# ---------------------------------------------------------------------- #
+# through the engine: it waits for quota instead of starting calls that would fail
+
+def test_engine_waits_for_quota_on_virtual_clock():
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"concurrency": 2, "quota": 3, "period_s": 1.0}}, clock=clock)
+    eng = Engine([m], clock=clock)
+    started = []
+    for i in range(5):
+        started += eng.submit(api_action(i))
+    assert [s.action.id for s in started] == ["a0", "a1"]  # two slots
+    assert dict(started[0].grants) == {"api:svc": 1}
+    started = eng.complete("a0")
+    assert [s.action.id for s in started] == ["a2"]  # third quota unit
+    eng.complete("a1")
+    eng.complete("a2")
+    assert eng.running == {} and len(eng.waiting) == 2  # quota spent: nothing starts
+    assert eng.next_wakeup() == pytest.approx(1.0)
+    clock.t = 1.0
+    started = eng.tick()
+    assert [s.action.id for s in started] == ["a3", "a4"]
+    for s in started:
+        eng.complete(s.action.id)
+    eng.check_invariants()
+    assert next(iter(m.pool_states())).free == 1  # slots all back; 2 of 3 quota units consumed at t=1
+    assert m.held() == {"api:svc": {}}
+
+
+def test_engine_unschedulable_beyond_capacity():
+    from tangram.core.errors import UnschedulableError
+
+    eng = Engine([BasicManager({"svc": {"concurrency": 2}})])
+    with pytest.raises(UnschedulableError, match="resources.api:svc"):
+        eng.submit(api_action(0, units=3))
+    with pytest.raises(UnschedulableError, match="no API pool named 'other'"):
+        eng.submit(api_action(1, name="other"))
+
+
+async def test_driver_paces_by_quota_with_real_clock():
+    """The driver sleeps until next_wakeup: 6 calls at 3 per 0.2 s take >= 0.2 s, never more than 3 per window."""
+    m = BasicManager({"svc": {"quota": 3, "period_s": 0.2}})
+    eng = Engine([m])
+    starts: list[float] = []
+
+    async def run(s: Started) -> str:
+        starts.append(eng.clock())
+        await asyncio.sleep(0.001)
+        return "succeeded"
+
+    statuses = await drive(eng, [api_action(i) for i in range(6)], run, deadline_s=10)
+    assert set(statuses.values()) == {"succeeded"} and len(statuses) == 6
+    assert starts[3] - starts[0] >= 0.2 - 1e-6
+    for i in range(len(starts)):
+        assert sum(1 for t in starts if starts[i] <= t < starts[i] + 0.2) <= 3
+    eng.check_invariants()
+    assert m.held() == {"api:svc": {}}
