@@ -131,8 +131,12 @@ def _patch_field(path: str, container: dict, key: str, keep_explicit: bool,
     results: list[PatchResult] = []
     installed = False
     for part in parts:
-        res = patch_script(part, keep_explicit=keep_explicit,
-                           install_step=install_step and not installed)
+        try:
+            res = patch_script(part, keep_explicit=keep_explicit,
+                               install_step=install_step and not installed)
+        except Exception as exc:  # noqa: BLE001 - one odd script must not stop a dataset
+            res = PatchResult(part, "unsupported_runner",
+                              notes=[f"field {path!r}: cannot patch ({type(exc).__name__}: {exc}); left as is"])
         installed = installed or (install_step and res.changed and _has_install(res, part))
         results.append(res)
     new_parts = [r.text for r in results]

@@ -136,6 +136,7 @@ def _patch_pytest(text: str, cmd: Command, runner: Runner, keep_explicit: bool,
     inv = Invocation("pytest", "patched", prog.start)
     ours: list[tuple[int, int]] = []
     explicit: list[tuple[int, int]] = []
+    loads_xdist = False
     j = runner.program + 1
     while j < len(words):
         value = words[j].value
@@ -145,6 +146,10 @@ def _patch_pytest(text: str, cmd: Command, runner: Runner, keep_explicit: bool,
                                       and _NO_XDIST.match("-p" + words[j + 1].value)):
             inv.outcome = "no_xdist_optout"
             return inv
+        if value == "-p" and j + 1 < len(words) and words[j + 1].value.startswith("xdist"):
+            loads_xdist = True
+        if value.startswith("-pxdist") or value.startswith("-p=xdist"):
+            loads_xdist = True
         if value in ("-n", "--numprocesses") and j + 1 < len(words):
             span = (j, j + 1)
             is_ours = value == "-n" and _raw_is_parallel(words[j + 1])
@@ -164,7 +169,10 @@ def _patch_pytest(text: str, cmd: Command, runner: Runner, keep_explicit: bool,
         return inv
     spans = ours + explicit
     if not spans:
-        edits.append((prog.end, prog.end, " " + PYTEST_OPTION))
+        option = PYTEST_OPTION
+        if _autoload_off(cmd) and not loads_xdist:
+            option = "-p xdist.plugin " + option  # plugins are not loaded by themselves
+        edits.append((prog.end, prog.end, " " + option))
         inv.needs_xdist = True  # nothing says xdist is in that environment
         return inv
     # keep one (ours, else the first explicit one) canonical; drop the rest,
@@ -230,6 +238,11 @@ def _patch_nested(word: Word, keep_explicit: bool,
     if res.text != word.value:
         edits.append((word.start + 1, word.end - 1, res.text))
     return res
+
+
+def _autoload_off(cmd: Command) -> bool:
+    return any(a.value.startswith("PYTEST_DISABLE_PLUGIN_AUTOLOAD=") and a.value[31:] not in ("", "0")
+               for a in cmd.assignments)
 
 
 def _raw_is_parallel(word: Word) -> bool:

@@ -52,6 +52,9 @@ CASES = [
     ("-k value", "pytest -k -n4 x", f"pytest -n {P} -k -n4 x", "patched"),
     # environment prefixes stay in front
     ("env prefix", "FOO=1 BAR='x y' pytest -rA", f"FOO=1 BAR='x y' pytest -n {P} -rA", "patched"),
+    # plugin autoload off: xdist has to be named, or -n is an unknown option
+    ("autoload off", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pytest -rA",
+     f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pytest -p xdist.plugin -n {P} -rA", "patched"),
     # timeout wrapper with its duration
     ("timeout", "timeout 300 pytest -rA", f"timeout 300 pytest -n {P} -rA", "patched"),
     # timeout with options, python -m pytest
