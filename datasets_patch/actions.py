@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 
-from datasets_patch.records import DEFAULT_FIELDS, find_fields, repo_of
+from datasets_patch.fields import DEFAULT_FIELDS
+from datasets_patch.records import find_fields, repo_of
 from datasets_patch.rewrite import PARALLEL, patch_script
 from datasets_patch.runners import resolve
 from datasets_patch.shell import parse_script

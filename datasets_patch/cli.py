@@ -20,7 +20,7 @@ should run it first; --install-step puts it into the script instead).
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from datasets_patch.records import DEFAULT_FIELDS
+    from datasets_patch.fields import DEFAULT_FIELDS
 
     p = sub.add_parser("patch-dataset", help="make dataset test commands use ${parallel_num} cores",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,9 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from datasets_patch.fields import DEFAULT_FIELDS, INSTALL_FIELD
     from datasets_patch.io import FORMATS, DatasetError, read_dataset, write_dataset
-    from datasets_patch.records import DEFAULT_FIELDS, INSTALL_FIELD, patch_record
-    from datasets_patch.report import Report
+    try:
+        from datasets_patch.records import patch_record
+        from datasets_patch.report import Report
+    except ImportError as exc:  # bashlex comes with the [datasets] extra
+        print(f"tangram patch-dataset: {exc}; pip install 'arl-tangram[datasets]'", file=sys.stderr)
+        return 2
 
     if not args.dry_run and not args.output:
         print("tangram patch-dataset: OUT is required unless --dry-run", file=sys.stderr)

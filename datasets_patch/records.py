@@ -15,15 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from datasets_patch.fields import DEFAULT_FIELDS, INSTALL_FIELD, INSTALL_VALUE, UNPATCHED_SUFFIX
 from datasets_patch.rewrite import INSTALL_LINE, OUTCOMES, PatchResult, patch_script
 
-DEFAULT_FIELDS = (
-    "test_cmd", "test_cmds", "test_command", "test_commands", "eval_script",
-    "eval_cmd", "eval_command", "evaluation_script", "test_script", "run_tests",
-)
-INSTALL_FIELD = "tangram_install"
-INSTALL_VALUE = "pip install pytest-xdist"
-UNPATCHED_SUFFIX = "_unpatched"
 _MAX_DEPTH = 3  # record -> extra_info -> nested dict -> field
 
 
