@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
 from tangram.core.errors import DemandError
 
 GPU_DOPS = (1, 2, 4, 8)
@@ -153,6 +155,16 @@ class Elasticity:
     def duration(self, t1: float, m: int) -> float:
         """``T(m) = T1 / (E(m) * m)``."""
         return t1 / (self.efficiency(m) * m)
+
+    def durations(self, t1: float, ms: "np.ndarray") -> "np.ndarray":
+        """:meth:`duration` for an array of DoPs at once (the policy's hot path)."""
+        ms = np.asarray(ms, dtype=np.float64)
+        if self.serial_fraction is not None:
+            s = self.serial_fraction
+            return t1 * (s + (1.0 - s) / ms)
+        pm = np.array([m for m, _ in self.table], dtype=np.float64)
+        speed = np.array([m * e for m, e in self.table], dtype=np.float64)
+        return t1 / np.interp(ms, pm, speed)  # flat past both ends, as efficiency()
 
     def as_dict(self) -> dict:
         if self.serial_fraction is not None:

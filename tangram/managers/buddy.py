@@ -5,6 +5,13 @@ A chunk is ``(start, size)`` with ``size = 2^a``, ``a`` in 0..3 and
 splitting larger ones in halves; release merges free buddies back.
 Among equally small chunks the caller's preference (e.g. the service is
 resident there) wins, then the lowest start.
+
+Why best fit is enough: sizes divide each other, so a set of requests packs
+iff, for every size ``s``, the requests of size ``>= s`` fit in the free
+space usable at granularity ``s``; taking the smallest chunk that fits keeps
+every one of those margins as large as any other choice would, so the
+allocator places any packable set in *any* order (tests/test_buddy.py checks
+this against :func:`tangram.policy.arrange.packable` by brute force).
 """
 from __future__ import annotations
 
@@ -32,7 +39,8 @@ class Chunk:
         return Chunk(self.start ^ self.size, self.size)
 
 
-Prefer = Callable[[Chunk], bool] | Iterable[Chunk] | None
+# A predicate or a score (higher wins; bool counts as 0/1), or the chunks to overlap.
+Prefer = Callable[[Chunk], "bool | float"] | Iterable[Chunk] | None
 
 
 class BuddyAllocator:
@@ -69,13 +77,14 @@ class BuddyAllocator:
         if not fits:
             return None
         liked = _preference(prefer)
-        # smallest first; a chunk overlapping a preferred one next; then lowest start
-        best = min(fits, key=lambda c: (c.size, not liked(c), c.start))
+        # smallest first (never trade size for affinity: that would fragment);
+        # the most preferred next; then the lowest start
+        best = min(fits, key=lambda c: (c.size, -liked(c), c.start))
         self._free.remove(best)
-        while best.size > size:  # split, keeping the half that overlaps a preferred chunk
+        while best.size > size:  # split, keeping the better half (low one on a tie)
             half = best.size // 2
             lo, hi = Chunk(best.start, half), Chunk(best.start + half, half)
-            keep, spare = (hi, lo) if (liked(hi) and not liked(lo)) else (lo, hi)
+            keep, spare = (hi, lo) if liked(hi) > liked(lo) else (lo, hi)
             self._free.add(spare)
             best = keep
         self._allocated.add(best)
@@ -98,13 +107,21 @@ class BuddyAllocator:
         self._check()
         return True
 
+    def check(self) -> None:
+        """Assert the invariants: aligned chunks tile the devices exactly once; free buddies are merged."""
+        self._check()
+
     def _check(self) -> None:
-        covered = 0
+        owner = [0] * self.num_gpus
         for c in self._free | self._allocated:
             assert c.size in SIZES and c.start % c.size == 0, f"misaligned chunk {c}"
-            covered += c.size
-        assert covered == self.num_gpus, f"chunks cover {covered} of {self.num_gpus} GPUs"
+            assert c.end <= self.num_gpus, f"chunk {c} past the last of {self.num_gpus} GPUs"
+            for d in c.devices:
+                owner[d] += 1
+        assert all(n == 1 for n in owner), f"chunks do not tile the GPUs exactly once: {owner}"
         assert not (self._free & self._allocated)
+        for c in self._free:  # a free chunk whose buddy is free too should have been merged
+            assert c in self._roots or c.buddy() not in self._free, f"unmerged free buddies {c}, {c.buddy()}"
 
 
 def _initial_chunks(n: int) -> list[Chunk]:
@@ -119,10 +136,10 @@ def _initial_chunks(n: int) -> list[Chunk]:
     return out
 
 
-def _preference(prefer: Prefer) -> Callable[[Chunk], bool]:
+def _preference(prefer: Prefer) -> Callable[[Chunk], float]:
     if prefer is None:
-        return lambda c: False
+        return lambda c: 0
     if callable(prefer):
-        return prefer
+        return lambda c: float(prefer(c))
     chunks = [c if isinstance(c, Chunk) else Chunk(*c) for c in prefer]
-    return lambda c: any(c.start < p.end and p.start < c.end for p in chunks)
+    return lambda c: float(any(c.start < p.end and p.start < c.end for p in chunks))

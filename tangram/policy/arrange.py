@@ -125,15 +125,23 @@ def _option_arrays(options: Sequence[Mapping[int, float]], allowed) -> list[tupl
 
 
 class PrefixTable:
-    """DP over every prefix; ``best(t)`` and ``units(t)`` answer for ``C[:t]``."""
+    """DP over every prefix; ``best(t)`` and ``units(t)`` answer for ``C[:t]``.
 
-    def __init__(self, totals: np.ndarray, end_states: np.ndarray, choices: np.ndarray, step_of):
+    ``choice(i, s)`` tells which count candidate ``i`` got in DP state ``s``
+    (stored, or recomputed from the kept rows on the backtracking path only);
+    ``step_of(u)`` is the state offset of ``u`` units.
+    """
+
+    def __init__(self, totals: np.ndarray, end_states: np.ndarray, choice, step_of, exact_from: int = 0):
+        self.exact_from = exact_from  # prefixes shorter than this were pruned away
         self._totals = totals  # best total per prefix length (index 0 = empty prefix)
         self._ends = end_states  # state index achieving it
-        self._choices = choices  # choices[i, s] = units given to candidate i in state s
-        self._step_of = step_of  # units -> state offset
+        self._choice = choice
+        self._step_of = step_of
 
     def feasible(self, t: int) -> bool:
+        if t < self.exact_from:
+            raise ValueError(f"prefix {t} is shorter than the pruned table's bound {self.exact_from}")
         return bool(np.isfinite(self._totals[t]))
 
     def best(self, t: int) -> float:
@@ -145,7 +153,7 @@ class PrefixTable:
         s = int(self._ends[t])
         out = [0] * t
         for i in range(t - 1, -1, -1):
-            u = int(self._choices[i, s])
+            u = self._choice(i, s)
             out[i] = u
             s -= self._step_of(u)
         return tuple(out)
@@ -156,35 +164,42 @@ class PrefixTable:
         return Arrangement(self.best(t), self.units(t))
 
 
-def _units_table(rows, capacity: int) -> PrefixTable:
+def _units_table(rows, capacity: int, min_prefix: int = 0) -> PrefixTable:
+    """Units DP; rows ``i < min_prefix - 1`` keep only states that can still
+    extend to a prefix of length ``min_prefix`` (the later candidates' minimums
+    must fit too), which is exact for every prefix ``t >= min_prefix``."""
     n = len(rows)
     width = capacity + 1
+    rows = [(u, d) if (len(u) == 0 or u[-1] <= capacity) else (u[u <= capacity], d[u <= capacity]) for u, d in rows]
     maxu = max((int(u[-1]) for u, _ in rows if len(u)), default=1)
-    pad = np.full(maxu, np.inf)
-    prev = np.full(width, np.inf)
-    prev[0] = 0.0
-    totals = np.full(n + 1, np.inf)
-    ends = np.zeros(n + 1, dtype=np.int64)
-    totals[0] = 0.0
-    choices = np.zeros((n, width), dtype=np.int32)
+    # buf[maxu + j] = dp[i-1][j]; windows[j, w] = buf[j + w], so column maxu-u reads dp[i-1][j-u]
+    buf = np.full(maxu + width, np.inf)
+    windows = sliding_window_view(buf, maxu + 1)[:width]
+    dp = np.full((n + 1, width), np.inf)
+    dp[0, 0] = 0.0
+    choices = np.zeros((n, width), dtype=np.int64)
+    arange = np.arange(width)
+    mins = [int(u[0]) if len(u) else capacity + 1 for u, _ in rows]
+    # hi[i]: the largest state of row i+1 from which C[i+1:min_prefix] still fits
+    hi = [capacity] * n
+    tail = 0
+    for i in range(min(min_prefix, n) - 2, -1, -1):
+        tail += mins[i + 1]
+        hi[i] = capacity - tail
+    lo = 0  # states below the sum of minimums are unreachable
     for i, (units, durs) in enumerate(rows):
-        units_in = units[units <= capacity]
-        if len(units_in) == 0:
-            break  # no later prefix can be feasible either
-        durs_in = durs[: len(units_in)]
-        # windows[j, w] = prev[j + w - maxu], so column maxu-u reads prev[j-u]
-        windows = sliding_window_view(np.concatenate((pad, prev)), maxu + 1)[:width]
-        cand = windows[:, maxu - units_in] + durs_in
-        arg = np.argmin(cand, axis=1)
-        cur = cand[np.arange(width), arg]
-        choices[i] = units_in[arg]
-        prev = cur
-        j = int(np.argmin(cur))
-        totals[i + 1] = cur[j]
-        ends[i + 1] = j
-        if not np.isfinite(cur[j]):
-            break
-    return PrefixTable(totals, ends, choices, lambda u: u)
+        lo += mins[i]
+        top = hi[i] + 1
+        if top <= lo:
+            break  # the minimums alone overflow: no longer prefix is feasible
+        buf[maxu:] = dp[i]
+        cand = windows[lo:top, maxu - units] + durs
+        arg = cand.argmin(axis=1)
+        dp[i + 1, lo:top] = cand[arange[: top - lo], arg]
+        choices[i, lo:top] = units[arg]
+    ends = dp.argmin(axis=1)
+    totals = dp[arange[: n + 1] if n + 1 <= width else np.arange(n + 1), ends]
+    return PrefixTable(totals, ends, lambda i, s: int(choices[i, s]), lambda u: u, min_prefix)
 
 
 class _ChunkStates:
@@ -255,7 +270,7 @@ def _chunk_table(rows, free_chunks: Sequence[int]) -> PrefixTable:
         ends[i + 1] = j
         if not np.isfinite(cur[j]):
             break
-    return PrefixTable(totals, ends, choices, st.step)
+    return PrefixTable(totals, ends, lambda i, s: int(choices[i, s]), st.step)
 
 
 def _is_pow2_chunk(u: int) -> bool:
@@ -269,6 +284,25 @@ def prefix_table(options: Sequence[Mapping[int, float]], operator: UnitsOperator
     if isinstance(operator, ChunkOperator):
         return _chunk_table(_option_arrays(options, _is_pow2_chunk), operator.free_chunks)
     raise TypeError(f"operator: expected UnitsOperator or ChunkOperator, got {type(operator).__name__}")
+
+
+def prefix_table_rows(
+    rows: Sequence[tuple[np.ndarray, np.ndarray]],
+    operator: UnitsOperator | ChunkOperator,
+    min_prefix: int = 0,
+) -> PrefixTable:
+    """:func:`prefix_table` over already validated rows ``(units ascending, durations)``.
+
+    The policy's hot path: it builds the rows with numpy from the action
+    model instead of going through per-option dicts. With ``min_prefix`` the
+    units DP prunes states that cannot reach that prefix; the table is then
+    exact only for prefixes ``t >= min_prefix`` (greedy eviction asks for the
+    longest prefixes first and rebuilds with a smaller bound if it goes on).
+    """
+    if isinstance(operator, UnitsOperator):
+        return _units_table(rows, int(operator.capacity), min_prefix)
+    keep = [np.isin(u, CHUNK_SIZES) for u, _ in rows]
+    return _chunk_table([(u[k], d[k]) for (u, d), k in zip(rows, keep)], operator.free_chunks)
 
 
 def arrange(options: Sequence[Mapping[int, float]], operator: UnitsOperator | ChunkOperator) -> Arrangement | None:

@@ -13,25 +13,39 @@ from __future__ import annotations
 
 import heapq
 import math
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Sequence
 
+import numpy as np
+
 from tangram.core.model import Action
-from tangram.policy.arrange import ChunkOperator, UnitsOperator, packable, prefix_table
+from tangram.policy.arrange import ChunkOperator, UnitsOperator, packable, prefix_table_rows
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
 _EPS = 1e-9
+# greedy eviction rarely evicts many; the DP is pruned for the last few prefixes first
+_EVICTION_WINDOW = 8
 
 
 class _Candidate:
     __slots__ = ("action", "node", "pools", "units", "place_mem")
 
-    def __init__(self, action: Action, node: str | None, pools: dict[str, str], place_mem: int):
+    def __init__(self, action: Action, node: str | None, pools: dict[str, str], units: dict[str, int], place_mem: int):
         self.action = action
         self.node = node
         self.pools = pools  # rtype -> pool name
-        self.units = {t: d.min for t, d in action.demands.items()}
+        self.units = units
         self.place_mem = place_mem
+
+
+def _base_units(a: Action, params: PolicyParams) -> dict[str, int]:
+    """Minimum of every demand; under the fixed-DoP baseline, N (or the nearest option) for the key."""
+    units = {t: d.min for t, d in a.demands.items()}
+    if params.fixed_dop is not None and a.key is not None:
+        opts = a.demands[a.key].options
+        units[a.key] = max((o for o in opts if o <= params.fixed_dop), default=opts[0])
+    return units
 
 
 def plan(snap: Snapshot) -> Plan:
@@ -69,7 +83,10 @@ def _select_candidates(snap: Snapshot):
     cands: list[_Candidate] = []
     lookahead: dict[str, list[Action]] = {}
     limit = snap.params.lookahead
-    n_pools = len(pools)
+    # memory is only ever needed along with cores: once every other pool has a
+    # blocked head, nothing later in the queue can start this round
+    blockable = {name for name, p in pools.items() if p.rtype != "mem"}
+    open_pools = len(blockable)
 
     def fits(pname: str, units: int) -> bool:
         p = pools[pname]
@@ -77,29 +94,46 @@ def _select_candidates(snap: Snapshot):
             return free[pname] >= units and packable(p.chunks, taken_chunks[pname] + [units])
         return free[pname] >= units
 
-    for a in snap.waiting:
-        if len(blocked) >= n_pools:
-            break  # every pool has a blocked head: nothing later can start
-        node, needed, place_mem = _place(a, snap, placed, free, fits, blocked)
+    waiting_iter = iter(snap.waiting)
+    for a in waiting_iter:
+        units = _base_units(a, snap.params)
+        node, needed, place_mem = _place(a, units, snap, placed, free, fits, blocked)
         if node is _NO_NODE:
             for pname in needed:
-                blocked.add(pname)
+                if pname not in blocked:
+                    blocked.add(pname)
+                    open_pools -= pname in blockable
                 waiting = lookahead.setdefault(pname, [])
                 if len(waiting) < limit:
                     waiting.append(a)
+            if open_pools <= 0:
+                _fill_lookahead(waiting_iter, lookahead, limit)
+                break
             continue
         pools_of = {t: pool_name(t, node) for t in a.demands}
-        for t, d in a.demands.items():
+        for t, u in units.items():
             pname = pools_of[t]
-            free[pname] -= d.min
+            free[pname] -= u
             if pname in taken_chunks:
-                taken_chunks[pname].append(d.min)
+                taken_chunks[pname].append(u)
         if place_mem:
             free[pool_name("mem", node)] -= place_mem
         if node is not None and "cpu" in a.demands and a.trajectory is not None:
             placed.setdefault(a.trajectory, node)
-        cands.append(_Candidate(a, node, pools_of, place_mem))
+        cands.append(_Candidate(a, node, pools_of, units, place_mem))
     return cands, lookahead
+
+
+def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int) -> None:
+    """Queue the next ``limit`` actions behind the blocked heads for the ACT estimate."""
+    by_type: dict[str, list[list[Action]]] = {}
+    for pname, lst in lookahead.items():
+        by_type.setdefault(pname.partition("@")[0], []).append(lst)
+    for _, a in zip(range(limit), rest):
+        for t in a.demands:
+            for lst in by_type.get(t, ()):
+                if len(lst) < limit:
+                    lst.append(a)
 
 
 class _NoNode:
@@ -113,7 +147,7 @@ def _needs_node(a: Action) -> bool:
     return "cpu" in a.demands or "gpu" in a.demands
 
 
-def _place(a: Action, snap: Snapshot, placed, free, fits, blocked):
+def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked):
     """Choose the node for ``a``: returns (node, pools it would block, memory to place).
 
     A trajectory stays on the node its first CPU action was placed on; an
@@ -125,21 +159,21 @@ def _place(a: Action, snap: Snapshot, placed, free, fits, blocked):
         if t not in snap.pools:
             return _NO_NODE, [], 0  # its pool vanished (e.g. reconfigured); it waits
     if not _needs_node(a):
-        ok = all(t not in blocked and fits(t, a.demands[t].min) for t in api_pools)
+        ok = all(t not in blocked and fits(t, units[t]) for t in api_pools)
         return (None, [], 0) if ok else (_NO_NODE, api_pools, 0)
 
     bound = None
     if "cpu" in a.demands and a.trajectory is not None:
         bound = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
     nodes = (bound,) if bound is not None else snap.nodes
-    api_ok = all(t not in blocked and fits(t, a.demands[t].min) for t in api_pools)
+    api_ok = all(t not in blocked and fits(t, units[t]) for t in api_pools)
     best, best_key = _NO_NODE, None
     local = [t for t in a.demands if t in ("cpu", "gpu")]
     for node in nodes:
         names = [pool_name(t, node) for t in local]
         if any(n not in snap.pools or n in blocked for n in names):
             continue
-        if not all(fits(n, a.demands[t].min) for n, t in zip(names, local)):
+        if not all(fits(n, units[t]) for n, t in zip(names, local)):
             continue
         mem = 0
         if bound is None and "cpu" in a.demands and a.mem_mb:
@@ -174,26 +208,65 @@ def _node_preference(a: Action, node: str, snap: Snapshot, free) -> tuple:
 
 
 def _duration(a: Action, units: int, snap: Snapshot) -> float:
-    d = a.duration(units) if units else (a.t1_s if a.t1_s is not None else None)
+    if a.scalable:
+        row_units, durs = _full_row(a)
+        if units == 0 or units == row_units[0]:
+            return float(durs[0])
+        return a.duration(units)
+    d = a.t1_s
     if d is not None:
         return d
     return snap.class_estimates.get(a.action_class, snap.params.default_duration_s)
 
 
-def _options(a: Action, cap: int, params: PolicyParams) -> dict[int, float]:
-    demand = a.demands[a.key]
+_ROWS: dict[str, tuple[Action, np.ndarray, np.ndarray]] = {}
+
+
+def _full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:
+    """All options of ``a``'s key resource and their durations, computed once per action.
+
+    A memo, not state: the arrays depend only on the frozen action.
+    """
+    hit = _ROWS.get(a.id)
+    if hit is not None and hit[0] is a:
+        return hit[1], hit[2]
+    units = np.asarray(a.demands[a.key].options, dtype=np.int64)
+    durs = a.elasticity.durations(a.t1_s, units)
+    if len(_ROWS) >= 65536:
+        _ROWS.clear()
+    _ROWS[a.id] = (a, units, durs)
+    return units, durs
+
+
+def _option_row(a: Action, cap: int, params: PolicyParams) -> tuple[np.ndarray, np.ndarray]:
+    units, durs = _full_row(a)
     limit = cap
     caps = params.dop_caps.get(a.action_class)
     if caps is not None:
-        limit = min(limit, max(caps, demand.min))
-    if params.fixed_dop is not None:
-        # the ablation baseline: the largest option not above N (at least the minimum)
-        fixed = max((o for o in demand.options if o <= params.fixed_dop), default=demand.min)
-        return {fixed: a.duration(fixed)} if fixed <= cap else {}
-    return {u: a.duration(u) for u in demand.options if u <= limit}
+        limit = min(limit, max(caps, int(units[0])))
+    k = int(np.searchsorted(units, limit, side="right"))
+    return units[:k], durs[:k]
+
+
+@lru_cache(maxsize=4096)
+def _explored_options(options: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    """The counts the look-ahead tries for one waiting action (depth > 1).
+
+    The minimum, the powers of two and the largest feasible count: a
+    geometric subset keeps the bounded search cheap on 256-core nodes while
+    still seeing "wait for many cores" against "start now on few".
+    """
+    feasible = [o for o in options if o <= cap]
+    if len(feasible) <= 8:
+        return tuple(feasible)
+    keep = {feasible[0], feasible[-1]}
+    keep.update(o for o in feasible if o & (o - 1) == 0)
+    return tuple(sorted(keep))
 
 
 def _elastic_allocation(snap: Snapshot, cands: list[_Candidate], lookahead) -> None:
+    if snap.params.fixed_dop is not None:
+        return  # the fixed-DoP baseline: FCFS at N units, no eviction
     groups: dict[str, list[_Candidate]] = {}
     for c in cands:
         if c.action.scalable:
@@ -214,24 +287,28 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         capacity = pool.free - sum(other_units)
         operator = UnitsOperator(max(capacity, 0))
     params = snap.params
-    options = [_options(c.action, capacity, params) for c in group]
-    table = prefix_table(options, operator)
+    rows = [_option_row(c.action, capacity, params) for c in group]
+    n = len(group)
+    exact_from = max(1, n - _EVICTION_WINDOW)
+    table = prefix_table_rows(rows, operator, exact_from)
 
     seed = list(pool.running) + [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
-    remaining_tail = list(waiting_after)
+    waiters = [_waiter(c.action, pool, snap) for c in group] + [
+        w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None
+    ]
     best = None
-    n = len(group)
     for t in range(n, 0, -1):
+        if t < exact_from:  # eviction went deeper than the pruned table is exact for
+            exact_from = 1
+            table = prefix_table_rows(rows, operator, exact_from)
         if not table.feasible(t):
             continue
         units = table.units(t)
-        evicted = [c.action for c in group[t:]]
         obj = table.best(t) + _estimate_rest(
             seed + [(group[i].action.duration(u), u) for i, u in enumerate(units)],
             capacity - sum(units),
-            evicted + remaining_tail,
-            pool,
-            snap,
+            waiters[t:],
+            snap.params.depth - 1,
         )
         if best is None or obj < best[0] - _EPS:
             best = (obj, t, units)
@@ -265,45 +342,48 @@ def _chunks_left(free_chunks: Sequence[int], taken: Sequence[int]) -> tuple[int,
     return tuple(s for s in CHUNK_SIZES for _ in range(avail[s]))
 
 
-def _estimate_rest(heap_items, free_units: int, remaining: list[Action], pool: PoolState, snap: Snapshot) -> float:
+def _waiter(a: Action, pool: PoolState, snap: Snapshot):
+    """``(min units, duration at min, action to explore or None)`` of a waiting action."""
+    demand = a.demands.get(pool.rtype)
+    if demand is None:
+        return None
+    explore = a if (a.scalable and a.key == pool.rtype) else None
+    options = _explored_options(demand.options, pool.capacity) if explore else ()
+    return demand.min, _duration(a, demand.min, snap), explore, options
+
+
+def _estimate_rest(heap_items, free_units: int, waiters: list, explore: int) -> float:
     """Algorithm 2: ACT estimate of the actions still waiting for this pool.
 
     Each gets its minimum and starts, in queue order, when the completion heap
-    has released enough units; the first ``depth - 1`` try every feasible
-    count instead (a bounded search).
+    has released enough units; the first ``depth - 1`` scalable ones try
+    several counts instead (a bounded search, see _explored_options).
     """
-    heap = [(max(f, 0.0), u) for f, u in heap_items]
+    heap = [(f if f > 0.0 else 0.0, u) for f, u in heap_items]
     heapq.heapify(heap)
-    return _walk(heap, free_units, 0.0, remaining, 0, snap.params.depth - 1, pool, snap)
+    return _walk(heap, free_units, 0.0, waiters, 0, explore)
 
 
-def _walk(heap, free, now, remaining, i, explore, pool, snap) -> float:
+def _walk(heap, free, now, waiters, i, explore) -> float:
     total = 0.0
-    rtype = pool.rtype
-    while i < len(remaining):
-        a = remaining[i]
-        demand = a.demands.get(rtype)
-        if demand is None:
-            i += 1
-            continue
-        if explore > 0 and a.scalable and a.key == rtype:
+    push = heapq.heappush
+    n = len(waiters)
+    while i < n:
+        umin, dmin, action, options = waiters[i]
+        if explore > 0 and action is not None:
             best = math.inf
-            for u in demand.options:
-                if u > pool.capacity:
-                    break
+            for u in options:
                 h = list(heap)
                 f, t = _start_time(h, free, now, u)
-                d = a.duration(u)
-                heapq.heappush(h, (t + d, u))
-                cost = (t + d) + _walk(h, f - u, t, remaining, i + 1, explore - 1, pool, snap)
-                best = min(best, cost)
-            return total + (best if best < math.inf else 0.0)
-        u = demand.min
-        free, now = _start_time(heap, free, now, u)
-        d = _duration(a, u, snap)
-        total += now + d
-        heapq.heappush(heap, (now + d, u))
-        free -= u
+                end = t + action.duration(u)
+                push(h, (end, u))
+                best = min(best, end + _walk(h, f - u, t, waiters, i + 1, explore - 1))
+            return total + best
+        if free < umin:
+            free, now = _start_time(heap, free, now, umin)
+        total += now + dmin
+        push(heap, (now + dmin, umin))
+        free -= umin
         i += 1
     return total
 

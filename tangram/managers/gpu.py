@@ -1,0 +1,186 @@
+"""GPU manager: buddy chunks per node plus the evict-on-execution service cache.
+
+Pools are ``gpu@<node>``; a grant is the :class:`Chunk` of devices the action
+owns exclusively until it is released. An action that names a ``service``
+(a model) runs it at DoP = chunk size, i.e. as service ``f"{model}@dop{k}"``;
+the manager prefers, among equally small free chunks, one where that service
+is already resident (then one where it fits without evicting anything), and
+asks the node's :class:`ServiceCache` for the hit/miss decision and the LRU
+evictions. The executor reads that decision with :meth:`GpuManager.lease`,
+does the moving, and confirms the restore with :meth:`GpuManager.restored`.
+
+Mechanism only: the policy chose the DoP and the node; "does not fit" never
+reaches here, so a grant that cannot be honoured is an :class:`AllocationError`,
+raised after giving back everything taken on the way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from tangram.core.model import Action
+from tangram.managers.base import AllocationError, ResourceManager
+from tangram.managers.buddy import SIZES, BuddyAllocator, Chunk
+from tangram.managers.service_cache import CacheDecision, ModelSpec, ServiceCache, service_name
+from tangram.policy.snapshot import PoolState
+
+__all__ = ["BuddyAllocator", "Chunk", "GpuManager", "GpuNode", "ModelSpec", "CacheDecision", "service_name"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNode:
+    """One GPU node: ``num_gpus`` devices of ``memory_mb_per_gpu`` MiB each."""
+
+    name: str
+    num_gpus: int
+    memory_mb_per_gpu: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "@" in self.name:
+            raise ValueError(f"name: a non-empty node name without '@', got {self.name!r}")
+        for f in ("num_gpus", "memory_mb_per_gpu"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{f}: must be a non-negative integer, got {v!r}")
+
+    @property
+    def pool(self) -> str:
+        return f"gpu@{self.name}"
+
+
+class GpuManager(ResourceManager):
+    """Buddy chunks and a service cache per GPU node."""
+
+    def __init__(self, nodes: Iterable[GpuNode], models: Iterable[ModelSpec] = (), *,
+                 unknown_model_mb: int | None = 0):
+        self.nodes: dict[str, GpuNode] = {}
+        self._buddy: dict[str, BuddyAllocator] = {}
+        self._cache: dict[str, ServiceCache] = {}
+        self._holders: dict[str, dict[str, Chunk]] = {}
+        models = list(models)
+        for node in nodes:
+            if node.pool in self.nodes:
+                raise ValueError(f"nodes: {node.name!r} listed twice")
+            self.nodes[node.pool] = node
+            self._buddy[node.pool] = BuddyAllocator(node.num_gpus)
+            self._cache[node.pool] = ServiceCache(node.num_gpus, node.memory_mb_per_gpu, models,
+                                                  unknown_model_mb=unknown_model_mb)
+            self._holders[node.pool] = {}
+
+    # -- introspection ----------------------------------------------------- #
+
+    def cache(self, pool_or_node: str) -> ServiceCache:
+        return self._cache[self._pool(pool_or_node)]
+
+    def buddy(self, pool_or_node: str) -> BuddyAllocator:
+        return self._buddy[self._pool(pool_or_node)]
+
+    def lease(self, pool: str, holder: str) -> CacheDecision | None:
+        """What the executor must do for ``holder`` (evict, restore or nothing)."""
+        return self._cache[self._pool(pool)].lease(holder)
+
+    def restored(self, pool: str, holder: str, seconds: float = 0.0) -> None:
+        """The executor restored ``holder``'s service; until then it is not resident."""
+        self._cache[self._pool(pool)].restored(holder, seconds)
+
+    def register_model(self, spec: ModelSpec) -> None:
+        for cache in self._cache.values():
+            cache.register(spec)
+
+    def stats(self) -> dict:
+        """Cache counters summed over nodes, plus each node's own."""
+        per = {pool: c.stats() for pool, c in self._cache.items()}
+        total = {k: 0 for k in ("hits", "misses", "evictions", "restores", "failed_restores",
+                                "evicted_mb", "restored_mb")}
+        total["restore_s"] = 0.0
+        for s in per.values():
+            for k in total:
+                total[k] += s[k]
+        n = total["hits"] + total["misses"]
+        total["hit_rate"] = total["hits"] / n if n else None
+        total["nodes"] = per
+        return total
+
+    # -- ResourceManager --------------------------------------------------- #
+
+    def pool_states(self) -> Iterable[PoolState]:
+        for pool, node in self.nodes.items():
+            buddy = self._buddy[pool]
+            yield PoolState(
+                name=pool, rtype="gpu", node=node.name, capacity=node.num_gpus, free=buddy.free_devices,
+                chunks=tuple(c.size for c in buddy.free_chunks()),
+                resident=self._cache[pool].resident_services(),
+            )
+
+    def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> Chunk:
+        if pool not in self.nodes:
+            raise AllocationError(f"unknown pool {pool!r}")
+        if holder in self._holders[pool]:
+            raise AllocationError(f"{holder} already holds {self._holders[pool][holder]} of {pool}")
+        if units not in SIZES:
+            raise AllocationError(f"{pool}: a GPU grant is 1, 2, 4 or 8 devices, got {units!r}")
+        cache = self._cache[pool]
+        service = service_name(action.service, units) if action is not None and action.service else None
+        need = 0
+        if service is not None:
+            try:
+                need = cache.mb_per_device(service)
+            except KeyError as e:
+                raise AllocationError(f"{pool}: {e.args[0]}") from None
+            if need > cache.memory_mb_per_gpu:
+                raise AllocationError(f"{pool}: {service} needs {need} MiB per GPU, a GPU has {cache.memory_mb_per_gpu}")
+        chunk = self._buddy[pool].allocate(units, self._affinity(cache, service, need))
+        if chunk is None:
+            raise AllocationError(f"{pool}: no free chunk of {units} GPUs (free: {self._buddy[pool].free_chunks()})")
+        try:
+            cache.begin(holder, service, chunk)
+        except BaseException:
+            self._buddy[pool].release(chunk)  # nothing leaks when the books refuse
+            raise
+        self._holders[pool][holder] = chunk
+        return chunk
+
+    def release(self, pool: str, holder: str) -> bool:
+        chunk = self._holders.get(pool, {}).pop(holder, None)
+        if chunk is None:
+            return False
+        self._cache[pool].end(holder)
+        self._buddy[pool].release(chunk)
+        return True
+
+    def check_invariants(self) -> None:
+        for pool, node in self.nodes.items():
+            buddy, cache, holders = self._buddy[pool], self._cache[pool], self._holders[pool]
+            buddy.check()
+            cache.check()
+            allocated = buddy.allocated()
+            assert sorted(holders.values()) == allocated, f"{pool}: holders {holders} vs buddy {allocated}"
+            held = sum(c.size for c in holders.values())
+            assert buddy.free_devices + held == node.num_gpus, f"{pool}: free + allocated != capacity"
+            busy = cache.busy()
+            expect = {d: h for h, c in holders.items() for d in c.devices}
+            assert busy == expect, f"{pool}: cache busy devices {busy} vs grants {expect}"
+
+    def held(self) -> Mapping[str, Mapping[str, Any]]:
+        return {p: dict(h) for p, h in self._holders.items()}
+
+    # -- internals --------------------------------------------------------- #
+
+    def _pool(self, pool_or_node: str) -> str:
+        return pool_or_node if pool_or_node.startswith("gpu@") else f"gpu@{pool_or_node}"
+
+    @staticmethod
+    def _affinity(cache: ServiceCache, service: str | None, need: int):
+        """Score a candidate chunk: 2 the service is resident in it, 1 it fits without evicting, 0 else."""
+        if service is None:
+            return None
+        homes = cache.chunks_of(service)
+
+        def score(c: Chunk) -> int:
+            if any(h.start < c.end and c.start < h.end for h in homes):
+                return 2
+            if all(cache.free_mb(d) >= need for d in c.devices):
+                return 1
+            return 0
+
+        return score

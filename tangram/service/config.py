@@ -1,0 +1,418 @@
+"""The cluster config of ``tangram serve`` (YAML), validated field by field.
+
+Every error is a :class:`ConfigError` naming the path of the offending field
+(``cpu_nodes[1].cores``), so a typo in a 200-line file is found at once.
+Without a file the embedded default is one local CPU node with this
+machine's cores and memory, the local executor, a GPU node only if CUDA is
+present, and no API pools. See ``examples/cluster.yaml`` for every field.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8471
+DEFAULT_MAX_BODY = 1 << 20
+
+
+class ConfigError(ValueError):
+    def __init__(self, field: str, reason: str):
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuNodeConfig:
+    name: str
+    executor: str = "local"  # local | docker
+    endpoint: str | None = None  # docker: unix:// tcp:// ssh://
+    cores: tuple[int, ...] = ()  # core ids this node may hand out
+    memory_mb: int = 0
+    numa: tuple[tuple[int, ...], ...] = ()  # core ids per NUMA node (discovered when empty)
+    image: str | None = None  # docker: default image of environments
+    workdir: str | None = None  # local: where environment directories live
+
+
+@dataclass(frozen=True, slots=True)
+class GpuServiceConfig:
+    name: str
+    model: str
+    dops: tuple[int, ...] = (1,)
+    memory_mb: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNodeConfig:
+    name: str
+    gpus: tuple[int, ...]
+    memory_mb_per_gpu: int | None = None
+    device: str | None = None  # "cuda" / "cpu" (tests)
+    services: tuple[GpuServiceConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ApiPoolConfig:
+    name: str
+    concurrency: int | None = None
+    quota: int | None = None
+    period_s: float | None = None
+    window: str = "sliding"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    cpu_nodes: tuple[CpuNodeConfig, ...] = ()
+    gpu_nodes: tuple[GpuNodeConfig, ...] = ()
+    api_pools: tuple[ApiPoolConfig, ...] = ()
+    profiles: tuple[str, ...] = ()
+    depth: int = 2
+    lookahead: int = 32
+    default_duration_s: float = 1.0
+
+
+# ---------------------------------------------------------------------------- #
+# loading
+
+
+def load_config(path: str | Path | None) -> ClusterConfig:
+    """Read and validate a YAML file; ``None`` gives the embedded default."""
+    if path is None:
+        return default_config()
+    import yaml
+
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(p), f"not valid YAML: {exc}") from None
+    cfg = parse_config(doc if doc is not None else {})
+    # relative profile paths are relative to the config file
+    profiles = tuple(str((p.parent / q).resolve()) if not os.path.isabs(q) else q for q in cfg.profiles)
+    return _replace(cfg, profiles=profiles)
+
+
+def default_config() -> ClusterConfig:
+    return parse_config({})
+
+
+def parse_config(doc: Any) -> ClusterConfig:
+    root = _mapping(doc, "<root>")
+    _known(root, "<root>", {"service", "scheduler", "cpu_nodes", "gpu_nodes", "api_pools", "profiles"})
+    service = _service(root.get("service", {}), "service")
+    sched = _mapping(root.get("scheduler", {}), "scheduler")
+    _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s"})
+    depth = _int(sched.get("depth", 2), "scheduler.depth", lo=1)
+    lookahead = _int(sched.get("lookahead", 32), "scheduler.lookahead", lo=0)
+    dflt = _number(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s")
+    if "cpu_nodes" in root:
+        cpu_nodes = tuple(_cpu_node(n, f"cpu_nodes[{i}]") for i, n in enumerate(_list(root["cpu_nodes"], "cpu_nodes")))
+    else:
+        cpu_nodes = (_local_node(),)
+    if "gpu_nodes" in root:
+        gpu_nodes = tuple(_gpu_node(n, f"gpu_nodes[{i}]") for i, n in enumerate(_list(root["gpu_nodes"], "gpu_nodes")))
+    else:
+        gpu_nodes = _detect_cuda_node()
+    api_raw = root.get("api_pools", {})
+    if isinstance(api_raw, Mapping):  # {name: limits} or a list of {name, ...}
+        api_items = [({"name": k, **_mapping(v, f"api_pools.{k}")}, f"api_pools.{k}") for k, v in api_raw.items()]
+    else:
+        api_items = [(v, f"api_pools[{i}]") for i, v in enumerate(_list(api_raw, "api_pools"))]
+    api_pools = tuple(_api_pool(v, where) for v, where in api_items)
+    profiles_raw = root.get("profiles", [])
+    if isinstance(profiles_raw, str):
+        profiles_raw = [profiles_raw]
+    profiles = tuple(_str(p, f"profiles[{i}]") for i, p in enumerate(_list(profiles_raw, "profiles")))
+    names: dict[str, str] = {}
+    for i, n in enumerate(cpu_nodes):
+        _unique(names, n.name, f"cpu_nodes[{i}].name")
+    gnames: dict[str, str] = {}
+    for i, n in enumerate(gpu_nodes):
+        _unique(gnames, n.name, f"gpu_nodes[{i}].name")
+    anames: dict[str, str] = {}
+    for p, (_, where) in zip(api_pools, api_items):
+        _unique(anames, p.name, f"{where}.name")
+    return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
+                         profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt)
+
+
+def _service(raw: Any, where: str) -> ServiceConfig:
+    m = _mapping(raw, where)
+    _known(m, where, {"host", "port", "token", "token_file", "max_body_bytes"})
+    token = m.get("token")
+    if token is not None:
+        token = _str(token, f"{where}.token")
+    if m.get("token_file") is not None:
+        if token is not None:
+            raise ConfigError(f"{where}.token_file", "give either token or token_file")
+        token = read_token_file(_str(m["token_file"], f"{where}.token_file"), f"{where}.token_file")
+    return ServiceConfig(
+        host=_str(m.get("host", DEFAULT_HOST), f"{where}.host"),
+        port=_int(m.get("port", DEFAULT_PORT), f"{where}.port", lo=0, hi=65535),
+        token=token,
+        max_body_bytes=_int(m.get("max_body_bytes", DEFAULT_MAX_BODY), f"{where}.max_body_bytes", lo=1024),
+    )
+
+
+def read_token_file(path: str, where: str = "token_file") -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read {path}: {exc.strerror or exc}") from None
+    if not token:
+        raise ConfigError(where, f"{path} is empty")
+    return token
+
+
+def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
+    m = _mapping(raw, where)
+    _known(m, where, {"name", "executor", "endpoint", "cores", "memory_mb", "numa", "image", "workdir"})
+    executor = m.get("executor", "local")
+    if executor not in ("local", "docker"):
+        raise ConfigError(f"{where}.executor", f"must be 'local' or 'docker', got {executor!r}")
+    name = _str(m.get("name", "local" if executor == "local" else None), f"{where}.name")
+    endpoint = None
+    if executor == "docker":
+        endpoint = _str(m.get("endpoint", "unix:///var/run/docker.sock"), f"{where}.endpoint")
+        if not endpoint.startswith(("unix://", "tcp://", "ssh://", "http://", "https://", "npipe://")):
+            raise ConfigError(f"{where}.endpoint", f"must be a Docker endpoint URL (unix://, tcp://, ssh://), got {endpoint!r}")
+    elif "endpoint" in m:
+        raise ConfigError(f"{where}.endpoint", "only docker nodes have an endpoint")
+    if executor == "local":
+        local = _local_node()
+        cores = _cores(m["cores"], f"{where}.cores", available=local.cores) if "cores" in m else local.cores
+        memory_mb = _int(m.get("memory_mb", local.memory_mb), f"{where}.memory_mb", lo=0)
+    else:
+        if "cores" not in m:
+            raise ConfigError(f"{where}.cores", "is required for a docker node (its core count or ids)")
+        if "memory_mb" not in m:
+            raise ConfigError(f"{where}.memory_mb", "is required for a docker node")
+        cores = _cores(m["cores"], f"{where}.cores")
+        memory_mb = _int(m["memory_mb"], f"{where}.memory_mb", lo=0)
+    numa: tuple[tuple[int, ...], ...] = ()
+    if "numa" in m:
+        groups = _list(m["numa"], f"{where}.numa")
+        numa = tuple(_cores(g, f"{where}.numa[{i}]") for i, g in enumerate(groups))
+        flat = [c for g in numa for c in g]
+        if len(flat) != len(set(flat)):
+            raise ConfigError(f"{where}.numa", "a core is listed in two NUMA nodes")
+        missing = set(cores) - set(flat)
+        if missing:
+            raise ConfigError(f"{where}.numa", f"cores {sorted(missing)[:8]} belong to no NUMA node")
+    image = _str(m["image"], f"{where}.image") if m.get("image") is not None else None
+    workdir = _str(m["workdir"], f"{where}.workdir") if m.get("workdir") is not None else None
+    return CpuNodeConfig(name=name, executor=executor, endpoint=endpoint, cores=cores, memory_mb=memory_mb,
+                         numa=numa, image=image, workdir=workdir)
+
+
+def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
+    m = _mapping(raw, where)
+    _known(m, where, {"name", "gpus", "memory_mb_per_gpu", "device", "services"})
+    name = _str(m.get("name"), f"{where}.name")
+    if "gpus" not in m:
+        raise ConfigError(f"{where}.gpus", "is required (a count or a list of device ids)")
+    gpus = _cores(m["gpus"], f"{where}.gpus")
+    if len(gpus) not in (1, 2, 4, 8) and len(gpus) % 8:
+        raise ConfigError(f"{where}.gpus", f"buddy chunks need 1, 2, 4 or a multiple of 8 GPUs, got {len(gpus)}")
+    mem = m.get("memory_mb_per_gpu")
+    mem = _int(mem, f"{where}.memory_mb_per_gpu", lo=1) if mem is not None else None
+    device = m.get("device")
+    if device is not None and device not in ("cuda", "cpu"):
+        raise ConfigError(f"{where}.device", f"must be 'cuda' or 'cpu', got {device!r}")
+    services = []
+    for i, s in enumerate(_list(m.get("services", []), f"{where}.services")):
+        sw = f"{where}.services[{i}]"
+        sm = _mapping(s, sw)
+        _known(sm, sw, {"name", "model", "dops", "memory_mb", "options"})
+        model = _str(sm.get("model"), f"{sw}.model")
+        sname = _str(sm.get("name", model), f"{sw}.name")
+        dops_raw = sm.get("dops", [1])
+        dops = tuple(_int(d, f"{sw}.dops[{j}]", lo=1) for j, d in enumerate(_list(dops_raw, f"{sw}.dops")))
+        bad = [d for d in dops if d not in (1, 2, 4, 8)]
+        if bad or not dops:
+            raise ConfigError(f"{sw}.dops", f"GPU DoPs must be among 1, 2, 4, 8, got {list(dops)}")
+        smem = sm.get("memory_mb")
+        smem = _int(smem, f"{sw}.memory_mb", lo=1) if smem is not None else None
+        opts = dict(_mapping(sm.get("options", {}), f"{sw}.options"))
+        services.append(GpuServiceConfig(name=sname, model=model, dops=dops, memory_mb=smem, options=opts))
+    return GpuNodeConfig(name=name, gpus=gpus, memory_mb_per_gpu=mem, device=device, services=tuple(services))
+
+
+def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
+    m = _mapping(raw, where)
+    _known(m, where, {"name", "concurrency", "quota", "period_s", "window"})
+    name = _str(m.get("name"), f"{where}.name")
+    if name.startswith("api:"):
+        name = name[4:]
+    if not name or any(c in name for c in "@/ "):
+        raise ConfigError(f"{where}.name", f"must be a plain name (no '@', '/', spaces), got {name!r}")
+    conc = _int(m["concurrency"], f"{where}.concurrency", lo=1) if m.get("concurrency") is not None else None
+    quota = _int(m["quota"], f"{where}.quota", lo=1) if m.get("quota") is not None else None
+    period = _number(m["period_s"], f"{where}.period_s") if m.get("period_s") is not None else None
+    if conc is None and quota is None:
+        raise ConfigError(where, "needs a concurrency limit, a quota, or both")
+    if quota is not None and period is None:
+        raise ConfigError(f"{where}.period_s", "a quota needs its period")
+    if quota is None and period is not None:
+        raise ConfigError(f"{where}.period_s", "given without a quota")
+    window = m.get("window", "sliding")
+    if window not in ("sliding", "fixed"):
+        raise ConfigError(f"{where}.window", f"must be 'sliding' or 'fixed', got {window!r}")
+    return ApiPoolConfig(name=name, concurrency=conc, quota=quota, period_s=period, window=window)
+
+
+# ---------------------------------------------------------------------------- #
+# this machine
+
+
+def _local_node() -> CpuNodeConfig:
+    try:
+        cores = tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        cores = tuple(range(os.cpu_count() or 1))
+    return CpuNodeConfig(name="local", executor="local", cores=cores, memory_mb=_memory_mb())
+
+
+def _memory_mb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _detect_cuda_node() -> tuple[GpuNodeConfig, ...]:
+    """One GPU node with every visible CUDA device, if torch sees any (never imports torch otherwise)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return ()
+    try:
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU pool
+        return ()
+    if n <= 0:
+        return ()
+    usable = 8 if n >= 8 else 4 if n >= 4 else 2 if n >= 2 else 1  # buddy chunks
+    return (GpuNodeConfig(name="gpu0", gpus=tuple(range(usable)), device="cuda"),)
+
+
+# ---------------------------------------------------------------------------- #
+# field helpers
+
+
+def _replace(cfg: ClusterConfig, **kw: Any) -> ClusterConfig:
+    import dataclasses
+
+    return dataclasses.replace(cfg, **kw)
+
+
+def _mapping(v: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise ConfigError(where, f"must be a mapping, got {type(v).__name__}")
+    return v
+
+
+def _list(v: Any, where: str) -> list:
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(where, f"must be a list, got {type(v).__name__}")
+    return list(v)
+
+
+def _known(m: Mapping[str, Any], where: str, keys: set[str]) -> None:
+    unknown = sorted(str(k) for k in m if k not in keys)
+    if unknown:
+        prefix = "" if where == "<root>" else f"{where}."
+        raise ConfigError(f"{prefix}{unknown[0]}", f"unknown field (expected one of {sorted(keys)})")
+
+
+def _str(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise ConfigError(where, "is required" if v is None else f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _int(v: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(where, f"must be an integer, got {v!r}")
+    if lo is not None and v < lo:
+        raise ConfigError(where, f"must be >= {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ConfigError(where, f"must be <= {hi}, got {v}")
+    return v
+
+
+def _number(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0) or math.isinf(v):
+        raise ConfigError(where, f"must be a positive finite number, got {v!r}")
+    return float(v)
+
+
+def _cores(v: Any, where: str, *, available: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """A count (``16``: ids 0..15, or the first 16 available), a list of ids, or ``"0-7,16-23"``."""
+    if isinstance(v, bool):
+        raise ConfigError(where, f"must be a count, a list of ids or a range string, got {v!r}")
+    if isinstance(v, int):
+        if v < 1:
+            raise ConfigError(where, f"must be >= 1, got {v}")
+        if available is not None:
+            if v > len(available):
+                raise ConfigError(where, f"{v} requested, this machine has {len(available)}")
+            return tuple(available[:v])
+        return tuple(range(v))
+    ids: list[int] = []
+    if isinstance(v, str):
+        try:
+            for part in v.split(","):
+                part = part.strip()
+                if "-" in part:
+                    a, b = part.split("-", 1)
+                    ids.extend(range(int(a), int(b) + 1))
+                elif part:
+                    ids.append(int(part))
+        except ValueError:
+            raise ConfigError(where, f"not a core list like '0-7,16': {v!r}") from None
+    elif isinstance(v, (list, tuple)):
+        for i, c in enumerate(v):
+            ids.append(_int(c, f"{where}[{i}]", lo=0))
+    else:
+        raise ConfigError(where, f"must be a count, a list of ids or a range string, got {type(v).__name__}")
+    if not ids:
+        raise ConfigError(where, "is empty")
+    if len(ids) != len(set(ids)):
+        raise ConfigError(where, "lists an id twice")
+    if available is not None:
+        missing = sorted(set(ids) - set(available))
+        if missing:
+            raise ConfigError(where, f"cores {missing[:8]} are not available to this process")
+    return tuple(sorted(ids))
+
+
+def _unique(seen: dict[str, str], name: str, where: str) -> None:
+    if name in seen:
+        raise ConfigError(where, f"name {name!r} is already used by {seen[name]}")
+    seen[name] = where

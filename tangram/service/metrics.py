@@ -1,0 +1,57 @@
+"""Prometheus metrics of one service: its own CollectorRegistry (several apps per process in tests)."""
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+_ACT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class _PoolCollector:
+    """Pool and queue gauges, read from the runtime at scrape time (never stale, no hot-path cost)."""
+
+    def __init__(self, runtime: Any):
+        self.runtime = runtime
+
+    def collect(self):
+        eng = self.runtime.engine
+        cap = GaugeMetricFamily("tangram_pool_capacity", "Units of each pool", labels=["pool", "type"])
+        free = GaugeMetricFamily("tangram_pool_free", "Free units of each pool", labels=["pool", "type"])
+        for p in eng.pool_states().values():
+            cap.add_metric([p.name, p.rtype], p.capacity)
+            free.add_metric([p.name, p.rtype], p.free)
+        yield cap
+        yield free
+        yield GaugeMetricFamily("tangram_queue_length", "Actions waiting for resources", value=len(eng.waiting))
+        yield GaugeMetricFamily("tangram_running_actions", "Actions running now", value=len(eng.running))
+        yield GaugeMetricFamily("tangram_environments", "Live environments",
+                                value=len(self.runtime.environments()))
+
+
+class ServiceMetrics:
+    def __init__(self, runtime: Any):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.actions = Counter("tangram_actions", "Finished actions", ["kind", "status"], registry=self.registry)
+        self.act = Histogram("tangram_action_completion_seconds", "ACT: queueing + execution",
+                             ["kind"], buckets=_ACT_BUCKETS, registry=self.registry)
+        self.queued = Histogram("tangram_action_queued_seconds", "Time waiting for resources",
+                                ["kind"], buckets=_ACT_BUCKETS, registry=self.registry)
+        self.overhead = Histogram("tangram_action_overhead_seconds", "System time around the executor's run",
+                                  buckets=_OVERHEAD_BUCKETS, registry=self.registry)
+        self.registry.register(_PoolCollector(runtime))
+        runtime.listeners.append(self.observe)
+
+    def observe(self, job: Any, outcome: Any) -> None:
+        t = outcome.timing
+        self.actions.labels(job.kind, outcome.status).inc()
+        self.act.labels(job.kind).observe(t.queued_s + t.exec_s + t.overhead_s)
+        self.queued.labels(job.kind).observe(t.queued_s)
+        self.overhead.observe(t.overhead_s)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

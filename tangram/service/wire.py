@@ -1,0 +1,170 @@
+"""Validation of the wire API's request bodies (no aiohttp here).
+
+Every problem is a :class:`~tangram.core.errors.DemandError` naming the
+field, which the service turns into ``400 {"error", "field"}``. What is
+checked here is the *shape* of the body; the demand itself is checked by
+``Action.build`` (400) and the engine's feasibility test (422).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from tangram.core.errors import DemandError
+
+KIND_FIELDS = {
+    "exec": {"environment", "command", "env"},
+    "http": {"url", "method", "headers", "json", "body"},
+    "model": {"model", "op", "inputs"},
+}
+COMMON_FIELDS = {"kind", "resources", "profile", "timeout_s", "class"}
+ALL_FIELDS = COMMON_FIELDS.union(*KIND_FIELDS.values())
+
+
+def parse_action(body: Any) -> dict[str, Any]:
+    """The keyword arguments of :meth:`Runtime.build_action` for one ``POST /v1/actions`` body."""
+    if not isinstance(body, Mapping):
+        raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
+    kind = body.get("kind")
+    if kind is None:
+        raise DemandError("kind", "is required (exec, http or model)")
+    if not isinstance(kind, str) or kind not in KIND_FIELDS:
+        raise DemandError("kind", f"must be one of {sorted(KIND_FIELDS)}, got {kind!r}")
+    for key in body:
+        if key not in ALL_FIELDS:
+            raise DemandError(str(key), "unknown field")
+        if key not in COMMON_FIELDS and key not in KIND_FIELDS[kind]:
+            raise DemandError(str(key), f"is not a field of {kind} actions")
+    resources = body.get("resources", {})
+    if not isinstance(resources, Mapping):
+        raise DemandError("resources", f"must be an object, got {_tname(resources)}")
+    for key, val in resources.items():
+        if key == "cpu":
+            _demand(val, "resources.cpu", allow_range=True)
+        elif key == "gpu":
+            _demand(val, "resources.gpu", allow_range=False)
+        elif key == "api":
+            _string(val, "resources.api")
+        elif key == "mem_mb":
+            _int(val, "resources.mem_mb", lo=0)
+        else:
+            raise DemandError(f"resources.{key}", "unknown resource (expected cpu, gpu, api or mem_mb)")
+    out: dict[str, Any] = {"kind": kind, "resources": dict(resources)}
+    if "profile" in body:
+        out["profile"] = _string(body["profile"], "profile")
+    if body.get("timeout_s") is not None:
+        t = body["timeout_s"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0) or math.isinf(t):
+            raise DemandError("timeout_s", f"must be a positive number of seconds, got {t!r}")
+        out["timeout_s"] = float(t)
+    if "class" in body:
+        out["action_class"] = _string(body["class"], "class")
+    payload: dict[str, Any] = {}
+    if kind == "exec":
+        if "command" not in body:
+            raise DemandError("command", "is required for exec actions")
+        out["command"] = _string(body["command"], "command")
+        if body.get("environment") is not None:
+            out["environment"] = _string(body["environment"], "environment")
+        if "env" in body:
+            env = body["env"]
+            if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
+                raise DemandError("env", "must be an object of string values")
+            payload["env"] = dict(env)
+    elif kind == "http":
+        if "url" not in body:
+            raise DemandError("url", "is required for http actions")
+        url = _string(body["url"], "url")
+        if not url.startswith(("http://", "https://")):
+            raise DemandError("url", f"must be an http(s) URL, got {url!r}")
+        payload["url"] = url
+        if "method" in body:
+            payload["method"] = _string(body["method"], "method").upper()
+        if "headers" in body:
+            h = body["headers"]
+            if not isinstance(h, Mapping) or not all(isinstance(v, str) for v in h.values()):
+                raise DemandError("headers", "must be an object of string values")
+            payload["headers"] = dict(h)
+        if "json" in body and "body" in body:
+            raise DemandError("body", "give either json or body, not both")
+        if "json" in body:
+            payload["json"] = body["json"]
+        if "body" in body:
+            payload["body"] = _string(body["body"], "body", allow_empty=True)
+    else:  # model
+        if "model" not in body:
+            raise DemandError("model", "is required for model actions")
+        payload["model"] = _string(body["model"], "model")
+        payload["op"] = _string(body["op"], "op") if "op" in body else "forward"
+        if "inputs" not in body:
+            raise DemandError("inputs", "is required for model actions")
+        payload["inputs"] = body["inputs"]
+    out["payload"] = payload
+    return out
+
+
+def parse_environment(body: Any) -> dict[str, Any]:
+    """The keyword arguments of :meth:`Runtime.create_environment` for ``POST /v1/environments``."""
+    if body is None:
+        body = {}
+    if not isinstance(body, Mapping):
+        raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
+    for key in body:
+        if key not in ("image", "memory_mb", "labels"):
+            raise DemandError(str(key), "unknown field (expected image, memory_mb, labels)")
+    out: dict[str, Any] = {}
+    if body.get("image") is not None:
+        out["image"] = _string(body["image"], "image")
+    if "memory_mb" in body:
+        out["memory_mb"] = _int(body["memory_mb"], "memory_mb", lo=0)
+    if body.get("labels") is not None:
+        labels = body["labels"]
+        if not isinstance(labels, Mapping):
+            raise DemandError("labels", f"must be an object, got {_tname(labels)}")
+        for k, v in labels.items():
+            if not isinstance(v, str):
+                raise DemandError(f"labels.{k}", f"must be a string, got {_tname(v)}")
+        out["labels"] = dict(labels)
+    return out
+
+
+def _demand(v: Any, field: str, *, allow_range: bool) -> None:
+    if isinstance(v, bool):
+        raise DemandError(field, f"must be an integer{' or {min, max}' if allow_range else ' or a list'}, got {v!r}")
+    if isinstance(v, int):
+        return
+    if isinstance(v, Mapping) and allow_range:
+        for k in v:
+            if k not in ("min", "max"):
+                raise DemandError(f"{field}.{k}", "unknown key (expected min and max)")
+        if "min" not in v:
+            raise DemandError(f"{field}.min", "is required in a range")
+        for k in ("min", "max"):
+            if k in v:
+                _int(v[k], f"{field}.{k}", lo=1)
+        return
+    if isinstance(v, list):
+        for i, x in enumerate(v):
+            _int(x, f"{field}[{i}]", lo=1)
+        return
+    raise DemandError(field, f"must be an integer{', a {min, max} range' if allow_range else ''} or a list, "
+                             f"got {_tname(v)}")
+
+
+def _string(v: Any, field: str, *, allow_empty: bool = False) -> str:
+    if not isinstance(v, str) or (not v and not allow_empty):
+        raise DemandError(field, f"must be a non-empty string, got {_tname(v) if not isinstance(v, str) else 'an empty string'}")
+    return v
+
+
+def _int(v: Any, field: str, *, lo: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise DemandError(field, f"must be an integer, got {_tname(v)}")
+    if lo is not None and v < lo:
+        raise DemandError(field, f"must be >= {lo}, got {v}")
+    return v
+
+
+def _tname(v: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "an integer", float: "a number"}.get(type(v), type(v).__name__)

@@ -1,0 +1,69 @@
+"""The compared systems: each a configuration of the same engine and policy.
+
+=================  ==========================================================
+``tangram``        elastic policy (``tangram.policy.schedule.plan``), action-
+                   level pooling, GPU evict-on-execution, managed API quotas
+``fixed-dop:N``    same, with ``PolicyParams(fixed_dop=N)`` (the ablation)
+``trajectory``     Kubernetes-like: a pod per trajectory. Its first CPU action
+                   submits one non-elastic "pod" action (``pod_cores`` cores +
+                   the trajectory's memory) to the engine; the pod starts after
+                   a latency that grows with concurrent creations and is held
+                   until the trajectory ends; every CPU action runs inside it
+                   (elastic rewards use all the pod's cores)
+``static-services`` SGLang-like: every GPU service on its own dedicated replicas
+                   (fixed DoP); the engine sees one slot pool per service
+``serverless``     ServerlessLLM-like: GPU pool shared, every service at its
+                   fixed DoP, loaded on demand from disk, one model per GPU (no
+                   multi-model residency), no affinity in placement
+``api-naive``      API calls bypass the engine's quota manager; the API
+                   answers 429 over its limits and callers retry with backoff
+=================  ==========================================================
+
+No policy is re-implemented here: a baseline is the elastic ``plan`` with
+other parameters, a filtered snapshot, or another manager configuration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from tangram.policy.schedule import plan as elastic_plan
+from tangram.policy.snapshot import Plan, PolicyParams, Snapshot
+from tangram.simulator.errors import WorkloadError
+
+POLICY_NAMES = ("tangram", "trajectory", "fixed-dop:N", "static-services", "serverless", "api-naive")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    name: str
+    plan: Callable[[Snapshot], Plan] = elastic_plan
+    params: PolicyParams = PolicyParams()
+    cpu_mode: str = "action"  # "action" | "pod"
+    gpu_mode: str = "eoe"  # "eoe" | "static" | "serverless"
+    api_mode: str = "managed"  # "managed" | "naive"
+
+
+def _no_affinity(snap: Snapshot) -> Plan:
+    """The elastic plan on a snapshot that hides GPU residency (no affinity)."""
+    pools = {n: (replace(p, resident=frozenset()) if p.resident else p) for n, p in snap.pools.items()}
+    return elastic_plan(replace(snap, pools=pools))
+
+
+def policy_spec(name: str) -> PolicySpec:
+    if name == "tangram":
+        return PolicySpec(name)
+    if name == "trajectory":
+        return PolicySpec(name, cpu_mode="pod")
+    if name == "static-services":
+        return PolicySpec(name, gpu_mode="static")
+    if name == "serverless":
+        return PolicySpec(name, plan=_no_affinity, gpu_mode="serverless")
+    if name == "api-naive":
+        return PolicySpec(name, api_mode="naive")
+    if name.startswith("fixed-dop:"):
+        raw = name.split(":", 1)[1]
+        if not raw.isdigit() or int(raw) < 1:
+            raise WorkloadError("policy", f"fixed-dop needs a positive integer, e.g. fixed-dop:4, got {name!r}")
+        return PolicySpec(name, params=PolicyParams(fixed_dop=int(raw)))
+    raise WorkloadError("policy", f"unknown policy {name!r} (expected one of {', '.join(POLICY_NAMES)}, or all)")

@@ -1,0 +1,108 @@
+"""One scheduling round: candidates, per-pool blocking, greedy eviction (exact expectations)."""
+from __future__ import annotations
+
+import pytest
+
+from tangram.policy.schedule import plan
+from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
+
+from tests.helpers import make_action
+
+
+def _snap(waiting, *, cpu=8, running=(), api=None, mem=10_000, params=None, placement=None, nodes=("n0",)):
+    pools = {}
+    for n in nodes:
+        used = sum(u for _, u in running) if n == nodes[0] else 0
+        pools[f"cpu@{n}"] = PoolState(f"cpu@{n}", "cpu", n, cpu, cpu - used, running=tuple(running) if n == nodes[0] else ())
+        pools[f"mem@{n}"] = PoolState(f"mem@{n}", "mem", n, mem, mem)
+    for name, (cap, free) in (api or {}).items():
+        pools[f"api:{name}"] = PoolState(f"api:{name}", f"api:{name}", None, cap, free)
+    return Snapshot(pools=pools, nodes=tuple(nodes), waiting=tuple(waiting),
+                    placement=placement or {}, params=params or PolicyParams())
+
+
+def _units(p):
+    return {d.action.id: dict(d.units) for d in p.dispatches}
+
+
+def test_greedy_eviction_prefers_fewer_faster_actions():
+    # three linear actions of 8 s on 8 cores: running A and B on 4 cores each and
+    # C right after on all 8 (ACT 2 + 2 + 3) beats squeezing all three (3 + 3 + 2 cores)
+    acts = [make_action(x, cpu={"min": 1, "max": 8}, t1=8.0, serial=0.0) for x in "ABC"]
+    assert _units(plan(_snap(acts))) == {"A": {"cpu": 4}, "B": {"cpu": 4}}
+
+
+def test_eviction_stops_when_it_no_longer_helps():
+    # strongly serial work gains nothing from more cores: everyone runs at once
+    acts = [make_action(x, cpu={"min": 1, "max": 8}, t1=8.0, serial=0.95) for x in "ABCD"]
+    got = _units(plan(_snap(acts)))
+    assert set(got) == {"A", "B", "C", "D"} and sum(u["cpu"] for u in got.values()) <= 8
+
+
+def test_alone_an_elastic_action_takes_what_helps():
+    acts = [make_action("A", cpu={"min": 1, "max": 8}, t1=8.0, serial=0.0)]
+    assert _units(plan(_snap(acts))) == {"A": {"cpu": 8}}
+
+
+def test_evicted_actions_keep_fcfs_order_no_overtaking():
+    # A needs 6 cores at least and only 4 are free: B (1 core) must not overtake it
+    acts = [make_action("A", cpu=6), make_action("B", cpu=1)]
+    assert _units(plan(_snap(acts, running=[(5.0, 4)]))) == {}
+
+
+def test_api_action_never_waits_behind_cpu_action():
+    acts = [make_action("big", cpu=6), make_action("search", api="search"), make_action("small", cpu=1)]
+    got = _units(plan(_snap(acts, running=[(5.0, 4)], api={"search": (2, 2)})))
+    assert got == {"search": {"api:search": 1}}
+
+
+def test_cpu_action_never_waits_behind_api_action():
+    acts = [make_action("q1", api="search"), make_action("q2", api="search"), make_action("shell", cpu=1)]
+    got = _units(plan(_snap(acts, api={"search": (1, 1)})))
+    assert got == {"q1": {"api:search": 1}, "shell": {"cpu": 1}}
+
+
+def test_non_scalable_actions_get_their_minimum():
+    acts = [make_action("unprofiled", cpu={"min": 2, "max": 8})]
+    assert _units(plan(_snap(acts))) == {"unprofiled": {"cpu": 2}}
+
+
+def test_fixed_dop_baseline():
+    acts = [make_action(x, cpu={"min": 1, "max": 8}, t1=8.0, serial=0.0) for x in "AB"]
+    got = _units(plan(_snap(acts, params=PolicyParams(fixed_dop=2))))
+    assert got == {"A": {"cpu": 2}, "B": {"cpu": 2}}
+
+
+def test_dop_caps_per_class():
+    acts = [make_action("A", cpu={"min": 1, "max": 8}, t1=8.0, serial=0.0, cls="suite")]
+    got = _units(plan(_snap(acts, params=PolicyParams(dop_caps={"suite": 3}))))
+    assert got == {"A": {"cpu": 3}}
+
+
+def test_new_trajectory_goes_to_node_with_most_free_memory():
+    pools_snap = _snap([], nodes=("n0", "n1"))
+    pools = dict(pools_snap.pools)
+    pools["mem@n0"] = PoolState("mem@n0", "mem", "n0", 10_000, 2_000)
+    a = make_action("A", cpu=1, trajectory="t", mem=1_000)
+    snap = Snapshot(pools=pools, nodes=("n0", "n1"), waiting=(a,))
+    (d,) = plan(snap).dispatches
+    assert d.node == "n1" and d.place_mem_mb == 1_000
+
+
+def test_placed_trajectory_stays_on_its_node():
+    a = make_action("A", cpu=1, trajectory="t", mem=1_000)
+    (d,) = plan(_snap([a], nodes=("n0", "n1"), placement={"t": "n0"})).dispatches
+    assert d.node == "n0" and d.place_mem_mb == 0
+
+
+def test_memory_for_the_whole_trajectory_must_fit():
+    a = make_action("A", cpu=1, trajectory="t", mem=20_000)
+    assert plan(_snap([a], mem=10_000)).dispatches == ()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_depth_is_a_valid_knob(depth):
+    acts = [make_action(x, cpu={"min": 1, "max": 8}, t1=8.0, serial=0.1) for x in "ABCDE"]
+    got = _units(plan(_snap(acts, params=PolicyParams(depth=depth))))
+    assert got and sum(u["cpu"] for u in got.values()) <= 8
+    assert list(got) == ["A", "B", "C", "D", "E"][: len(got)]  # the scheduled set is a FCFS prefix
