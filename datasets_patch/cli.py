@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"tangram patch-dataset: cannot write report {args.report}: {exc}", file=sys.stderr)
             status = 1
     if not args.dry_run:
-        out_fmt = FORMATS.get(os.path.splitext(args.output)[1].lower(), ds.fmt)
+        # OUT's extension picks the format, unless it is IN's: then IN's actual format
+        in_ext, out_ext = (os.path.splitext(p)[1].lower() for p in (args.input, args.output))
+        out_fmt = ds.fmt if out_ext == in_ext else FORMATS.get(out_ext, ds.fmt)
         try:
             write_dataset(args.output, ds, out_fmt)
         except DatasetError as exc:

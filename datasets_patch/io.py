@@ -67,6 +67,9 @@ def read_dataset(path: str) -> Dataset:
         raise
     except (OSError, UnicodeDecodeError) as exc:
         raise DatasetError(path, f"cannot read: {exc}") from exc
+    # a list named .jsonl is read as JSON (JSONL named .json: see _parse_json)
+    if fmt == "jsonl" and text.lstrip().startswith("["):
+        fmt = "json"
     if fmt == "json":
         return _parse_json(path, text)
     return _parse_jsonl(path, text)
@@ -76,6 +79,8 @@ def _parse_json(path: str, text: str) -> Dataset:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and text.lstrip().startswith("{"):
+            return _parse_jsonl(path, text)  # one object per line, named .json
         raise DatasetError(path, f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
     if not isinstance(data, list):
         raise DatasetError(path, f"expected a JSON list of records, got {type(data).__name__}")

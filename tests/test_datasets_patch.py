@@ -419,3 +419,12 @@ def test_patched_command_runs_with_xdist(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "created: 2/2 workers" in proc.stdout or "2 workers [3 items]" in proc.stdout
     assert "3 passed" in proc.stdout
+
+
+def test_cli_keep_explicit_and_mislabelled_json(tmp_path):
+    # one object per line although named .json: read as JSONL, written back the same way
+    src, dst = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_text('{"test_cmd": "pytest -n 4"}\n{"test_cmd": "pytest -rA"}\n')
+    assert tangram_main(["patch-dataset", str(src), str(dst), "--keep-explicit"]) == 0
+    lines = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert [r["test_cmd"] for r in lines] == ["pytest -n 4", f"pytest -n {P} -rA"]
