@@ -146,6 +146,7 @@ def _shlex_tokens(text: str) -> list[Word]:
     lex.commenters = "#"
     tokens: list[Word] = []
     while True:
+        # shlex gives no positions: the stream offset, less what it read ahead
         before = stream.tell() - len(lex._pushback_chars)
         tok = lex.get_token()
         if tok is None or tok == lex.eof:
