@@ -1,0 +1,1 @@
+"""The main job of a new user: a real agentic-coding rollout on this machine."""
