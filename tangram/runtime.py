@@ -233,12 +233,8 @@ class Runtime:
                 if len(apis) != 1:
                     raise DemandError("resources.api", "an http action needs the name of its API pool")
                 demands[apis[0]] = 1
-            if self.http_executor is None:
-                raise ExecutorMissingError("kind", "no HTTP executor is configured")
         elif kind == "model":
             demands.setdefault("gpu", 1)
-            if self.model_executors is None:
-                raise ExecutorMissingError("kind", "no GPU model executor is configured")
         if environment is not None and kind != "exec":
             raise DemandError("environment", "only exec actions run inside an environment")
         env = None
@@ -252,7 +248,7 @@ class Runtime:
             prof = self.profiles.get(profile)
             if prof is None:
                 raise DemandError("profile", f"unknown profile {profile!r}")
-        return Action.build(
+        action = Action.build(
             action_id or uuid.uuid4().hex,
             demands,
             action_class=action_class or profile or kind,
@@ -263,6 +259,12 @@ class Runtime:
             service=body.get("model") if kind == "model" else None,
             payload=body,
         )
+        # checked after the demand itself, so a malformed demand is a 400 whatever is configured
+        if kind == "http" and self.http_executor is None:
+            raise ExecutorMissingError("kind", "no HTTP executor is configured")
+        if kind == "model" and self.model_executors is None:
+            raise ExecutorMissingError("kind", "no GPU model executor is configured")
+        return action
 
     # ------------------------------------------------------------------ #
     # running actions

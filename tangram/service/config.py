@@ -40,11 +40,13 @@ class CpuNodeConfig:
 
 @dataclass(frozen=True, slots=True)
 class GpuServiceConfig:
+    """A model servable on a GPU node (its footprint feeds the EOE service cache)."""
+
     name: str
-    model: str
-    dops: tuple[int, ...] = (1,)
-    memory_mb: int | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    state_mb: int = 0
+    sharded: bool = False
+    overhead_mb: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)  # handed to the model executor
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +233,7 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
     if len(gpus) not in (1, 2, 4, 8) and len(gpus) % 8:
         raise ConfigError(f"{where}.gpus", f"buddy chunks need 1, 2, 4 or a multiple of 8 GPUs, got {len(gpus)}")
     mem = m.get("memory_mb_per_gpu")
-    mem = _int(mem, f"{where}.memory_mb_per_gpu", lo=1) if mem is not None else None
+    mem = _int(mem, f"{where}.memory_mb_per_gpu", lo=1) if mem is not None else None  # None: ask the device
     device = m.get("device")
     if device is not None and device not in ("cuda", "cpu"):
         raise ConfigError(f"{where}.device", f"must be 'cuda' or 'cpu', got {device!r}")
@@ -239,18 +241,18 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
     for i, s in enumerate(_list(m.get("services", []), f"{where}.services")):
         sw = f"{where}.services[{i}]"
         sm = _mapping(s, sw)
-        _known(sm, sw, {"name", "model", "dops", "memory_mb", "options"})
-        model = _str(sm.get("model"), f"{sw}.model")
-        sname = _str(sm.get("name", model), f"{sw}.name")
-        dops_raw = sm.get("dops", [1])
-        dops = tuple(_int(d, f"{sw}.dops[{j}]", lo=1) for j, d in enumerate(_list(dops_raw, f"{sw}.dops")))
-        bad = [d for d in dops if d not in (1, 2, 4, 8)]
-        if bad or not dops:
-            raise ConfigError(f"{sw}.dops", f"GPU DoPs must be among 1, 2, 4, 8, got {list(dops)}")
-        smem = sm.get("memory_mb")
-        smem = _int(smem, f"{sw}.memory_mb", lo=1) if smem is not None else None
+        _known(sm, sw, {"name", "state_mb", "sharded", "overhead_mb", "options"})
+        sname = _str(sm.get("name"), f"{sw}.name")
+        if "@" in sname:
+            raise ConfigError(f"{sw}.name", f"must not contain '@', got {sname!r}")
+        state_mb = _int(sm.get("state_mb", 0), f"{sw}.state_mb", lo=0)
+        overhead_mb = _int(sm.get("overhead_mb", 0), f"{sw}.overhead_mb", lo=0)
+        sharded = sm.get("sharded", False)
+        if not isinstance(sharded, bool):
+            raise ConfigError(f"{sw}.sharded", f"must be true or false, got {sharded!r}")
         opts = dict(_mapping(sm.get("options", {}), f"{sw}.options"))
-        services.append(GpuServiceConfig(name=sname, model=model, dops=dops, memory_mb=smem, options=opts))
+        services.append(GpuServiceConfig(name=sname, state_mb=state_mb, sharded=sharded,
+                                         overhead_mb=overhead_mb, options=opts))
     return GpuNodeConfig(name=name, gpus=gpus, memory_mb_per_gpu=mem, device=device, services=tuple(services))
 
 

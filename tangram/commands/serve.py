@@ -1,0 +1,62 @@
+"""``tangram serve``: run the scheduler service."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="run the scheduler service (HTTP API)")
+    p.add_argument("--config", help="cluster YAML (default: this machine as one local CPU node)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1, or the config's service.host)")
+    p.add_argument("--port", type=int, help="port (default 8471, or the config's; 0 picks a free one)")
+    p.add_argument("--token-file", help="file holding the bearer token every route but /healthz requires")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    import asyncio
+    import dataclasses
+    import logging
+    import signal
+    import sys
+
+    from tangram.service.config import ConfigError, load_config, read_token_file
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config)
+        svc = cfg.service
+        if args.host:
+            svc = dataclasses.replace(svc, host=args.host)
+        if args.port is not None:
+            svc = dataclasses.replace(svc, port=args.port)
+        if args.token_file:
+            svc = dataclasses.replace(svc, token=read_token_file(args.token_file, "--token-file"))
+        cfg = dataclasses.replace(cfg, service=svc)
+    except ConfigError as exc:
+        print(f"tangram serve: config error: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve() -> None:
+        from tangram.service.app import create_app, start_site
+
+        app = create_app(cfg)
+        runner, port = await start_site(app, svc.host, svc.port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        # one parseable line: tests and scripts started with --port 0 read the port from it
+        print(f"tangram serve: listening on http://{svc.host}:{port}", flush=True)
+        if svc.host not in ("127.0.0.1", "localhost", "::1") and not svc.token:
+            logging.getLogger("tangram.service").warning("listening on %s without a token", svc.host)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()  # cancels running actions, removes environments
+
+    try:
+        asyncio.run(serve())
+    except ConfigError as exc:
+        print(f"tangram serve: config error: {exc}", file=sys.stderr)
+        return 2
+    return 0

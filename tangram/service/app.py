@@ -1,0 +1,278 @@
+"""The aiohttp service: the wire API over one :class:`~tangram.runtime.Runtime`.
+
+``create_app(config)`` builds the application; the runtime (engine,
+managers, executors) is created and closed by a ``cleanup_ctx`` so it lives
+exactly as long as the app, on the app's loop. Handlers are thin: parse and
+validate the body (:mod:`tangram.service.wire`), call the runtime, map
+errors to ``{"error", "field"}`` with the right status.
+
+A client that disconnects while waiting for its action cancels the action:
+aiohttp cancels the handler when ``handler_cancellation`` is on (as
+``tangram serve`` runs it) and, whatever the runner's settings, a watcher
+checks the transports of waiting requests a few times a second.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import json
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from tangram.core.errors import DemandError, UnknownActionError, UnschedulableError
+from tangram.runtime import ExecutorMissingError, Runtime, UnknownEnvironmentError
+from tangram.service import wire
+from tangram.service.config import ClusterConfig, default_config
+from tangram.service.metrics import ServiceMetrics
+
+log = logging.getLogger("tangram.service")
+
+RuntimeFactory = Callable[[ClusterConfig], "Runtime | Awaitable[Runtime]"]
+
+CONFIG_KEY = web.AppKey("config", ClusterConfig)
+RUNTIME_KEY = web.AppKey("runtime", Runtime)
+METRICS_KEY = web.AppKey("metrics", ServiceMetrics)
+WAITERS_KEY = web.AppKey("waiters", dict)  # action id -> request awaiting it
+DISCONNECT_POLL_S = 0.25
+CANCEL_WAIT_S = 10.0
+PUBLIC_PATHS = frozenset({"/healthz"})
+
+
+def create_app(config: ClusterConfig | None = None, *, runtime_factory: RuntimeFactory | None = None) -> web.Application:
+    """The service for ``config`` (the embedded default when None)."""
+    config = config or default_config()
+    app = web.Application(
+        client_max_size=config.service.max_body_bytes,
+        middlewares=[_error_middleware, _auth_middleware(config.service.token)],
+    )
+    app[CONFIG_KEY] = config
+    app[WAITERS_KEY] = {}
+    app.cleanup_ctx.append(_runtime_ctx(runtime_factory))
+    app.cleanup_ctx.append(_disconnect_watcher)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/v1/environments", create_environment)
+    app.router.add_get("/v1/environments/{id}", get_environment)
+    app.router.add_delete("/v1/environments/{id}", delete_environment)
+    app.router.add_post("/v1/actions", post_action)
+    app.router.add_get("/v1/actions/{id}", get_action)
+    app.router.add_delete("/v1/actions/{id}", cancel_action)
+    app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _runtime_ctx(factory: RuntimeFactory | None):
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        if factory is None:
+            from tangram.service.build import build_runtime
+
+            runtime = await build_runtime(app[CONFIG_KEY])
+        else:
+            made = factory(app[CONFIG_KEY])
+            runtime = await made if inspect.isawaitable(made) else made
+        app[RUNTIME_KEY] = runtime
+        app[METRICS_KEY] = ServiceMetrics(runtime)
+        try:
+            yield
+        finally:
+            await runtime.close()
+
+    return ctx
+
+
+async def _disconnect_watcher(app: web.Application) -> AsyncIterator[None]:
+    """Cancel the actions of clients that went away (whatever the runner's handler_cancellation)."""
+
+    async def watch() -> None:
+        waiters: dict[str, web.Request] = app[WAITERS_KEY]
+        while True:
+            await asyncio.sleep(DISCONNECT_POLL_S)
+            gone = [aid for aid, req in waiters.items() if req.transport is None or req.transport.is_closing()]
+            for aid in gone:
+                waiters.pop(aid, None)
+                try:
+                    if app[RUNTIME_KEY].cancel(aid):
+                        log.info("action %s cancelled: its client disconnected", aid)
+                except UnknownActionError:
+                    pass
+
+    task = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+
+# ---------------------------------------------------------------------------- #
+# middlewares
+
+
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except UnschedulableError as exc:
+        return _error(422, exc.reason, exc.field)
+    except ExecutorMissingError as exc:
+        return _error(422, exc.reason, exc.field)
+    except DemandError as exc:
+        return _error(400, exc.reason, exc.field)
+    except (UnknownEnvironmentError, UnknownActionError) as exc:
+        return _error(404, str(exc))
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error(413, f"request body too large (limit {exc.max_size} bytes)"
+                      if hasattr(exc, "max_size") else "request body too large", "body")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.reason)
+    except Exception:  # noqa: BLE001 - a bug: log it, answer 500, keep serving
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(500, "internal error (see the service log)")
+
+
+def _auth_middleware(token: str | None):
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def auth(request: web.Request, handler) -> web.StreamResponse:
+        if expected is not None and request.path not in PUBLIC_PATHS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):  # constant time
+                return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                         headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return auth
+
+
+async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
+    raw = await request.read()  # raises 413 past client_max_size
+    if not raw.strip():
+        if optional:
+            return None
+        raise DemandError("body", "a JSON object is required")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DemandError("body", f"malformed JSON: {exc}") from None
+
+
+# ---------------------------------------------------------------------------- #
+# handlers
+
+
+async def healthz(request: web.Request) -> web.Response:
+    rt = request.app.get(RUNTIME_KEY)
+    return web.json_response({"status": "ok", "running": len(rt.engine.running) if rt else 0,
+                              "queue_length": len(rt.engine.waiting) if rt else 0})
+
+
+async def create_environment(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME_KEY]
+    kwargs = wire.parse_environment(await _json_body(request, optional=True))
+    env_id = await rt.create_environment(**kwargs)
+    return web.json_response({"id": env_id}, status=201)
+
+
+async def get_environment(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME_KEY]
+    env = rt.environment(request.match_info["id"])
+    return web.json_response({"id": env.id, "image": env.image, "memory_mb": env.memory_mb, "labels": env.labels,
+                              "node": rt.engine.placement.get(env.id), "active_actions": len(env.active)})
+
+
+async def delete_environment(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME_KEY]
+    # shielded: a client hanging up mid-delete must not leave a half-removed environment
+    await asyncio.shield(rt.delete_environment(request.match_info["id"]))
+    return web.Response(status=204)
+
+
+async def post_action(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME_KEY]
+    received = rt.clock()
+    wait = _flag(request.query.get("wait", "true"), "wait")
+    kwargs = wire.parse_action(await _json_body(request))
+    action = rt.build_action(**kwargs)
+    action_id = rt.submit(action, received_at=received)
+    if not wait:
+        return web.json_response({"id": action_id, "status": rt.state(action_id)}, status=202)
+    waiters = request.app[WAITERS_KEY]
+    waiters[action_id] = request
+    try:
+        outcome = await rt.wait(action_id)  # a cancelled handler (client gone) cancels the action
+    finally:
+        waiters.pop(action_id, None)
+    return web.json_response(outcome.as_dict())
+
+
+async def get_action(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME_KEY]
+    action_id = request.match_info["id"]
+    outcome = rt.result(action_id)
+    if outcome is not None:
+        return web.json_response(outcome.as_dict())
+    return web.json_response({"id": action_id, "status": rt.state(action_id)})
+
+
+async def cancel_action(request: web.Request) -> web.Response:
+    """Cancel; answers with the final result once the executor killed the work (202 if that takes long)."""
+    rt = request.app[RUNTIME_KEY]
+    action_id = request.match_info["id"]
+    rt.cancel(action_id)
+    outcome = rt.result(action_id)
+    if outcome is None:
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(rt._job(action_id).done), CANCEL_WAIT_S)
+        except asyncio.TimeoutError:
+            return web.json_response({"id": action_id, "status": "cancelling"}, status=202)
+    return web.json_response(outcome.as_dict())
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RUNTIME_KEY].stats())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, ctype = request.app[METRICS_KEY].render()
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = ctype
+    return resp
+
+
+def _flag(v: str, field: str) -> bool:
+    lv = v.lower()
+    if lv in ("1", "true", "yes", ""):
+        return True
+    if lv in ("0", "false", "no"):
+        return False
+    raise DemandError(field, f"must be true or false, got {v!r}")
+
+
+# ---------------------------------------------------------------------------- #
+# running
+
+
+async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start ``app`` on ``host:port`` (0: any free port); returns the runner and the bound port."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=2048)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    return runner, bound

@@ -1,0 +1,85 @@
+"""Build a :class:`~tangram.runtime.Runtime` from a :class:`ClusterConfig`.
+
+The one place that knows which manager and executor serve which part of the
+config; executors (docker SDK, torch) are imported only when the config
+names them, so a CPU-only local service never loads them.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tangram.core.engine import Engine
+from tangram.policy.snapshot import PolicyParams
+from tangram.profiles import load_profiles
+from tangram.runtime import Runtime
+from tangram.service.config import ClusterConfig, ConfigError, CpuNodeConfig
+
+log = logging.getLogger("tangram.service")
+
+
+async def build_runtime(cfg: ClusterConfig) -> Runtime:
+    """Managers, executors and the engine of ``cfg`` (call on the loop that will drive it)."""
+    profiles: dict[str, Any] = {}
+    for i, path in enumerate(cfg.profiles):
+        try:
+            profiles.update(load_profiles(path))
+        except ValueError as exc:
+            raise ConfigError(f"profiles[{i}]", str(exc)) from None
+    managers: list[Any] = []
+    env_executors: dict[str, Any] = {}
+    if cfg.cpu_nodes:
+        from tangram.managers.cpu import CpuManager
+
+        nodes = [_cpu_node(n) for n in cfg.cpu_nodes]
+        managers.append(CpuManager(nodes))
+        for n in cfg.cpu_nodes:
+            env_executors[n.name] = _env_executor(n)
+    model_executors: dict[str, Any] | None = None
+    if cfg.gpu_nodes:
+        from tangram.service.build_gpu import build_gpu
+
+        gpu_manager, model_executors = build_gpu(cfg.gpu_nodes)
+        managers.append(gpu_manager)
+    http_executor = None
+    if cfg.api_pools:
+        from tangram.executors.http import HttpExecutor
+        from tangram.managers.basic import ApiLimit, BasicManager
+
+        managers.append(BasicManager({
+            p.name: ApiLimit(concurrency=p.concurrency, quota=p.quota, period_s=p.period_s, window=p.window)
+            for p in cfg.api_pools
+        }))
+        http_executor = HttpExecutor()
+    params = PolicyParams(depth=cfg.depth, lookahead=cfg.lookahead, default_duration_s=cfg.default_duration_s)
+    engine = Engine(managers, params=params)
+    return Runtime(engine, env_executors=env_executors, http_executor=http_executor,
+                   model_executors=model_executors, profiles=profiles)
+
+
+def _cpu_node(n: CpuNodeConfig):
+    from tangram.managers.cpu import CpuNode, discover_local_node
+
+    numa = [list(g) for g in n.numa] or None
+    if n.executor == "local" and numa is None:
+        # the machine's NUMA domains, restricted to the cores this node may use
+        found = discover_local_node(n.name, memory_mb=n.memory_mb)
+        keep = set(n.cores)
+        numa = [[c for c in d if c in keep] for d in found.numa or ()]
+        numa = [d for d in numa if d]
+        covered = {c for d in numa for c in d}
+        rest = [c for c in n.cores if c not in covered]
+        if rest:
+            numa.append(rest)
+    return CpuNode(name=n.name, cores=tuple(n.cores), numa=tuple(tuple(d) for d in numa) if numa else None,
+                   memory_mb=n.memory_mb)
+
+
+def _env_executor(n: CpuNodeConfig) -> Any:
+    if n.executor == "local":
+        from tangram.executors.local import LocalExecutor
+
+        return LocalExecutor(root=n.workdir) if n.workdir else LocalExecutor()
+    from tangram.executors.docker import DockerExecutor
+
+    return DockerExecutor(n.endpoint, default_image=n.image)

@@ -1,0 +1,93 @@
+"""A real service on loopback with a real client, and the "every pool is whole" check."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any, AsyncIterator
+
+from tangram.client import TangramClient
+from tangram.runtime import Runtime
+from tangram.service.app import RUNTIME_KEY, create_app, start_site
+from tangram.service.config import parse_config
+
+N_CORES = len(os.sched_getaffinity(0))
+
+
+def config(**overrides: Any):
+    doc: dict[str, Any] = {
+        "cpu_nodes": [{"name": "local", "executor": "local", "cores": N_CORES, "memory_mb": 4096}],
+        "gpu_nodes": [],
+    }
+    doc.update(overrides)
+    return parse_config(doc)
+
+
+class Service:
+    def __init__(self, app, runner, port: int):
+        self.app = app
+        self.runner = runner
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.app[RUNTIME_KEY]
+
+    def client(self, **kw: Any) -> TangramClient:
+        return TangramClient(self.url, **kw)
+
+
+@contextlib.asynccontextmanager
+async def running_service(cfg=None, **kw: Any) -> AsyncIterator[Service]:
+    app = create_app(cfg or config(), **kw)
+    runner, port = await start_site(app, "127.0.0.1", 0)
+    try:
+        yield Service(app, runner, port)
+    finally:
+        await runner.cleanup()
+
+
+async def settle(rt: Runtime, timeout_s: float = 5.0) -> None:
+    """Wait until nothing runs or waits (a cancelled action's kill takes a moment)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while rt.engine.running or rt.engine.waiting:
+        if loop.time() > deadline:
+            raise AssertionError(f"still running {sorted(rt.engine.running)}, waiting {sorted(rt.engine.waiting)}")
+        await asyncio.sleep(0.01)
+
+
+def assert_whole(rt: Runtime, *, live_envs_mem: int = 0) -> None:
+    """The engine's books balance and every pool has all its units back.
+
+    ``mem@`` pools keep the reservations of live environments (``live_envs_mem``
+    MiB in all); API pools with a quota keep consumed quota until their window passes.
+    """
+    rt.check_whole()
+    for name, p in rt.engine.pool_states().items():
+        if p.rtype == "mem":
+            assert p.free == p.capacity - live_envs_mem, f"{name}: free {p.free} of {p.capacity}"
+        elif p.rtype.startswith("api:"):
+            continue
+        else:
+            assert p.free == p.capacity, f"{name}: free {p.free} of {p.capacity}"
+    for m in rt.engine.managers:
+        for pool, holders in m.held().items():
+            if not pool.startswith("mem@"):
+                assert not holders, f"{pool} still held by {holders}"
+
+
+def find_pids(marker: str) -> list[int]:
+    """Processes whose command line contains ``marker``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    out.append(int(d))
+        except OSError:
+            pass
+    return out

@@ -1,0 +1,289 @@
+"""The wire API against a real service on loopback, the real client and the real local executor.
+
+After each scenario every pool must be whole again: no core, memory
+reservation or API slot may outlive an error, a timeout or a cancellation.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import uuid
+
+import aiohttp
+import pytest
+
+from tangram.client import TangramHTTPError
+from tests.service_helpers import N_CORES, assert_whole, config, find_pids, running_service, settle
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_exec_in_environment_keeps_files_and_reserves_memory():
+    async with running_service() as svc, svc.client() as c:
+        rt = svc.runtime
+        env = await c.create_environment(memory_mb=512, labels={"task": "t1"})
+        r1 = await c.exec(env, "echo hello > f.txt && echo dop=$TANGRAM_DOP")
+        assert r1.ok and r1.exit_code == 0 and r1.stdout == "dop=1\n"
+        assert r1.allocation["node"] == "local" and len(r1.allocation["cores"]) == 1
+        assert r1.timing.exec_s > 0 and r1.timing.overhead_s >= 0 and r1.timing.queued_s >= 0
+        r2 = await c.exec(env, "cat f.txt")
+        assert r2.stdout == "hello\n"
+        # the trajectory's memory stays reserved between its actions
+        assert rt.engine.pool_states()["mem@local"].free == 4096 - 512
+        assert_whole(rt, live_envs_mem=512)
+        await c.delete_environment(env)
+        assert_whole(rt)
+        with pytest.raises(TangramHTTPError) as e:
+            await c.delete_environment(env)
+        assert e.value.status == 404
+
+
+async def test_one_shot_exec_leaves_no_environment():
+    async with running_service() as svc, svc.client() as c:
+        r = await c.exec(None, "pwd; exit 3")
+        assert r.status == "failed" and r.exit_code == 3
+        assert not os.path.exists(r.stdout.strip())
+        assert svc.runtime.environments() == []
+        assert_whole(svc.runtime)
+
+
+async def test_profile_makes_the_action_elastic(tmp_path):
+    store = tmp_path / "profiles.json"
+    store.write_text(json.dumps({"version": 1, "classes": {
+        "suite": {"t1_s": 4.0, "efficiency": {"1": 1.0, str(N_CORES): 1.0}, "samples": 5}}}))
+    async with running_service(config(profiles=[str(store)])) as svc, svc.client() as c:
+        r = await c.exec(None, "echo ${parallel_num} $TANGRAM_DOP", cpu={"min": 1, "max": N_CORES}, profile="suite")
+        assert r.ok and r.stdout.split() == [str(N_CORES)] * 2
+        assert r.allocation["dop"] == N_CORES and len(r.allocation["cores"]) == N_CORES
+        with pytest.raises(TangramHTTPError) as e:
+            await c.exec(None, "true", profile="nope")
+        assert (e.value.status, e.value.field) == (400, "profile")
+        assert_whole(svc.runtime)
+
+
+async def test_timeout_kills_the_process():
+    async with running_service() as svc, svc.client() as c:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        r = await c.exec(None, "sleep 30", timeout_s=0.3)
+        assert r.status == "timeout"
+        assert loop.time() - t0 < 5
+        assert_whole(svc.runtime)
+
+
+async def test_submit_poll_and_cancel_running_and_queued():
+    async with running_service() as svc, svc.client() as c:
+        rt = svc.runtime
+        body = {"kind": "exec", "command": "sleep 30", "resources": {"cpu": N_CORES}}
+        running = await c.submit(body)
+        queued = await c.submit(body)  # waits: every core is taken
+        await asyncio.sleep(0.2)
+        assert (await c.get_action(running)).status == "running"
+        assert (await c.get_action(queued)).status == "waiting"
+        s = await c.stats()
+        assert s["queue_length"] == 1 and s["pools"]["cpu@local"]["queue_length"] == 1
+        assert s["pools"]["cpu@local"]["utilisation"] == 1.0
+        rq = await c.cancel(queued)
+        assert rq.status == "cancelled"
+        rr = await c.cancel(running)
+        assert rr.status == "cancelled" and rr.timing.exec_s > 0
+        assert (await c.get_action(running)).status == "cancelled"
+        await settle(rt)
+        assert_whole(rt)
+        with pytest.raises(TangramHTTPError) as e:
+            await c.get_action("no-such-action")
+        assert e.value.status == 404
+
+
+async def test_client_disconnect_cancels_the_action():
+    async with running_service() as svc:
+        rt = svc.runtime
+        marker = f"sleep 30.{uuid.uuid4().int % 10**6}"
+        async with aiohttp.ClientSession() as s:
+            req = asyncio.create_task(s.post(f"{svc.url}/v1/actions", json={"kind": "exec", "command": marker}))
+            for _ in range(200):
+                if rt.engine.running:
+                    break
+                await asyncio.sleep(0.01)
+            assert rt.engine.running
+            req.cancel()  # drops the connection
+            with pytest.raises(asyncio.CancelledError):
+                await req
+        await settle(rt, timeout_s=5)
+        assert_whole(rt)
+        assert rt.counts.get(("exec", "cancelled")) == 1
+        await asyncio.sleep(0.1)
+        assert not [p for p in find_pids(marker) if p != os.getpid()]
+
+
+async def test_killed_process_is_a_failed_action_and_leaks_nothing():
+    async with running_service() as svc, svc.client() as c:
+        rt = svc.runtime
+        env = await c.create_environment(memory_mb=64)
+        marker = f"sleep 31.{uuid.uuid4().int % 10**6}"
+        task = asyncio.create_task(c.exec(env, f"{marker}; echo never"))
+        pids: list[int] = []
+        for _ in range(300):
+            pids = find_pids(marker)
+            if pids:
+                break
+            await asyncio.sleep(0.01)
+        assert pids, "the action's process never appeared"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        r = await asyncio.wait_for(task, 10)
+        assert r.status == "failed" and r.exit_code not in (0, None)
+        assert "never" not in (r.stdout or "")
+        assert_whole(rt, live_envs_mem=64)
+        # the environment survives one killed action
+        assert (await c.exec(env, "echo ok")).stdout == "ok\n"
+        await c.delete_environment(env)
+        assert_whole(rt)
+
+
+async def test_executor_crash_is_a_failed_action(monkeypatch):
+    async with running_service() as svc, svc.client() as c:
+        rt = svc.runtime
+        ex = rt.env_executors["local"]
+
+        async def boom(*a, **kw):
+            raise RuntimeError("executor exploded")
+
+        monkeypatch.setattr(ex, "exec", boom)
+        r = await c.exec(None, "true")
+        assert r.status == "failed" and "executor exploded" in r.error
+        assert_whole(rt)
+        monkeypatch.undo()
+        assert (await c.exec(None, "true")).ok
+
+
+async def test_many_concurrent_actions_all_complete():
+    async with running_service() as svc, svc.client() as c:
+        results = await asyncio.gather(*(c.exec(None, "true") for _ in range(300)))
+        assert [r.status for r in results] == ["succeeded"] * 300
+        assert len({r.id for r in results}) == 300
+        assert_whole(svc.runtime)
+        s = await c.stats()
+        assert s["classes"]["exec"]["count"] == 300 and s["classes"]["exec"]["act_p99_s"] > 0
+        assert s["actions"]["exec:succeeded"] == 300
+
+
+async def test_delete_environment_cancels_its_running_action():
+    async with running_service() as svc, svc.client() as c:
+        env = await c.create_environment(memory_mb=100)
+        aid = await c.submit({"kind": "exec", "environment": env, "command": "sleep 30"})
+        await asyncio.sleep(0.2)
+        await c.delete_environment(env)
+        assert (await c.get_action(aid)).status == "cancelled"
+        assert_whole(svc.runtime)
+
+
+async def test_metrics_and_health():
+    async with running_service() as svc, svc.client() as c:
+        await c.exec(None, "true")
+        assert (await c.health())["status"] == "ok"
+        async with aiohttp.ClientSession() as s, s.get(f"{svc.url}/metrics") as resp:
+            text = await resp.text()
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
+        assert 'tangram_actions_total{kind="exec",status="succeeded"} 1.0' in text
+        assert 'tangram_pool_capacity{pool="cpu@local",type="cpu"}' in text
+        assert "tangram_action_overhead_seconds_bucket" in text
+
+
+async def test_auth_token_guards_every_route_but_healthz():
+    async with running_service(config(service={"token": "s3cret"})) as svc:
+        async with svc.client() as anon:
+            assert (await anon.health())["status"] == "ok"
+            for call in (anon.stats(), anon.create_environment(), anon.exec(None, "true")):
+                with pytest.raises(TangramHTTPError) as e:
+                    await call
+                assert e.value.status == 401
+        async with svc.client(token="wrong") as bad:
+            with pytest.raises(TangramHTTPError) as e:
+                await bad.stats()
+            assert e.value.status == 401
+        async with svc.client(token="s3cret") as good:
+            assert (await good.exec(None, "true")).ok
+        async with aiohttp.ClientSession() as s, s.get(f"{svc.url}/metrics") as resp:
+            assert resp.status == 401
+        assert_whole(svc.runtime)
+
+
+# One intent per row: (body, expected status, expected field).
+BAD_ACTIONS = [
+    ("{not json", 400, "body"),  # malformed JSON
+    ("[1, 2]", 400, "body"),  # not an object
+    ({"command": "true"}, 400, "kind"),  # missing kind
+    ({"kind": "teleport", "command": "true"}, 400, "kind"),  # unknown kind
+    ({"kind": "exec"}, 400, "command"),  # missing field
+    ({"kind": "exec", "command": 42}, 400, "command"),  # wrong type
+    ({"kind": "exec", "command": "true", "resources": {"cpu": "two"}}, 400, "resources.cpu"),
+    ({"kind": "exec", "command": "true", "resources": {"cpu": {"min": 0, "max": 2}}}, 400, "resources.cpu.min"),
+    ({"kind": "exec", "command": "true", "resources": {"cpu": {"min": 3, "max": 2}}}, 400, "resources.cpu.max"),
+    ({"kind": "exec", "command": "true", "resources": {"disk": 1}}, 400, "resources.disk"),
+    ({"kind": "exec", "command": "true", "resources": []}, 400, "resources"),
+    ({"kind": "exec", "command": "true", "timeout_s": -1}, 400, "timeout_s"),
+    ({"kind": "exec", "command": "true", "timeout_s": "soon"}, 400, "timeout_s"),
+    ({"kind": "exec", "command": "true", "url": "http://x"}, 400, "url"),  # a field of another kind
+    ({"kind": "exec", "command": "true", "bogus": 1}, 400, "bogus"),  # unknown field
+    ({"kind": "exec", "command": "true", "resources": {"gpu": 1}}, 400, "resources.gpu"),
+    ({"kind": "http", "url": "http://127.0.0.1:1/"}, 400, "resources.api"),  # no API pool configured
+    ({"kind": "http", "url": "ftp://x", "resources": {"api": "s"}}, 400, "url"),
+    ({"kind": "model", "model": "rm", "inputs": [1]}, 422, "kind"),  # no GPU executor here
+    ({"kind": "model", "model": "rm", "inputs": [1], "resources": {"gpu": 3}}, 400, "resources.gpu"),
+    ({"kind": "exec", "command": "true", "resources": {"cpu": 10_000}}, 422, "resources.cpu"),  # can never fit
+    ({"kind": "exec", "command": "true", "resources": {"cpu": 1, "mem_mb": 10**9}}, 422, "resources.mem_mb"),
+    ({"kind": "exec", "command": "true", "profile": "unknown"}, 400, "profile"),
+    ({"kind": "exec", "command": "true", "environment": "env-nope"}, 404, None),  # unknown environment
+]
+
+
+@pytest.mark.parametrize("body,status,field", BAD_ACTIONS)
+async def test_bad_actions_are_rejected_with_the_field(body, status, field):
+    async with running_service() as svc, aiohttp.ClientSession() as s:
+        data = body if isinstance(body, str) else json.dumps(body)
+        async with s.post(f"{svc.url}/v1/actions", data=data,
+                          headers={"Content-Type": "application/json"}) as resp:
+            out = await resp.json()
+        assert resp.status == status, out
+        assert "error" in out
+        if field is not None:
+            assert out.get("field") == field, out
+        assert not svc.runtime.engine.waiting and not svc.runtime.engine.running  # never queued
+        assert_whole(svc.runtime)
+
+
+BAD_ENVS = [
+    ({"memory_mb": -5}, 400, "memory_mb"),
+    ({"memory_mb": "lots"}, 400, "memory_mb"),
+    ({"image": 3}, 400, "image"),
+    ({"labels": {"a": 1}}, 400, "labels.a"),
+    ({"colour": "red"}, 400, "colour"),
+    ({"memory_mb": 10**9}, 422, "memory_mb"),  # no node has that much
+]
+
+
+@pytest.mark.parametrize("body,status,field", BAD_ENVS)
+async def test_bad_environments_are_rejected(body, status, field):
+    async with running_service() as svc, aiohttp.ClientSession() as s:
+        async with s.post(f"{svc.url}/v1/environments", json=body) as resp:
+            out = await resp.json()
+        assert (resp.status, out.get("field")) == (status, field), out
+        assert svc.runtime.environments() == []
+
+
+async def test_body_too_large_and_unknown_routes():
+    async with running_service(config(service={"max_body_bytes": 4096})) as svc, aiohttp.ClientSession() as s:
+        big = {"kind": "exec", "command": "echo " + "x" * 10_000}
+        async with s.post(f"{svc.url}/v1/actions", json=big) as resp:
+            assert resp.status == 413
+            assert (await resp.json())["field"] == "body"
+        async with s.get(f"{svc.url}/v1/nothing") as resp:
+            assert resp.status == 404 and "error" in await resp.json()
+        async with s.delete(f"{svc.url}/v1/actions/nope") as resp:
+            assert resp.status == 404
+        async with s.post(f"{svc.url}/v1/actions?wait=maybe", json={"kind": "exec", "command": "true"}) as resp:
+            assert resp.status == 400 and (await resp.json())["field"] == "wait"
+        assert_whole(svc.runtime)
