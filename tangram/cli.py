@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES = (
     "tangram.commands.version",
     "datasets_patch.cli",
+    "tangram.commands.profile",
 )
 
 
