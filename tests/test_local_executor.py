@@ -1,0 +1,296 @@
+"""Local executor with real cgroups (read back from inside the command) and
+the forced sched_setaffinity fallback; timeouts and cancels that really kill
+a process tree; persistent environment directories; engine-level leak
+checks with the CPU manager."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from tangram.core.engine import Engine, Started
+from tangram.core.model import Action
+from tangram.executors.base import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, Placement
+from tangram.executors.local import AFFINITY, CGROUP_V1, CGROUP_V2, LocalExecutor
+from tangram.managers.cpu import CpuManager, CpuNode
+from tests.test_basic_manager import drive
+
+pytestmark = pytest.mark.timeout(60)
+
+CORES = sorted(os.sched_getaffinity(0))
+LAST = CORES[-1]
+
+
+def _cgroup_writable() -> bool:
+    ex = LocalExecutor(isolation="auto")
+    try:
+        return ex.isolation in (CGROUP_V1, CGROUP_V2)
+    finally:
+        asyncio.run(ex.close())
+
+
+CGROUPS = _cgroup_writable()
+needs_cgroup = pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy (cpuset + cpu)")
+
+
+@pytest.fixture
+async def local(tmp_path):
+    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.2)
+    await ex.create_environment("traj")
+    yield ex
+    await ex.close()
+
+
+@pytest.fixture(params=["auto", "affinity"])
+async def either(tmp_path, request):
+    """The executor with cgroups (when writable) and with the forced affinity fallback."""
+    ex = LocalExecutor(str(tmp_path / "envs"), isolation=request.param, kill_grace_s=0.2)
+    await ex.create_environment("traj")
+    yield ex
+    await ex.close()
+
+
+@pytest.fixture
+async def affinity(tmp_path):
+    ex = LocalExecutor(str(tmp_path / "envs"), isolation="affinity", kill_grace_s=0.2)
+    await ex.create_environment("traj")
+    yield ex
+    await ex.close()
+
+
+def _gone(pid: int) -> bool:
+    """Dead or a zombie (zombies run nothing; PID 1 here may not reap them)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+async def _wait_file(path, timeout=5.0) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if os.path.exists(path) and open(path).read().strip():
+            return open(path).read()
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+# ---------------------------------------------------------------------- #
+# isolation really takes effect
+
+CGROUP_PROOF = r"""
+grep Cpus_allowed_list /proc/self/status
+cpu=$(awk -F: '$2=="cpu" || $2=="cpu,cpuacct" {print $3}' /proc/self/cgroup)
+cpuset=$(awk -F: '$2=="cpuset" {print $3}' /proc/self/cgroup)
+echo "cpu-group $cpu"
+echo "quota $(cat /sys/fs/cgroup/cpu$cpu/cpu.cfs_quota_us) period $(cat /sys/fs/cgroup/cpu$cpu/cpu.cfs_period_us)"
+echo "cpuset $(cat /sys/fs/cgroup/cpuset$cpuset/cpuset.cpus)"
+echo "dop $TANGRAM_DOP"
+"""
+
+
+@needs_cgroup
+async def test_cgroup_cores_and_quota_read_back_from_inside(local):
+    assert local.isolation in (CGROUP_V1, CGROUP_V2)
+    r = await local.exec("traj", CGROUP_PROOF, Placement("act-1", "local", dop=3, cores=(LAST,), cpu_quota=0.5))
+    assert r.status == SUCCEEDED, r
+    lines = dict(line.split(None, 1) for line in r.stdout.strip().splitlines())
+    assert lines["Cpus_allowed_list:"].strip() == str(LAST)
+    assert lines["cpu-group"].startswith("/tangram/") and "act-1" in lines["cpu-group"]
+    assert lines["quota"] == "50000 period 100000"  # 0.5 CPU of CFS quota
+    assert lines["cpuset"] == str(LAST)
+    assert lines["dop"] == "3"
+    assert r.details["isolation"] == local.isolation
+    # the per-action groups are gone afterwards
+    assert all(not os.path.exists(d) for d in r.details["cgroup"])
+
+
+@needs_cgroup
+async def test_cgroup_default_quota_is_number_of_cores(local):
+    r = await local.exec("traj", CGROUP_PROOF, Placement("act-2", "local", dop=len(CORES), cores=tuple(CORES)))
+    lines = dict(line.split(None, 1) for line in r.stdout.strip().splitlines())
+    assert lines["quota"] == f"{len(CORES) * 100000} period 100000"
+    from tangram.managers.cpu import parse_cpulist
+
+    assert parse_cpulist(lines["Cpus_allowed_list:"]) == CORES
+
+
+async def test_affinity_fallback_pins_cores(affinity):
+    r = await affinity.exec("traj", "grep Cpus_allowed_list /proc/self/status; "
+                            "grep Cpus_allowed_list /proc/self/status & wait",
+                            Placement("act-3", "local", dop=1, cores=(LAST,)))
+    assert r.status == SUCCEEDED, r
+    assert r.details["isolation"] == AFFINITY
+    assert [line.split()[-1] for line in r.stdout.strip().splitlines()] == [str(LAST), str(LAST)]
+    # the event loop thread got its own affinity back
+    assert sorted(os.sched_getaffinity(0)) == CORES
+
+
+async def test_affinity_concurrent_spawns_do_not_mix(affinity):
+    cmd = "grep Cpus_allowed_list /proc/self/status"
+    rs = await asyncio.gather(*(
+        affinity.exec("traj", cmd, Placement(f"c{i}", "local", dop=1, cores=(CORES[i % len(CORES)],)))
+        for i in range(8)))
+    assert [r.stdout.split()[-1] for r in rs] == [str(CORES[i % len(CORES)]) for i in range(8)]
+    assert sorted(os.sched_getaffinity(0)) == CORES
+
+
+async def test_no_cores_means_no_isolation(local):
+    r = await local.exec("traj", "echo $TANGRAM_DOP", Placement("a", None, dop=1))
+    assert (r.status, r.stdout, r.details["isolation"]) == (SUCCEEDED, "1\n", "none")
+
+
+# ---------------------------------------------------------------------- #
+# environments, results, errors
+
+async def test_env_dir_persists_across_actions(local):
+    p = Placement("a", "local", dop=1, cores=(CORES[0],))
+    assert (await local.exec("traj", "echo state > file; mkdir -p sub; pwd", p)).stdout.strip() == local.env_dir("traj")
+    r = await local.exec("traj", "cat file; ls -d sub", p)
+    assert r.stdout == "state\nsub\n"
+    await local.create_environment("other")
+    r = await local.exec("other", "cat file", p)
+    assert r.status == FAILED and r.exit_code == 1 and "No such file" in r.stderr
+    await local.destroy_environment("traj")
+    await local.destroy_environment("traj")  # idempotent
+    with pytest.raises(ValueError, match="env_id: unknown environment 'traj'"):
+        await local.exec("traj", "true", p)
+
+
+async def test_exit_code_stdout_stderr_and_env(local):
+    r = await local.exec("traj", "echo out; echo err >&2; echo $FOO; exit 3",
+                         Placement("a", "local", dop=2, cores=(CORES[0],)), env={"FOO": "bar"})
+    assert (r.status, r.exit_code, r.stdout, r.stderr, r.error) == (FAILED, 3, "out\nbar\n", "err\n", "exit code 3")
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"env_id": "../x"}, "env_id"),
+    ({"env_id": ""}, "env_id"),
+])
+async def test_bad_env_id(local, kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        await local.create_environment(**kwargs)
+
+
+async def test_bad_placement_and_args(local):
+    with pytest.raises(ValueError, match=r"placement.cores: cores \[4096\]"):
+        await local.exec("traj", "true", Placement("a", "local", 1, cores=(4096,)))
+    with pytest.raises(ValueError, match="placement.cpu_quota"):
+        await local.exec("traj", "true", Placement("a", "local", 1, cores=(CORES[0],), cpu_quota=0))
+    with pytest.raises(ValueError, match="timeout_s"):
+        await local.exec("traj", "true", Placement("a", "local", 1), timeout_s=-1)
+    with pytest.raises(ValueError, match="isolation"):
+        LocalExecutor(isolation="chroot")
+
+
+# ---------------------------------------------------------------------- #
+# timeouts and cancellation really kill the process tree
+
+TREE = "echo $$ > leader.pid; sleep 300 & echo $! > child.pid; (sleep 301 & echo $! > grandchild.pid; wait) & sleep 302"
+
+
+async def test_timeout_kills_sleep_and_children(either):
+    ex = either
+    t0 = time.monotonic()
+    r = await ex.exec("traj", TREE, Placement("t", "local", dop=1, cores=(CORES[0],)), timeout_s=0.5)
+    elapsed = time.monotonic() - t0
+    assert r.status == TIMEOUT and r.error == "killed after 0.5 s"
+    assert elapsed < 0.5 + ex.kill_grace_s + 1.0
+    d = ex.env_dir("traj")
+    for name in ("leader", "child", "grandchild"):
+        pid = int(open(os.path.join(d, f"{name}.pid")).read())
+        assert _gone(pid), f"{name} {pid} still runs"
+    for g in r.details.get("cgroup", ()):
+        assert not os.path.exists(g)
+
+
+@needs_cgroup
+async def test_timeout_kills_even_an_escaped_setsid_child(local):
+    r = await local.exec("traj", "setsid sleep 303 & echo $! > escaped.pid; sleep 304",
+                         Placement("t", "local", dop=1, cores=(CORES[0],)), timeout_s=0.3)
+    assert r.status == TIMEOUT
+    pid = int(open(os.path.join(local.env_dir("traj"), "escaped.pid")).read())
+    assert _gone(pid)
+
+
+async def test_sigterm_ignoring_command_gets_sigkill(local):
+    t0 = time.monotonic()
+    r = await local.exec("traj", "trap '' TERM; echo $$ > ign.pid; while :; do sleep 0.05; done",
+                         Placement("t", "local", dop=1, cores=(CORES[0],)), timeout_s=0.3)
+    assert r.status == TIMEOUT and r.exit_code == -9
+    assert 0.3 + 0.2 <= time.monotonic() - t0 < 2.0  # the grace, then SIGKILL
+    assert _gone(int(open(os.path.join(local.env_dir("traj"), "ign.pid")).read()))
+
+
+async def test_background_leftovers_are_killed_after_normal_exit(local):
+    r = await local.exec("traj", "sleep 305 & echo $! > bg.pid; echo done",
+                         Placement("t", "local", dop=1, cores=(CORES[0],)))
+    assert (r.status, r.stdout) == (SUCCEEDED, "done\n")
+    assert _gone(int(open(os.path.join(local.env_dir("traj"), "bg.pid")).read()))
+
+
+async def test_cancel_kills_before_returning(either):
+    ex = either
+    task = asyncio.ensure_future(ex.exec("traj", TREE, Placement("c", "local", dop=1, cores=(CORES[0],))))
+    d = ex.env_dir("traj")
+    await _wait_file(os.path.join(d, "grandchild.pid"))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for name in ("leader", "child", "grandchild"):  # dead by the time cancel returned
+        assert _gone(int(open(os.path.join(d, f"{name}.pid")).read())), name
+    if ex.isolation != AFFINITY:
+        assert [n for n in os.listdir(f"/sys/fs/cgroup/cpuset/{ex.cgroup_parent}") if n.startswith(ex._tag)] == []
+
+
+# ---------------------------------------------------------------------- #
+# engine + CPU manager + local executor: nothing leaks on errors, timeouts, cancels, crashes
+
+async def test_engine_leak_check_with_errors_timeouts_cancels(local):
+    node = CpuNode("local", cores=CORES, memory_mb=1024)
+    manager = CpuManager([node])
+    engine = Engine([manager])
+    commands = {
+        "ok": "echo ok",
+        "fail": "exit 7",
+        "slow": "sleep 30",        # times out
+        "crash": "true",           # the executor is handed a bad environment: an exception
+        "cancel": "sleep 30",      # cancelled while running
+    }
+    actions = [Action.build(f"{kind}-{i}", {"cpu": 1}, trajectory=f"traj{i % 2}", mem_mb=100, timeout_s=0.3,
+                            payload={"cmd": cmd}) for i, (kind, cmd) in enumerate(commands.items())]
+    await local.create_environment("traj0")
+    await local.create_environment("traj1")
+    seen_cores: dict[str, tuple] = {}
+
+    async def run(s: Started) -> str:
+        cores = s.grants["cpu@local"]
+        seen_cores[s.action.id] = cores
+        env_id = s.action.trajectory if not s.action.id.startswith("crash") else "missing-env"
+        try:
+            task = asyncio.ensure_future(local.exec(env_id, s.action.payload["cmd"],
+                                                    Placement(s.action.id, s.dispatch.node, s.dispatch.dop, cores=cores),
+                                                    timeout_s=s.action.timeout_s if "slow" in s.action.id else None))
+            if s.action.id.startswith("cancel"):
+                await asyncio.sleep(0.1)
+                task.cancel()
+            return (await task).status
+        except asyncio.CancelledError:
+            return CANCELLED
+        except ValueError:
+            return FAILED  # the executor crashed: the driver reports a failure
+
+    statuses = await drive(engine, actions, run)
+    assert statuses == {"ok-0": SUCCEEDED, "fail-1": FAILED, "slow-2": TIMEOUT, "crash-3": FAILED,
+                        "cancel-4": CANCELLED}
+    assert all(len(c) == 1 for c in seen_cores.values())
+    engine.check_invariants()
+    assert manager.held()["cpu@local"] == {}
+    assert manager.held()["mem@local"] == {"traj0": 100, "traj1": 100}
+    for t in ("traj0", "traj1"):
+        engine.close_trajectory(t)
+    engine.check_invariants()
+    assert all(p.free == p.capacity for p in engine.pool_states().values())
