@@ -159,6 +159,7 @@ class Runtime:
         env_executors: Mapping[str, EnvironmentExecutor] | None = None,
         http_executor: Any = None,
         model_executors: Mapping[str, Any] | Any = None,
+        models: Iterable[str] | None = None,
         profiles: Mapping[str, Profile] | None = None,
         keep_results: int = 100_000,
         closers: Iterable[Callable[[], Awaitable[None]]] = (),
@@ -168,6 +169,8 @@ class Runtime:
         self.env_executors: dict[str, EnvironmentExecutor] = dict(env_executors or {})
         self.http_executor = http_executor
         self.model_executors = model_executors
+        # the models the GPU nodes can serve (None: unchecked); an unknown one never reaches a manager
+        self.models: frozenset[str] | None = None if models is None else frozenset(models)
         self.profiles: dict[str, Profile] = dict(profiles or {})
         self._keep_results = keep_results
         self._closers = list(closers)
@@ -235,6 +238,11 @@ class Runtime:
                 demands[apis[0]] = 1
         elif kind == "model":
             demands.setdefault("gpu", 1)
+            model = body.get("model")
+            if not isinstance(model, str) or not model:
+                raise DemandError("model", "a model action names its model")
+            if self.models is not None and model not in self.models:
+                raise DemandError("model", f"unknown model {model!r} (served: {sorted(self.models)})")
         if environment is not None and kind != "exec":
             raise DemandError("environment", "only exec actions run inside an environment")
         env = None

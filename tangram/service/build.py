@@ -36,10 +36,11 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         for n in cfg.cpu_nodes:
             env_executors[n.name] = _env_executor(n)
     model_executors: dict[str, Any] | None = None
+    models: set[str] | None = None
     if cfg.gpu_nodes:
         from tangram.service.build_gpu import build_gpu
 
-        gpu_manager, model_executors = build_gpu(cfg.gpu_nodes)
+        gpu_manager, model_executors, models = build_gpu(cfg.gpu_nodes)
         managers.append(gpu_manager)
     http_executor = None
     if cfg.api_pools:
@@ -54,7 +55,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
     params = PolicyParams(depth=cfg.depth, lookahead=cfg.lookahead, default_duration_s=cfg.default_duration_s)
     engine = Engine(managers, params=params)
     return Runtime(engine, env_executors=env_executors, http_executor=http_executor,
-                   model_executors=model_executors, profiles=profiles)
+                   model_executors=model_executors, models=models, profiles=profiles)
 
 
 def _cpu_node(n: CpuNodeConfig):

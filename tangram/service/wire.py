@@ -15,10 +15,11 @@ from tangram.core.errors import DemandError
 KIND_FIELDS = {
     "exec": {"environment", "command", "env"},
     "http": {"url", "method", "headers", "json", "body"},
-    "model": {"model", "op", "inputs"},
+    "model": {"model", "op", "inputs", "tokens"},
 }
 COMMON_FIELDS = {"kind", "resources", "profile", "timeout_s", "class"}
 ALL_FIELDS = COMMON_FIELDS.union(*KIND_FIELDS.values())
+MODEL_OPS = ("score", "logprobs", "embed")  # what the torch executor implements
 
 
 def parse_action(body: Any) -> dict[str, Any]:
@@ -95,10 +96,19 @@ def parse_action(body: Any) -> dict[str, Any]:
         if "model" not in body:
             raise DemandError("model", "is required for model actions")
         payload["model"] = _string(body["model"], "model")
-        payload["op"] = _string(body["op"], "op") if "op" in body else "forward"
+        payload["op"] = _string(body["op"], "op") if "op" in body else "score"
+        if payload["op"] not in MODEL_OPS:
+            raise DemandError("op", f"must be one of {list(MODEL_OPS)}, got {payload['op']!r}")
         if "inputs" not in body:
             raise DemandError("inputs", "is required for model actions")
+        if not isinstance(body["inputs"], list):
+            raise DemandError("inputs", f"must be an array, got {_tname(body['inputs'])}")
         payload["inputs"] = body["inputs"]
+        if body.get("tokens") is not None:
+            tokens = body["tokens"]
+            if not isinstance(tokens, list) or len(tokens) != len(body["inputs"]):
+                raise DemandError("tokens", "must be an array with one token list per input")
+            payload["tokens"] = tokens
     out["payload"] = payload
     return out
 

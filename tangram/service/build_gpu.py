@@ -1,0 +1,109 @@
+"""GPU part of the runtime: the EOE manager, a torch executor per node, and the glue between them.
+
+A service's ``options`` say how to build its model (registered with
+:func:`tangram.executors.torch_gpu.register_model`):
+
+* ``factory: "package.module:callable"`` returning an ``nn.Module`` or a ``ServedModel``;
+* ``hf_path: /models/reward`` (+ ``causal_lm: true``): a Hugging Face directory, offline;
+* neither: the model must already be registered in this process.
+
+torch is imported only here, and only when the config has GPU nodes.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping, Sequence
+
+from tangram.core.model import Action
+from tangram.executors.base import SUCCEEDED, ExecResult, Placement
+from tangram.service.config import ConfigError, GpuNodeConfig
+
+_CPU_DEVICE_MB = 16_384  # virtual devices (CPU tests): a nominal per-device memory
+
+
+class GpuModelRunner:
+    """One GPU node: reads the manager's cache decision, runs it, confirms the restore."""
+
+    def __init__(self, manager: Any, executor: Any, pool: str):
+        self.manager = manager
+        self.executor = executor
+        self.pool = pool
+
+    async def run(self, action: Action, placement: Placement, *, timeout_s: float | None = None) -> ExecResult:
+        decision = self.manager.lease(self.pool, action.id)
+        if decision is None:
+            raise RuntimeError(f"{action.id} holds no lease on {self.pool}")
+        p = action.payload
+        payload = {k: p[k] for k in ("model", "op", "inputs", "tokens") if k in p}
+        res = await self.executor.execute(decision, payload, timeout_s=timeout_s)
+        if res.status == SUCCEEDED and res.details.get("restored"):
+            # only now is the service resident in the books (a cancelled restore is forgotten)
+            self.manager.restored(self.pool, action.id, float(res.details.get("restore_s") or 0.0))
+        return res
+
+    async def close(self) -> None:
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            r = close()
+            if hasattr(r, "__await__"):
+                await r
+
+
+def build_gpu(nodes: Sequence[GpuNodeConfig]) -> tuple[Any, dict[str, GpuModelRunner], set[str]]:
+    """The GpuManager, a runner per node, and the names of the servable models."""
+    from tangram.executors.torch_gpu import TorchGpuExecutor, device_facts, registered_models
+    from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
+
+    executors: dict[str, Any] = {}
+    specs: dict[str, ModelSpec] = {}
+    gnodes = []
+    for i, n in enumerate(nodes):
+        where = f"gpu_nodes[{i}]"
+        devices = _devices(n)
+        ex = TorchGpuExecutor(devices=devices)
+        executors[n.name] = ex
+        mem = n.memory_mb_per_gpu
+        if mem is None:
+            facts = device_facts(devices) if devices and devices[0] != "cpu" else []
+            mem = min((int(f.get("memory_mb") or 0) for f in facts), default=0) or _CPU_DEVICE_MB
+        gnodes.append(GpuNode(name=n.name, num_gpus=len(n.gpus), memory_mb_per_gpu=mem))
+        for j, s in enumerate(n.services):
+            _register(s.name, s.options, f"{where}.services[{j}].options")
+            state_mb = s.state_mb or _measured_state_mb(ex, s.name, f"{where}.services[{j}]")
+            specs.setdefault(s.name, ModelSpec(name=s.name, state_mb=state_mb, sharded=s.sharded,
+                                               overhead_mb=s.overhead_mb))
+    manager = GpuManager(gnodes, specs.values())
+    runners = {n.name: GpuModelRunner(manager, executors[n.name], f"gpu@{n.name}") for n in nodes}
+    known = set(specs) or set(registered_models())
+    return manager, runners, known
+
+
+def _devices(n: GpuNodeConfig) -> list[str]:
+    import torch
+
+    use_cuda = n.device == "cuda" or (n.device is None and torch.cuda.is_available())
+    return [f"cuda:{g}" for g in n.gpus] if use_cuda else ["cpu"] * len(n.gpus)
+
+
+def _register(name: str, options: Mapping[str, Any], where: str) -> None:
+    from tangram.executors.torch_gpu import hf_factory, register_model, registered_models
+
+    if "factory" in options:
+        ref = str(options["factory"])
+        mod, _, attr = ref.partition(":")
+        try:
+            factory = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigError(f"{where}.factory", f"cannot import {ref!r}: {exc}") from None
+        register_model(name, factory)
+    elif "hf_path" in options:
+        register_model(name, hf_factory(str(options["hf_path"]), causal_lm=bool(options.get("causal_lm", False))))
+    elif name not in registered_models():
+        raise ConfigError(where, f"model {name!r} is not registered: give options.factory or options.hf_path")
+
+
+def _measured_state_mb(executor: Any, name: str, where: str) -> int:
+    try:
+        return int(executor.state_mb(name))
+    except Exception as exc:  # noqa: BLE001 - a model that cannot load is a config error
+        raise ConfigError(f"{where}.state_mb", f"not given and the model could not be loaded: {exc}") from None
