@@ -13,6 +13,7 @@ import sys
 # module paths, in the order they appear in --help
 COMMAND_MODULES = (
     "tangram.commands.version",
+    "tangram.commands.serve",
     "datasets_patch.cli",
     "tangram.commands.profile",
 )
