@@ -13,9 +13,11 @@ import sys
 # module paths, in the order they appear in --help
 COMMAND_MODULES = (
     "tangram.commands.version",
+    "tangram.commands.demo",
     "tangram.commands.serve",
     "datasets_patch.cli",
     "tangram.commands.profile",
+    "tangram.commands.tune",
 )
 
 
