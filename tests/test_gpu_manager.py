@@ -281,3 +281,79 @@ def test_engine_rejects_dops_no_node_has():
     eng, _, _ = gpu_engine([GpuNode("g0", 4, 100)])
     with pytest.raises(UnschedulableError):
         eng.submit(gpu_action("x", 8))
+
+
+# --------------------------------------------------------------------------- #
+# the simulated executor follows the manager's decisions and returns durations
+
+from tangram.executors.simulated_gpu import SimGpuParams, SimulatedGpuExecutor  # noqa: E402
+
+
+def test_simulated_executor_durations_follow_hits_misses_and_dop():
+    params = SimGpuParams(memory_mb_per_gpu=100, restore_gbps=1.0, restore_overhead_s=0.5,
+                          batch_latency_s=0.1, batch_size=4)
+    m = manager(GpuNode("g0", 2, 100))
+    sim = SimulatedGpuExecutor(2, params)
+
+    def go(i, svc, dop, n):
+        m.allocate("gpu@g0", dop, f"a{i}", gpu_action(f"a{i}", dop, service=svc))
+        lease = m.lease("gpu@g0", f"a{i}")
+        t = sim.run(lease, n)
+        m.restored("gpu@g0", f"a{i}", t.restore_s)
+        m.release("gpu@g0", f"a{i}")
+        assert set(sim.resident()) == {(x.service, x.chunk.start) for x in m.cache("g0").instances()}
+        return t
+
+    t1 = go(1, "rm", 1, 9)
+    assert not t1.hit and t1.restore_s == pytest.approx(0.5 + 60 * 2**20 / 1e9)
+    assert t1.exec_s == pytest.approx(0.3)  # ceil(9 / 4) batches
+    t2 = go(2, "rm", 1, 9)
+    assert t2.hit and t2.restore_s == 0.0 and t2.total_s == pytest.approx(0.3)
+    t3 = go(3, "rm", 2, 9)  # another service (DoP 2): a miss; data-parallel halves the batches
+    assert not t3.hit and t3.exec_s == pytest.approx(0.2)
+    assert t3.evicted == ("rm@dop1",)  # 60 + 60 > 100 on GPU 0
+    assert sim.used_mb() == [60, 60]
+    from tangram.managers.service_cache import CacheDecision
+
+    plain = CacheDecision("x", None, Chunk(0, 2), hit=True)  # a GPU action without a service
+    assert sim.run(plain, 4, exec_s=7.0).total_s == 7.0
+
+
+def test_simulated_executor_catches_books_that_overflow_memory():
+    from tangram.managers.service_cache import CacheDecision
+
+    sim = SimulatedGpuExecutor(1, SimGpuParams(memory_mb_per_gpu=100))
+    sim.run(CacheDecision("a", "rm@dop1", Chunk(0, 1), hit=False, restore_mb_per_device=60))
+    with pytest.raises(MemoryError):  # the books forgot to evict rm: an error, not optimistic timing
+        sim.run(CacheDecision("b", "judge@dop1", Chunk(0, 1), hit=False, restore_mb_per_device=60))
+    assert sim.resident() == [("rm@dop1", 0)] and sim.used_mb() == [60]
+    with pytest.raises(AssertionError, match="not resident"):
+        sim.run(CacheDecision("c", "judge@dop1", Chunk(0, 1), hit=True))
+
+
+async def test_simulated_executor_async_sleeps_and_undoes_a_cancelled_restore():
+    import asyncio
+
+    from tangram.managers.service_cache import CacheDecision
+
+    slept = []
+
+    async def fake_sleep(s):
+        slept.append(s)
+
+    sim = SimulatedGpuExecutor(2, SimGpuParams(restore_gbps=1.0, batch_latency_s=0.25, batch_size=1))
+    t = await sim.execute(CacheDecision("a", "rm@dop1", Chunk(0, 1), hit=False, restore_mb_per_device=10), 2,
+                          sleep=fake_sleep)
+    assert slept == [t.restore_s, 0.5]
+
+    async def never(s):
+        await asyncio.sleep(3600)
+
+    task = asyncio.create_task(sim.execute(
+        CacheDecision("b", "judge@dop1", Chunk(1, 1), hit=False, restore_mb_per_device=10), sleep=never))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sim.resident() == [("rm@dop1", 0)]  # judge's half restore is gone
+    assert sim._busy == {}

@@ -1,0 +1,587 @@
+"""Torch executor for GPU model actions (evict-on-execution, DESIGN.md §5).
+
+Dumb hands for :class:`tangram.managers.gpu.GpuManager`. The driver gives it
+the manager's :class:`CacheDecision` (chunk, service, hit or miss, what to
+evict) and the action's payload; it
+
+1. drops the device copies of the evicted instances (nothing is written back:
+   the CPU master copy is immutable),
+2. on a miss, restores the service onto every device of the chunk from the
+   model's CPU master copy (pinned when CUDA is present: host-to-device copies
+   from pinned memory run at full bus speed and asynchronously),
+3. runs the batched inference, data-parallel over the chunk's devices
+   (a DoP-k service is k replicas; each takes a contiguous shard of the inputs),
+4. reports ``details["restored"]``/``details["restore_s"]``: the driver then
+   calls ``GpuManager.restored`` so the books count the instance as resident.
+   ``restored`` is true only on success: when a run that restored fails, times
+   out or is cancelled, the executor drops what it restored itself, matching
+   the books, which forget unconfirmed restores (device memory the books do
+   not count would be an OOM waiting to happen).
+
+Payload of a ``model`` action::
+
+    {"model": name, "op": "score" | "logprobs" | "embed", "inputs": [...], "tokens"?: [[...], ...]}
+
+* ``embed``: one vector per input (masked mean over tokens for sequence
+  outputs, L2-normalised if the model says so).
+* ``score``: one float per input: a scalar head's output, or, for an
+  embedding model given ``[a, b]`` pairs, the cosine similarity of the pair.
+* ``logprobs``: for token-id inputs and a causal LM, the log-probability of
+  each of ``tokens[i]`` following ``inputs[i]`` (or of each input token after
+  the first when ``tokens`` is absent).
+
+Devices: ``cuda:i`` when CUDA is present, else N virtual devices on the CPU
+(every one is ``torch.device("cpu")``, but replicas are kept per index, so
+restore/evict/exclusivity behave as on a real node). ``torch`` is imported
+lazily: importing this module is cheap and the core never needs it.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from tangram.executors.base import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, ExecResult
+from tangram.managers.service_cache import CacheDecision, parse_service
+
+OPS = ("score", "logprobs", "embed")
+
+_REGISTRY: dict[str, Callable[[], Any]] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _torch():
+    import torch  # lazy: only executors touch torch
+
+    return torch
+
+
+def register_model(name: str, factory: Callable[[], Any]) -> None:
+    """Make ``name`` buildable: ``factory()`` returns an ``nn.Module`` or a :class:`ServedModel`."""
+    if not name or "@" in name:
+        raise ValueError(f"name: a non-empty model name without '@', got {name!r}")
+    if not callable(factory):
+        raise TypeError("factory: must be callable")
+    with _REGISTRY_LOCK:
+        _REGISTRY[name] = factory
+
+
+def unregister_model(name: str) -> None:
+    with _REGISTRY_LOCK:
+        _REGISTRY.pop(name, None)
+
+
+def registered_models() -> list[str]:
+    with _REGISTRY_LOCK:
+        return sorted(_REGISTRY)
+
+
+class ActionCancelled(Exception):
+    """Raised inside the worker between batches when the action was cancelled or timed out."""
+
+
+# --------------------------------------------------------------------------- #
+# a model and how to feed it
+
+
+class ServedModel:
+    """A module plus the glue from payload inputs to tensors and back.
+
+    ``tokenizer`` (a Hugging Face tokenizer) turns text inputs into a batch;
+    without one, inputs are numbers: lists of ints are token ids (right-padded
+    with 0, with an attention mask), anything else a float tensor. ``pooling``
+    applies to 3-D outputs in ``embed``; ``normalize`` L2-normalises embeddings.
+    """
+
+    def __init__(self, module, *, tokenizer=None, normalize: bool = False, max_length: int = 512,
+                 pooling: str = "mean"):
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling: 'mean' or 'cls', got {pooling!r}")
+        self.module = module
+        self.tokenizer = tokenizer
+        self.normalize = normalize
+        self.max_length = max_length
+        self.pooling = pooling
+
+    # -- batches (CPU tensors; moved to the replica's device by the caller) -- #
+
+    def make_batch(self, inputs: Sequence[Any]) -> dict:
+        torch = _torch()
+        if self.tokenizer is not None and inputs and isinstance(inputs[0], str):
+            enc = self.tokenizer(list(inputs), padding=True, truncation=True, max_length=self.max_length,
+                                 return_tensors="pt")
+            return dict(enc)
+        if inputs and all(_is_int_seq(x) for x in inputs):
+            width = max(len(x) for x in inputs)
+            ids = torch.zeros((len(inputs), width), dtype=torch.long)
+            mask = torch.zeros((len(inputs), width), dtype=torch.long)
+            for i, x in enumerate(inputs):
+                ids[i, : len(x)] = torch.as_tensor(list(x), dtype=torch.long)
+                mask[i, : len(x)] = 1
+            return {"input_ids": ids, "attention_mask": mask}
+        return {"x": torch.as_tensor(inputs, dtype=torch.float32)}
+
+    def forward(self, module, batch: Mapping[str, Any]):
+        if "x" in batch:
+            return module(batch["x"])
+        if hasattr(module, "config"):  # a transformers model takes keyword tensors
+            return module(**batch)
+        return module(batch["input_ids"])
+
+    # -- ops ----------------------------------------------------------------- #
+
+    def embed(self, module, batch) -> Any:
+        torch = _torch()
+        out = _main_tensor(self.forward(module, batch), prefer="last_hidden_state")
+        if out.dim() == 3:
+            if self.pooling == "cls":
+                out = out[:, 0]
+            else:
+                mask = batch.get("attention_mask")
+                if mask is None:
+                    out = out.mean(dim=1)
+                else:
+                    m = mask.unsqueeze(-1).to(out.dtype)
+                    out = (out * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+        if self.normalize:
+            out = torch.nn.functional.normalize(out, p=2, dim=-1)
+        return out
+
+    def score(self, module, batch) -> Any:
+        out = _main_tensor(self.forward(module, batch), prefer="logits")
+        if out.dim() == 2 and out.shape[1] == 1:
+            out = out[:, 0]
+        if out.dim() != 1:
+            raise ValueError(f"score needs a scalar head (got output shape {tuple(out.shape)}); "
+                             "for an embedding model pass [a, b] pairs")
+        return out
+
+    def logprobs(self, module, batch, starts: Sequence[int], lengths: Sequence[int]) -> list:
+        """Log-probs of positions ``starts[i] .. lengths[i]-1`` of each sequence, each given what precedes it."""
+        torch = _torch()
+        logits = _main_tensor(self.forward(module, batch), prefer="logits")
+        if logits.dim() != 3:
+            raise ValueError(f"logprobs needs [batch, seq, vocab] logits, got {tuple(logits.shape)}")
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        ids = batch["input_ids"]
+        out = []
+        for i, (s, n) in enumerate(zip(starts, lengths)):
+            pos = torch.arange(s, n, device=ids.device)
+            out.append(logp[i, pos - 1, ids[i, pos]])  # logits at t-1 predict token t
+        return out
+
+
+def _is_int_seq(x) -> bool:
+    return isinstance(x, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+
+
+def _main_tensor(out, *, prefer: str):
+    torch = _torch()
+    if isinstance(out, torch.Tensor):
+        return out
+    for name in (prefer, "logits", "last_hidden_state"):
+        v = getattr(out, name, None)
+        if v is None and isinstance(out, Mapping):
+            v = out.get(name)
+        if isinstance(v, torch.Tensor):
+            return v
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"cannot find the output tensor in {type(out).__name__}")
+
+
+def hf_factory(path: str, *, normalize: bool = True, pooling: str = "mean", max_length: int = 256,
+               causal_lm: bool = False) -> Callable[[], ServedModel]:
+    """A factory loading a Hugging Face model directory offline (e.g. a model shipped in a package)."""
+
+    def build() -> ServedModel:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub at run time
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import transformers
+
+        cls = transformers.AutoModelForCausalLM if causal_lm else transformers.AutoModel
+        module = cls.from_pretrained(str(path), local_files_only=True)
+        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return ServedModel(module, tokenizer=tok, normalize=normalize, pooling=pooling, max_length=max_length)
+
+    return build
+
+
+# --------------------------------------------------------------------------- #
+# device facts
+
+
+def device_facts(devices: Sequence[Any] | None = None) -> list[dict]:
+    """Name and memory of each device: ``pynvml`` if installed, else ``torch.cuda``; CPU: a share of RAM."""
+    torch = _torch()
+    if devices is None:
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        devices = [f"cuda:{i}" for i in range(n)]
+    devs = [torch.device(d) for d in devices]
+    facts = []
+    nvml = _nvml()
+    cpu_count = sum(1 for d in devs if d.type == "cpu")
+    for i, d in enumerate(devs):
+        if d.type == "cuda":
+            idx = d.index if d.index is not None else torch.cuda.current_device()
+            fact = {"index": i, "device": str(d), "kind": "cuda"}
+            if nvml is not None:
+                h = nvml.nvmlDeviceGetHandleByIndex(idx)
+                mem = nvml.nvmlDeviceGetMemoryInfo(h)
+                name = nvml.nvmlDeviceGetName(h)
+                fact.update(name=name.decode() if isinstance(name, bytes) else name, total_mb=mem.total // 2**20,
+                            memory_mb=mem.total // 2**20,
+                            free_mb=mem.free // 2**20, source="pynvml")
+            else:
+                free, total = torch.cuda.mem_get_info(idx)
+                fact.update(name=torch.cuda.get_device_name(idx), total_mb=total // 2**20, memory_mb=total // 2**20,
+                            free_mb=free // 2**20,
+                            source="torch.cuda")
+        else:
+            total = _host_memory_bytes()
+            share = total // max(cpu_count, 1) // 2**20 if total else None
+            fact = {"index": i, "device": str(d), "kind": d.type, "name": f"virtual {d.type} device {i}",
+                    "total_mb": share, "memory_mb": share, "free_mb": share, "source": "host memory share"}
+        facts.append(fact)
+    return facts
+
+
+def _nvml():
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    return pynvml
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------- #
+# the executor
+
+
+@dataclass(slots=True)
+class _Master:
+    served: ServedModel  # .module: the immutable CPU copy (pinned on CUDA)
+    skeleton: Any  # the same module on the meta device: structure without storage
+    state_bytes: int
+
+
+class TorchGpuExecutor:
+    """Restores, evicts and runs model services on a node's devices."""
+
+    name = "torch"
+
+    def __init__(self, devices: Sequence[Any] | None = None, *, num_virtual_devices: int = 8,
+                 batch_size: int = 32, pin_memory: bool | None = None):
+        torch = _torch()
+        if devices is None:
+            if torch.cuda.is_available():
+                devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+            else:
+                devices = ["cpu"] * num_virtual_devices
+        self.devices = [torch.device(d) for d in devices]
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._masters: dict[str, _Master] = {}
+        self._replicas: dict[tuple[str, int], list[Any]] = {}  # (service, chunk start) -> module per device
+        self._lock = threading.RLock()
+        self._busy: dict[int, str] = {}  # device index -> holder: exclusivity, asserted
+
+    # -- masters ------------------------------------------------------------ #
+
+    def load(self, model: str) -> ServedModel:
+        """Build ``model``'s immutable CPU master copy once (the state every restore copies)."""
+        with self._lock:
+            m = self._masters.get(model)
+            if m is not None:
+                return m.served
+        with _REGISTRY_LOCK:
+            factory = _REGISTRY.get(model)
+        if factory is None:
+            raise KeyError(f"model {model!r} is not registered (register_model)")
+        torch = _torch()
+        built = factory()
+        served = built if isinstance(built, ServedModel) else ServedModel(built)
+        module = served.module.to("cpu").eval()
+        module.requires_grad_(False)
+        if self.pin_memory:
+            with torch.no_grad():
+                for t in list(module.parameters()) + list(module.buffers()):
+                    t.data = t.data.pin_memory()
+        skeleton = copy.deepcopy(module).to("meta")
+        nbytes = sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
+        with self._lock:
+            self._masters.setdefault(model, _Master(served, skeleton, nbytes))
+            return self._masters[model].served
+
+    def state_mb(self, model: str) -> int:
+        """Size of the model's state, for :class:`tangram.managers.service_cache.ModelSpec`."""
+        self.load(model)
+        return math.ceil(self._masters[model].state_bytes / 2**20)
+
+    # -- residency ---------------------------------------------------------- #
+
+    def resident(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return sorted(self._replicas)
+
+    def restore(self, service: str, devices: Sequence[int]) -> float:
+        """Copy ``service``'s master state onto ``devices``; seconds taken (synchronised)."""
+        torch = _torch()
+        model, dop = parse_service(service)
+        if dop != len(devices):
+            raise ValueError(f"{service} runs on {dop} devices, got {list(devices)}")
+        self.load(model)
+        master = self._masters[model]
+        t0 = time.perf_counter()
+        replicas = []
+        try:
+            for d in devices:
+                replicas.append(_materialize(master, self.devices[d]))
+            for dev in {self.devices[d] for d in devices}:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+        except BaseException:
+            del replicas  # half a restore is garbage
+            raise
+        with self._lock:
+            self._replicas[(service, devices[0])] = replicas
+        return time.perf_counter() - t0
+
+    def evict(self, service: str, start: int) -> bool:
+        """Drop the device copies of the instance at ``start``; idempotent. Nothing is written back."""
+        with self._lock:
+            return self._replicas.pop((service, start), None) is not None
+
+    def prepare(self, decision: CacheDecision) -> float:
+        """Carry out the cache's decision: evictions, then the restore on a miss. Seconds restoring."""
+        for inst in decision.evict:
+            self.evict(inst.service, inst.chunk.start)
+        if decision.service is None:
+            return 0.0
+        key = (decision.service, decision.chunk.start)
+        with self._lock:
+            present = key in self._replicas
+        if decision.hit and present:
+            return 0.0
+        # a miss, or a hit the books remember but this process lost (restarted): restore
+        return self.restore(decision.service, list(decision.devices))
+
+    # -- running ------------------------------------------------------------ #
+
+    def run(self, decision: CacheDecision, payload: Mapping[str, Any], *,
+            cancel: threading.Event | None = None) -> ExecResult:
+        """Evict, restore, infer; blocking. ``cancel`` is polled between batches."""
+        res = self._run(decision, payload, cancel)
+        if res.status != SUCCEEDED and res.details.get("restored"):
+            # unconfirmed restores are forgotten by the books: forget the device copy too
+            self.evict(decision.service, decision.chunk.start)
+            res.details["restored"] = False
+            res.details["dropped_restore"] = True
+        return res
+
+    def _run(self, decision: CacheDecision, payload: Mapping[str, Any],
+             cancel: threading.Event | None) -> ExecResult:
+        details: dict[str, Any] = {"executor": self.name, "service": decision.service, "hit": decision.hit,
+                                   "devices": list(decision.devices), "evicted": [i.service for i in decision.evict],
+                                   "restored": False, "restore_s": 0.0}
+        try:
+            _check_payload(payload, decision)
+        except ValueError as e:
+            return ExecResult(FAILED, error=str(e), details=details)
+        self._acquire(decision)
+        try:
+            try:
+                restore_s = self.prepare(decision)
+            except Exception as e:
+                self.evict(decision.service, decision.chunk.start)
+                return ExecResult(FAILED, error=f"restore failed: {e!r}", details=details)
+            details["restored"] = not decision.hit or restore_s > 0
+            details["restore_s"] = restore_s
+            t0 = time.perf_counter()
+            try:
+                output = self.infer(decision, payload, cancel=cancel)
+            except ActionCancelled:
+                details["exec_s"] = time.perf_counter() - t0
+                return ExecResult(CANCELLED, error="cancelled between batches", details=details)
+            except Exception as e:
+                details["exec_s"] = time.perf_counter() - t0
+                return ExecResult(FAILED, error=f"{type(e).__name__}: {e}", details=details)
+            details["exec_s"] = time.perf_counter() - t0
+            return ExecResult(SUCCEEDED, output=output, details=details)
+        finally:
+            self._release(decision)
+
+    async def execute(self, decision: CacheDecision, payload: Mapping[str, Any], *,
+                      timeout_s: float | None = None) -> ExecResult:
+        """:meth:`run` in a worker thread. On timeout or cancel the worker is stopped at the next
+        batch boundary and awaited before returning, so the devices are free when this returns;
+        a restore this run made is dropped unless it succeeded (the books forget it too)."""
+        cancel = threading.Event()
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, lambda: self.run(decision, payload, cancel=cancel))
+        try:
+            res = await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except asyncio.TimeoutError:
+            cancel.set()
+            res = await asyncio.shield(fut)  # run() already dropped an unconfirmable restore
+            if res.status == CANCELLED:
+                res.status, res.error = TIMEOUT, f"timed out after {timeout_s}s"
+            return res
+        except asyncio.CancelledError:
+            cancel.set()
+            try:
+                res = await asyncio.shield(fut)
+            except BaseException:
+                res = None
+            if res is not None and res.details.get("restored") and decision.service is not None:
+                self.evict(decision.service, decision.chunk.start)  # no result, no confirmation
+            raise
+        return res
+
+    def infer(self, decision: CacheDecision, payload: Mapping[str, Any], *,
+              cancel: threading.Event | None = None) -> list:
+        torch = _torch()
+        _check_payload(payload, decision)
+        model = payload["model"]
+        served = self.load(model)
+        with self._lock:
+            replicas = self._replicas.get((decision.service, decision.chunk.start))
+        if replicas is None:
+            raise RuntimeError(f"{decision.service} is not resident on {decision.chunk}")
+        op = payload["op"]
+        inputs = list(payload["inputs"])
+        tokens = payload.get("tokens")
+        bs = int(payload.get("batch_size") or self.batch_size)
+        n = len(inputs)
+        shard = math.ceil(n / len(replicas)) if n else 0
+        shards = [(k, replicas[k], list(range(k * shard, min(n, (k + 1) * shard)))) for k in range(len(replicas))]
+        shards = [s for s in shards if s[2]]
+
+        def work(k: int, module, idx: list[int]) -> list:
+            device = self.devices[decision.chunk.start + k]
+            out = []
+            with torch.inference_mode():
+                for b in range(0, len(idx), bs):
+                    if cancel is not None and cancel.is_set():
+                        raise ActionCancelled()
+                    part = idx[b: b + bs]
+                    out.extend(self._op(served, module, device, op, [inputs[i] for i in part],
+                                        None if tokens is None else [tokens[i] for i in part]))
+            return out
+
+        distinct = {self.devices[decision.chunk.start + k] for k, _, _ in shards}
+        if len(distinct) > 1:  # real devices: overlap the replicas' kernels
+            with ThreadPoolExecutor(max_workers=len(shards)) as pool:
+                parts = list(pool.map(lambda s: work(*s), shards))
+        else:
+            parts = [work(*s) for s in shards]
+        return [x for p in parts for x in p]
+
+    def _op(self, served: ServedModel, module, device, op: str, inputs: list, tokens: list | None) -> list:
+        if op == "embed":
+            return served.embed(module, _to(served.make_batch(inputs), device)).float().cpu().tolist()
+        if op == "score":
+            if inputs and all(isinstance(x, (list, tuple)) and len(x) == 2 and not _is_int_seq(x) for x in inputs):
+                left = served.embed(module, _to(served.make_batch([x[0] for x in inputs]), device))
+                right = served.embed(module, _to(served.make_batch([x[1] for x in inputs]), device))
+                torch = _torch()
+                return torch.nn.functional.cosine_similarity(left.float(), right.float(), dim=-1).cpu().tolist()
+            return served.score(module, _to(served.make_batch(inputs), device)).float().cpu().tolist()
+        # logprobs
+        seqs, starts = [], []
+        for i, x in enumerate(inputs):
+            if not _is_int_seq(x):
+                raise ValueError("logprobs: inputs must be token-id lists")
+            cont = list(tokens[i]) if tokens is not None else []
+            if tokens is not None and not _is_int_seq(cont):
+                raise ValueError("logprobs: tokens must be token-id lists")
+            if tokens is not None and not x:
+                raise ValueError("logprobs: each input needs at least one token before its continuation")
+            seqs.append(list(x) + cont)
+            starts.append(len(x) if tokens is not None else 1)
+        batch = _to(served.make_batch(seqs), device)
+        out = served.logprobs(module, batch, starts, [len(s) for s in seqs])
+        return [t.float().cpu().tolist() for t in out]
+
+    # -- exclusivity -------------------------------------------------------- #
+
+    def _acquire(self, decision: CacheDecision) -> None:
+        with self._lock:
+            clash = {d: self._busy[d] for d in decision.devices if d in self._busy}
+            assert not clash, f"one action per GPU: {decision.holder} on {decision.chunk} clashes with {clash}"
+            assert decision.chunk.end <= len(self.devices), f"{decision.chunk} past {len(self.devices)} devices"
+            for d in decision.devices:
+                self._busy[d] = decision.holder
+
+    def _release(self, decision: CacheDecision) -> None:
+        with self._lock:
+            for d in decision.devices:
+                if self._busy.get(d) == decision.holder:
+                    del self._busy[d]
+
+    def close(self) -> None:
+        """Drop every device copy (masters stay: they are the cache's backing store)."""
+        with self._lock:
+            self._replicas.clear()
+        torch = _torch()
+        if any(d.type == "cuda" for d in self.devices):
+            torch.cuda.empty_cache()
+
+
+def _materialize(master: _Master, device) -> Any:
+    """A fresh replica on ``device``: the meta skeleton given storage, then the master's tensors copied in."""
+    torch = _torch()
+    replica = copy.deepcopy(master.skeleton).to_empty(device=device)
+    src = master.served.module
+    non_blocking = device.type == "cuda"
+    with torch.no_grad():
+        for (name, dst), (sname, s) in zip(replica.named_parameters(), src.named_parameters()):
+            assert name == sname, (name, sname)
+            dst.copy_(s, non_blocking=non_blocking)
+        # buffers too (not state_dict: non-persistent buffers such as position ids must come along)
+        for (name, dst), (sname, s) in zip(replica.named_buffers(), src.named_buffers()):
+            assert name == sname, (name, sname)
+            dst.copy_(s, non_blocking=non_blocking)
+    return replica.eval()
+
+
+def _to(batch: Mapping[str, Any], device) -> dict:
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def _check_payload(payload: Mapping[str, Any], decision: CacheDecision) -> None:
+    op = payload.get("op")
+    if op not in OPS:
+        raise ValueError(f"payload.op: one of {OPS}, got {op!r}")
+    if decision.service is None:
+        raise ValueError("a model action needs a service (the action's `service` names the model)")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError("payload.model: a registered model name is required")
+    if decision.model is not None and decision.model != model:
+        raise ValueError(f"payload.model {model!r} is not the service {decision.service!r} this chunk runs")
+    inputs = payload.get("inputs")
+    if not isinstance(inputs, (list, tuple)):
+        raise ValueError("payload.inputs: a list is required")
+    tokens = payload.get("tokens")
+    if tokens is not None and (not isinstance(tokens, (list, tuple)) or len(tokens) != len(inputs)):
+        raise ValueError("payload.tokens: one token list per input")
