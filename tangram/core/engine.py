@@ -99,6 +99,9 @@ class Engine:
         self.finished: dict[str, ActionRecord] = {}
         self.placement: dict[str, str] = {}  # trajectory -> node
         self._placed_mem: dict[str, tuple[str, int]] = {}  # holder -> (mem pool, MiB)
+        # pool -> action id -> (estimated end, units), in start order: the snapshot's
+        # completion-heap seed, kept incrementally instead of walking every running action
+        self._running_by_pool: dict[str, dict[str, tuple[float, int]]] = {}
         self.rounds = 0
 
     # ------------------------------------------------------------------ #
@@ -182,14 +185,11 @@ class Engine:
     def snapshot(self) -> Snapshot:
         now = self.clock()
         pools = self.pool_states()
-        running_by_pool: dict[str, list[tuple[float, int]]] = {}
-        for rec in self.running.values():
-            left = max(rec.estimated_end - now, 0.0)
-            for rtype, pname in rec.dispatch.pools.items():
-                running_by_pool.setdefault(pname, []).append((left, rec.dispatch.units[rtype]))
-        if running_by_pool:
+        rbp = self._running_by_pool
+        if rbp:
             pools = {
-                name: (_with_running(p, running_by_pool[name]) if name in running_by_pool else p)
+                name: (_with_running(p, [(e - now if e > now else 0.0, u) for e, u in rbp[name].values()])
+                       if name in rbp else p)
                 for name, p in pools.items()
             }
         return Snapshot(
@@ -241,6 +241,8 @@ class Engine:
         rec.grants = grants
         rec.estimated_end = now + (d.estimated_s or self.params.default_duration_s)
         self.running[a.id] = rec
+        for rtype, pname in d.pools.items():
+            self._running_by_pool.setdefault(pname, {})[a.id] = (rec.estimated_end, d.units[rtype])
         return Started(rec, d, grants)
 
     def _finish(self, rec: ActionRecord, status: str) -> None:
@@ -248,6 +250,11 @@ class Engine:
         rec.finished_at = self.clock()
         for pname in rec.grants:
             self._owner[pname].release(pname, rec.action.id)
+        if rec.dispatch is not None:
+            for pname in rec.dispatch.pools.values():
+                held = self._running_by_pool.get(pname)
+                if held is not None and held.pop(rec.action.id, None) is not None and not held:
+                    del self._running_by_pool[pname]
         if rec.action.trajectory is None:
             self._release_mem(rec.action.id)  # a one-shot action's memory lives with it
         self.finished[rec.action.id] = rec
