@@ -1,0 +1,514 @@
+"""Discrete-event simulation of rollout steps over the real engine.
+
+The event loop owns a virtual clock and a heap of events:
+
+* ``GEN``    a trajectory's LLM generation finished: submit its next action
+* ``FINISH`` an action finished: ``engine.complete`` (frees its units), the
+             trajectory starts its next generation
+* ``READY``  a trajectory's pod is up (``trajectory`` baseline)
+* ``RETRY``  a 429'd API call tries again (``api-naive`` baseline)
+* ``TICK``   a quota period refilled: ``engine.tick``
+
+Every ``Started`` the engine returns is "executed" by drawing nothing new:
+each trajectory's script (turns, generation gaps, action classes, true
+single-unit durations) is drawn up front from its own seeded stream, so every
+policy sees exactly the same work. The execution time at the allocated DoP is
+``T1 / (E(m) * m)`` (plus a GPU restore or an environment start when they
+happen). The scheduler only knows profiled classes' mean ``T1``.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tangram.core.engine import Engine
+from tangram.core.model import Action, Demand
+from tangram.simulator.errors import WorkloadError
+from tangram.simulator.managers import CachedCountingManager, SimApiManager, SimGpuManager
+from tangram.simulator.policies import PolicySpec, policy_spec
+from tangram.simulator.workload import ActionClass, Job, Workload
+
+GEN, FINISH, READY, RETRY, TICK = range(5)
+POD_CLASS = "pod"
+
+
+@dataclass(slots=True, eq=False)
+class _Item:
+    gen_s: float
+    cls: ActionClass
+    t1: float  # true single-unit duration (service scale applied)
+    service: str | None
+
+
+@dataclass(slots=True, eq=False)
+class _Traj:
+    id: str
+    job: Job
+    items: list[_Item]
+    step: int
+    idx: int = 0
+    pod: str | None = None  # "pending" | "creating" | "ready"
+    pod_start: float = 0.0
+    pending: "_Rec | None" = None
+    env_started: bool = False
+    end: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Rec:
+    id: str
+    traj: _Traj
+    item: _Item | None
+    rtype: str
+    submit: float
+    start: float = -1.0
+    end: float = -1.0
+    run_s: float = 0.0
+    setup_s: float = 0.0
+    restore_s: float = 0.0
+    units: int = 0
+    pool_units: int = 0  # units held in the engine's pool (reserved)
+    retries: int = 0
+    failed: bool = False
+    lb: float = 0.0
+    attempt_start: float = -1.0
+
+
+@dataclass
+class SimResult:
+    summary: dict[str, Any]
+    records: list[_Rec] = field(repr=False, default_factory=list)
+
+
+def _true_duration(cls: ActionClass, t1: float, m: int) -> float:
+    if cls.elasticity is None:
+        return t1
+    return cls.elasticity.duration(t1, m)
+
+
+class Simulation:
+    def __init__(self, workload: Workload, policy: str | PolicySpec, *, seed: int = 0, check: bool = False):
+        self.wl = workload
+        self.spec = policy if isinstance(policy, PolicySpec) else policy_spec(policy)
+        self.seed = seed
+        self.check = check
+        self.now = 0.0
+        self._heap: list = []
+        self._seq = 0
+        self._recs: dict[str, _Rec] = {}
+        self.done: list[_Rec] = []
+        self._rng = random.Random(f"{seed}/jitter")
+        self._ticks: set[float] = set()
+        self._creating = 0
+        self._static: dict[str, tuple[int, int]] = dict(workload.baselines.static)
+        c = workload.cluster
+        self.capacity: dict[str, int] = {}
+        self.reserved: dict[str, float] = {}
+        self.busy: dict[str, float] = {}
+        self.step_times: list[float] = []
+        self.job_step_times: dict[str, list[float]] = {j.name: [] for j in workload.jobs}
+        self._build_engine(c)
+        self._server = {p.name: [p.concurrency, p.quota, p.period_s, 0, -1, 0] for p in c.api}  # naive API server
+
+    # ------------------------------------------------------------------ #
+    # setup
+
+    def _build_engine(self, c) -> None:
+        clock = lambda: self.now  # noqa: E731
+        managers = []
+        caps = {}
+        for i in range(c.cpu_nodes):
+            caps[f"cpu@c{i}"] = c.cores_per_node
+            caps[f"mem@c{i}"] = int(c.mem_gb_per_node * 1024)
+        if c.cpu_nodes:
+            self.capacity["cpu"] = c.total_cores
+        uses_gpu = any(cl.rtype == "gpu" for j in self.wl.jobs for cl in j.actions + j.rewards)
+        if self.spec.gpu_mode == "static" and uses_gpu:
+            for cl_svc in sorted({s for j in self.wl.jobs for cl in j.actions + j.rewards if cl.rtype == "gpu" for s in cl.services}):
+                if cl_svc not in self._static:
+                    raise WorkloadError(f"baselines.static_services.{cl_svc}", "static-services needs {dop, replicas} for every GPU service")
+                dop, rep = self._static[cl_svc]
+                caps[f"api:static.{cl_svc}"] = rep
+            self.capacity["gpu"] = sum(d * r for d, r in self._static.values())
+            if self.capacity["gpu"] > c.total_gpus:
+                raise WorkloadError("baselines.static_services",
+                                    f"dedicates {self.capacity['gpu']} GPUs, the cluster has {c.total_gpus}")
+        managers.append(CachedCountingManager(caps))
+        self.gpu = None
+        if c.gpu_nodes and uses_gpu and self.spec.gpu_mode != "static":
+            serverless = self.spec.gpu_mode == "serverless"
+            self.gpu = SimGpuManager(
+                {f"gpu@g{i}": c.gpus_per_node for i in range(c.gpu_nodes)},
+                gpu_mem_gb=c.gpu_mem_gb, sizes_gb={n: s.size_gb for n, s in self.wl.services.items()},
+                restore_gbps=self.wl.baselines.serverless_load_gbps if serverless else c.restore_gbps,
+                clock=clock, exclusive=serverless, affinity=not serverless,
+            )
+            managers.append(self.gpu)
+            self.capacity["gpu"] = c.total_gpus
+        api = {}
+        for p in c.api:
+            if self.spec.api_mode == "naive":
+                api[f"api:{p.name}"] = (10**9, None, p.period_s)
+            else:
+                api[f"api:{p.name}"] = (p.concurrency, p.quota, p.period_s)
+            self.capacity[f"api:{p.name}"] = p.concurrency if p.concurrency is not None else p.quota
+        self._has_quota = any(q is not None for _, q, _ in api.values())
+        if api:
+            managers.append(SimApiManager(api, clock))
+        self.engine = Engine(managers, clock=clock, params=self.spec.params, policy=self.spec.plan, keep_finished=256)
+        for k in self.capacity:
+            self.reserved[k] = 0.0
+            self.busy[k] = 0.0
+
+    def _scripts(self, step: int) -> list[_Traj]:
+        trajs = []
+        for job in self.wl.jobs:
+            actions = job.actions
+            weights = [a.weight for a in actions]
+            for t in range(job.trajectories):
+                rng = random.Random(f"{self.seed}/{job.name}/{step}/{t}")
+                n = job.turns.draw_int(rng) if actions else 0
+                tsvc = {}
+                items = []
+                for _ in range(n):
+                    cls = rng.choices(actions, weights)[0] if len(actions) > 1 else actions[0]
+                    items.append(self._item(rng, job.generation.draw(rng), cls, tsvc))
+                for k, cls in enumerate(job.rewards):
+                    items.append(self._item(rng, job.generation.draw(rng) if k == 0 else 0.0, cls, tsvc))
+                trajs.append(_Traj(f"{job.name}/s{step}/t{t}", job, items, step))
+        return trajs
+
+    def _item(self, rng, gen_s, cls: ActionClass, tsvc) -> _Item:
+        svc = None
+        if cls.services:
+            if cls.name not in tsvc:
+                tsvc[cls.name] = cls.services[rng.randrange(len(cls.services))]
+            svc = tsvc[cls.name] if cls.kind == "reward" else cls.services[rng.randrange(len(cls.services))]
+        t1 = cls.duration.draw(rng)
+        if svc is not None:
+            t1 *= self.wl.services[svc].t1_scale
+        return _Item(gen_s, cls, t1, svc)
+
+    # ------------------------------------------------------------------ #
+    # actions
+
+    def _gpu_options(self, cls: ActionClass, svc: str) -> tuple[int, ...]:
+        return tuple(m for m in self.wl.gpu_options(svc) if m in cls.demand.options)
+
+    def _lower_bound(self, it: _Item) -> float:
+        cls = it.cls
+        if cls.rtype == "cpu":
+            opts = [m for m in cls.demand.options if m <= self.wl.cluster.cores_per_node] or [cls.demand.min]
+        elif cls.rtype == "gpu":
+            opts = list(self._gpu_options(cls, it.service)) or [cls.demand.min]
+        else:
+            opts = [cls.demand.min]
+        return min(_true_duration(cls, it.t1, m) for m in opts)
+
+    def _action(self, rec: _Rec) -> Action:
+        it, tr = rec.item, rec.traj
+        cls = it.cls
+        kw: dict[str, Any] = dict(action_class=cls.name, trajectory=tr.id)
+        if cls.profiled:
+            scale = self.wl.services[it.service].t1_scale if it.service else 1.0
+            kw["t1_s"] = cls.duration.mean * scale
+            kw["elasticity"] = cls.elasticity
+        if cls.rtype == "cpu":
+            demands = {"cpu": cls.demand}
+            kw["mem_mb"] = tr.job.memory_mb
+        elif cls.rtype == "gpu":
+            kw["service"] = it.service
+            if self.spec.gpu_mode == "static":
+                demands = {f"api:static.{it.service}": Demand.fixed(1)}
+                kw["action_class"] = f"{cls.name}.{it.service}"
+            elif self.spec.gpu_mode == "serverless":
+                demands = {"gpu": Demand.fixed(self._serverless_dop(cls, it.service))}
+            else:
+                demands = {"gpu": Demand.choices(self._gpu_options(cls, it.service))}
+        else:
+            demands = {cls.rtype: cls.demand}
+        return Action.build(rec.id, demands, **kw)
+
+    def _serverless_dop(self, cls: ActionClass, svc: str) -> int:
+        opts = self._gpu_options(cls, svc)
+        if svc in self._static and self._static[svc][0] in opts:
+            return self._static[svc][0]
+        return opts[0]
+
+    # ------------------------------------------------------------------ #
+    # event loop
+
+    def _push(self, t: float, kind: int, obj) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, obj))
+
+    def run(self) -> SimResult:
+        step_start = 0.0
+        for step in range(self.wl.steps):
+            trajs = self._scripts(step)
+            self._left = len(trajs)
+            self._lb_steps = 0.0
+            for tr in trajs:
+                self._lb_steps = max(self._lb_steps, sum(i.gen_s + self._lower_bound(i) for i in tr.items))
+                if tr.items:
+                    self._push(step_start + tr.items[0].gen_s, GEN, tr)
+                else:
+                    self._left -= 1
+            self._loop()
+            end = max((tr.end for tr in trajs), default=step_start)
+            self.step_times.append(end - step_start)
+            for job in self.wl.jobs:
+                ends = [tr.end for tr in trajs if tr.job is job]
+                self.job_step_times[job.name].append((max(ends) if ends else step_start) - step_start)
+            if not hasattr(self, "lb_step"):
+                self.lb_step = []
+            self.lb_step.append(self._lb_steps)
+            step_start = max(end, self.now)
+        if self.engine.waiting or self.engine.running:
+            raise RuntimeError(f"simulation ended with {len(self.engine.waiting)} waiting, {len(self.engine.running)} running")
+        return SimResult(self._summary(), self.done)
+
+    def _loop(self) -> None:
+        heap = self._heap
+        while heap:
+            t, _, kind, obj = heapq.heappop(heap)
+            self.now = t
+            if kind == GEN:
+                self._on_gen(obj)
+            elif kind == FINISH:
+                self._on_finish(obj)
+            elif kind == READY:
+                self._on_ready(obj)
+            elif kind == RETRY:
+                self._attempt(obj)
+            else:
+                self._ticks.discard(t)
+                self._started(self.engine.tick())
+            if self._has_quota:
+                w = self.engine.next_wakeup()
+                if w is not None and w > self.now and w not in self._ticks:
+                    self._ticks.add(w)
+                    self._push(w, TICK, None)
+            if self.check:
+                self.engine.check_invariants()
+
+    def _on_gen(self, tr: _Traj) -> None:
+        it = tr.items[tr.idx]
+        rec = _Rec(f"{tr.id}/a{tr.idx}", tr, it, it.cls.rtype, self.now)
+        rec.lb = self._lower_bound(it)
+        if it.cls.rtype == "cpu" and self.spec.cpu_mode == "pod":
+            if tr.pod is None:
+                tr.pod = "pending"
+                tr.pending = rec
+                pod = _Rec(f"{tr.id}/pod", tr, None, POD_CLASS, self.now)
+                self._recs[pod.id] = pod
+                a = Action.build(pod.id, {"cpu": Demand.fixed(self.wl.baselines.pod_cores)}, action_class=POD_CLASS,
+                                 trajectory=tr.id, mem_mb=tr.job.memory_mb)
+                self._started(self.engine.submit(a))
+            elif tr.pod == "ready":
+                self._run_in_pod(rec)
+            else:
+                tr.pending = rec
+            return
+        self._recs[rec.id] = rec
+        self._started(self.engine.submit(self._action(rec)))
+
+    def _started(self, started) -> None:
+        now = self.now
+        for s in started:
+            rec = self._recs[s.action.id]
+            d = s.dispatch
+            rec.start = now
+            if rec.rtype == POD_CLASS:
+                tr = rec.traj
+                tr.pod = "creating"
+                tr.pod_start = now
+                self._creating += 1
+                b = self.wl.baselines
+                rec.setup_s = b.pod_start_s + b.pod_start_per_concurrent_s * (self._creating - 1)
+                self._push(now + rec.setup_s, READY, tr)
+                continue
+            it = rec.item
+            cls = it.cls
+            m = d.dop
+            rec.pool_units = m
+            if cls.rtype == "gpu" and self.spec.gpu_mode == "static":
+                m = self._static[it.service][0]
+            rec.units = m
+            rec.run_s = _true_duration(cls, it.t1, m)
+            if self.gpu is not None and "gpu" in d.units:
+                rec.restore_s = self.gpu.take_restore_s(rec.id)
+            if cls.rtype == "cpu" and not rec.traj.env_started:
+                rec.traj.env_started = True
+                rec.setup_s = rec.traj.job.env_start_s
+            if self.spec.api_mode == "naive" and cls.rtype.startswith("api:"):
+                self._attempt(rec)
+                continue
+            self._push(now + rec.setup_s + rec.restore_s + rec.run_s, FINISH, rec)
+
+    def _run_in_pod(self, rec: _Rec) -> None:
+        cls = rec.item.cls
+        cores = self.wl.baselines.pod_cores
+        m = max([o for o in cls.demand.options if o <= cores] or [cls.demand.min])
+        m = min(m, cores) if not cls.demand.elastic else m
+        rec.start = self.now
+        rec.units = m
+        rec.run_s = _true_duration(cls, rec.item.t1, m)
+        self._push(self.now + rec.run_s, FINISH, rec)
+
+    def _on_ready(self, tr: _Traj) -> None:
+        self._creating -= 1
+        tr.pod = "ready"
+        pod = self._recs[f"{tr.id}/pod"]
+        rec, tr.pending = tr.pending, None
+        # the pod's start-up is the first action's set-up; its wait for cores, the first action's queueing
+        rec.start = pod.start
+        rec.setup_s = pod.setup_s
+        cls = rec.item.cls
+        cores = self.wl.baselines.pod_cores
+        m = max([o for o in cls.demand.options if o <= cores] or [cls.demand.min])
+        rec.units = m
+        rec.run_s = _true_duration(cls, rec.item.t1, m)
+        self._push(self.now + rec.run_s, FINISH, rec)
+
+    def _attempt(self, rec: _Rec) -> None:
+        """api-naive: the API itself enforces its limits and answers 429 over them."""
+        srv = self._server[rec.rtype[4:]]
+        conc, quota, period, in_flight, window, used = srv
+        w = int(self.now // period)
+        if w != window:
+            srv[4], srv[5] = w, 0
+            used = 0
+        ok = (conc is None or in_flight < conc) and (quota is None or used < quota)
+        b = self.wl.baselines
+        if ok:
+            srv[3] += 1
+            srv[5] += 1
+            rec.attempt_start = self.now
+            self._push(self.now + rec.run_s, FINISH, rec)
+            return
+        rec.retries += 1
+        if rec.retries > b.max_retries:
+            rec.failed = True
+            self._push(self.now + b.reject_s, FINISH, rec)
+            return
+        delay = min(b.backoff_s * 2 ** (rec.retries - 1), b.backoff_max_s) * (0.5 + self._rng.random())
+        self._push(self.now + b.reject_s + delay, RETRY, rec)
+
+    def _on_finish(self, rec: _Rec) -> None:
+        now = self.now
+        rec.end = now
+        tr = rec.traj
+        in_pod = rec.rtype == "cpu" and self.spec.cpu_mode == "pod"
+        if not in_pod:
+            del self._recs[rec.id]
+        naive = self.spec.api_mode == "naive" and rec.rtype.startswith("api:")
+        if naive:
+            if not rec.failed:
+                self._server[rec.rtype[4:]][3] -= 1
+                # time spent on 429s and backoff counts as queueing: the call waited for the API
+                rec.start = rec.attempt_start
+            else:
+                rec.start = now
+        rtype = "gpu" if rec.rtype == "gpu" or (rec.item and rec.item.cls.rtype == "gpu") else rec.rtype
+        if rtype in self.busy:
+            self.busy[rtype] += rec.units * rec.run_s
+            if not in_pod and not (rtype == "gpu" and self.spec.gpu_mode == "static"):
+                held_from = rec.start if not naive or rec.failed else rec.start
+                self.reserved[rtype] += rec.pool_units * (now - held_from)
+        self.done.append(rec)
+        if not in_pod:
+            self._started(self.engine.complete(rec.id, "failed" if rec.failed else "succeeded"))
+        tr.idx += 1
+        if tr.idx < len(tr.items):
+            self._push(now + tr.items[tr.idx].gen_s, GEN, tr)
+            return
+        # the trajectory ended: its pod, memory and node pin go away
+        tr.end = now
+        self._left -= 1
+        if tr.pod is not None:
+            pod = self._recs.pop(f"{tr.id}/pod")
+            self.reserved["cpu"] += self.wl.baselines.pod_cores * (now - pod.start)
+            self._started(self.engine.complete(pod.id))
+        self._started(self.engine.close_trajectory(tr.id))
+
+    # ------------------------------------------------------------------ #
+    # results
+
+    def _summary(self) -> dict[str, Any]:
+        recs = self.done
+        act = np.array([r.end - r.submit for r in recs]) if recs else np.zeros(1)
+        queue = np.array([r.start - r.submit for r in recs]) if recs else np.zeros(1)
+        execs = act - queue
+        lb = np.array([r.lb for r in recs]) if recs else np.zeros(1)
+        total = self.now
+        kinds = {}
+        for kind in ("env", "reward"):
+            sel = [i for i, r in enumerate(recs) if r.item.cls.kind == kind]
+            if sel:
+                kinds[kind] = {
+                    "actions": len(sel),
+                    "mean_act_s": float(act[sel].mean()),
+                    "mean_queue_s": float(queue[sel].mean()),
+                    "lower_bound_mean_act_s": float(lb[sel].mean()),
+                    "total_act_s_per_trajectory": float(act[sel].sum()) / max(self.wl.trajectories * self.wl.steps, 1),
+                }
+        classes = {}
+        for r_i, r in enumerate(recs):
+            c = classes.setdefault(r.item.cls.name, [0, 0.0, 0.0, 0.0])
+            c[0] += 1
+            c[1] += act[r_i]
+            c[2] += r.units
+            c[3] += lb[r_i]
+        pools = {}
+        for k, cap in self.capacity.items():
+            reserved = self.reserved[k]
+            if k == "gpu" and self.spec.gpu_mode == "static":
+                reserved = cap * total
+            pools[k] = {
+                "capacity": cap,
+                "reserved_unit_s": round(reserved, 3),
+                "busy_unit_s": round(self.busy[k], 3),
+                "reserved_frac": round(reserved / (cap * total), 4) if cap and total else 0.0,
+                "utilisation": round(self.busy[k] / (cap * total), 4) if cap and total else 0.0,
+            }
+        out = {
+            "policy": self.spec.name,
+            "workload": self.wl.name,
+            "seed": self.seed,
+            "trajectories": self.wl.trajectories,
+            "steps": self.wl.steps,
+            "actions": len(recs),
+            "mean_act_s": float(act.mean()),
+            "p50_act_s": float(np.percentile(act, 50)),
+            "p99_act_s": float(np.percentile(act, 99)),
+            "mean_queue_s": float(queue.mean()),
+            "mean_exec_s": float(execs.mean()),
+            "mean_setup_s": float(np.mean([r.setup_s for r in recs])) if recs else 0.0,
+            "mean_restore_s": float(np.mean([r.restore_s for r in recs])) if recs else 0.0,
+            "step_time_s": float(np.mean(self.step_times)) if self.step_times else 0.0,
+            "step_times_s": [round(x, 3) for x in self.step_times],
+            "job_step_time_s": {k: float(np.mean(v)) for k, v in self.job_step_times.items()},
+            "lower_bound_mean_act_s": float(lb.mean()),
+            "lower_bound_step_time_s": float(np.mean(self.lb_step)) if self.step_times else 0.0,
+            "failed": sum(1 for r in recs if r.failed),
+            "retries": sum(r.retries for r in recs),
+            "by_kind": kinds,
+            "by_class": {k: {"actions": v[0], "mean_act_s": v[1] / v[0], "mean_units": v[2] / v[0],
+                             "lower_bound_mean_act_s": v[3] / v[0]} for k, v in classes.items()},
+            "pools": pools,
+            "scheduling_rounds": self.engine.rounds,
+        }
+        if self.gpu is not None:
+            out["gpu_restores"] = self.gpu.restores
+            out["gpu_cache_hits"] = self.gpu.hits
+        return out
+
+
+def simulate(workload: Workload, policy: str, *, seed: int = 0, check: bool = False) -> SimResult:
+    return Simulation(workload, policy, seed=seed, check=check).run()

@@ -1,0 +1,1 @@
+"""Built-in simulator workloads (YAML, package data). Every parameter names its source."""
