@@ -210,3 +210,50 @@ def test_report_writes_png_per_class(tmp_path, capsys):
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "suite-a" in out and "amdahl" in out
+
+
+# --------------------------------------------------------------------------- #
+# tune (optuna on the simulator)
+
+
+def _small_workload():
+    from dataclasses import replace
+
+    sim = pytest.importorskip("tangram.simulator.workload")
+    wl = sim.load_workload("ai-coding").with_batch(12)
+    return wl.with_cluster(replace(wl.cluster, cpu_nodes=1, cores_per_node=8))
+
+
+def test_apply_profiles_uses_calibrated_t1_and_efficiency():
+    from profiling.tune import apply_profiles, elastic_classes
+
+    wl = _small_workload()
+    st = _store_with_fit()
+    new, applied = apply_profiles(wl, st, mapping={"test-suite": "suite-a"})
+    assert applied == {"test-suite": "suite-a"}
+    cls = next(c for j in new.jobs for c in j.rewards if c.name == "test-suite")
+    assert cls.duration.mean == pytest.approx(10.0)
+    assert cls.elasticity.efficiency(2) == pytest.approx(1 / 1.2)
+    assert elastic_classes(new) == {"test-suite": 8}
+    with pytest.raises(KeyError, match="not in the store"):
+        apply_profiles(wl, st, mapping={"test-suite": "nope"})
+
+
+def test_tune_never_worse_than_defaults(tmp_path, capsys):
+    pytest.importorskip("optuna")
+    from tangram.cli import main
+
+    path = tmp_path / "p.json"
+    _store_with_fit().save(path)
+    out = tmp_path / "tuned.json"
+    rc = main(["tune", "--workload", "ai-coding", "--profiles", str(path), "--map", "test-suite=suite-a",
+               "--batch", "12", "--cpu-nodes", "1", "--cores-per-node", "8", "--trials", "6", "--no-progress",
+               "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policy"]) == {"depth", "lookahead", "dop_caps"}
+    assert doc["mean_act_s"] <= doc["default"]["mean_act_s"]
+    assert doc["applied_profiles"] == {"test-suite": "suite-a"}
+    assert all(k == "test-suite" and 1 <= v < 8 for k, v in doc["policy"]["dop_caps"].items())
+    printed = capsys.readouterr().out
+    assert "simulated mean ACT" in printed and "default" in printed
