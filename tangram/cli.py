@@ -18,7 +18,6 @@ COMMAND_MODULES = (
     "datasets_patch.cli",
     "tangram.commands.profile",
     "tangram.commands.tune",
-    "tangram.commands.tune",
     "tangram.commands.simulate",
 )
 
