@@ -326,3 +326,25 @@ def test_cancelled_status_from_run_with_a_set_event():
     r = ex.run(decision("scorer@dop1", Chunk(0, 1)), {"model": "scorer", "op": "score", "inputs": [[1.0, 2.0, 3.0]]},
                cancel=ev)
     assert r.status == CANCELLED
+
+
+def test_gpu_restore_check_script_runs_on_cpu(capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_restore_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_restore_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--device", "cpu", "--json", "--sizes-mb", "1,4", "--repeats", "2", "--model", "synthetic",
+                   "--synthetic-mb", "4", "--dop", "2"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == "cpu" and len(report["devices"]) == 2
+    assert [r["size_mb"] for r in report["bandwidth"]] == [1, 4] and report["bandwidth"][0]["pageable_gbps"] > 0
+    c = report["cache"]
+    assert c["model"] == "synthetic" and c["dop"] == 2
+    assert c["miss"]["restore_s"] > 0 and c["hit"]["restore_s"] == 0 and c["evict_then_miss"]["n"] == 1
+    assert c["restore_gbps"] > 0
+    unregister_model("synthetic")
