@@ -1,0 +1,118 @@
+"""Where the integration's settings come from (no verl import here).
+
+One flag turns the integration on::
+
+    +actor_rollout_ref.rollout.custom.tangram.enabled=true
+    +actor_rollout_ref.rollout.custom.tangram.url=http://HOST:8471
+    +actor_rollout_ref.rollout.custom.tangram.token=SECRET      # optional
+
+``custom`` is verl's documented extension point under the rollout config (a
+new key directly under ``rollout`` breaks verl's dataclass conversion). A
+top-level ``+tangram.*`` block is read too, and the environment variables
+``TANGRAM_ENABLED=1``, ``TANGRAM_URL`` and ``TANGRAM_TOKEN`` serve processes
+that never see the trainer config (the ``verl.plugins`` entry point runs at
+``import verl``, before any config exists).
+
+Precedence, lowest first: built-in defaults < environment < top-level
+``tangram`` < ``actor_rollout_ref.rollout.custom.tangram`` < what a tool's
+YAML says explicitly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+DEFAULT_URL = "http://127.0.0.1:8471"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def env_flag(name: str = "TANGRAM_ENABLED") -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+@dataclass(frozen=True, slots=True)
+class TangramSettings:
+    enabled: bool = False
+    url: str = DEFAULT_URL
+    token: str | None = None
+    # environments (one per trajectory)
+    image: str | None = None
+    memory_mb: int | None = None
+    env_ttl_s: float = 3600.0          # safety sweep: an environment idle this long is released
+    # the final test-suite reward run by the tangram agent loop / reward function
+    reward_cpu_max: int = 8
+    reward_timeout_s: float = 600.0
+    tool_timeout_s: float = 120.0
+
+    def merged(self, over: Mapping[str, Any] | None) -> "TangramSettings":
+        if not over:
+            return self
+        known = {f.name for f in dataclasses.fields(self)}
+        vals = {}
+        for k, v in dict(over).items():
+            if k not in known or v is None:
+                continue
+            if k == "enabled":
+                v = v if isinstance(v, bool) else str(v).strip().lower() in _TRUE
+            vals[k] = v
+        return dataclasses.replace(self, **vals)
+
+
+def settings_from_env() -> TangramSettings:
+    return TangramSettings(
+        enabled=env_flag(),
+        url=os.environ.get("TANGRAM_URL") or DEFAULT_URL,
+        token=os.environ.get("TANGRAM_TOKEN") or None,
+    )
+
+
+def _section(cfg: Any, *path: str) -> Mapping[str, Any] | None:
+    node = cfg
+    for key in path:
+        if node is None:
+            return None
+        try:
+            node = node.get(key) if hasattr(node, "get") else getattr(node, key, None)
+        except Exception:  # omegaconf missing-value errors and the like
+            return None
+    if node is None:
+        return None
+    try:  # DictConfig -> plain dict, resolving ${oc.env:...}
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(node, DictConfig):
+            return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    except ImportError:
+        pass
+    return node if isinstance(node, Mapping) else None
+
+
+def settings_from_config(config: Any = None) -> TangramSettings:
+    """The effective settings for a trainer config (a DictConfig, a dict, or None)."""
+    s = settings_from_env()
+    if config is None:
+        return s
+    s = s.merged(_section(config, "tangram"))
+    custom = _section(config, "actor_rollout_ref", "rollout", "custom")
+    if custom is None:  # a rollout config (not the whole trainer config) was passed
+        custom = _section(config, "custom")
+    if custom:
+        s = s.merged(custom.get("tangram") if isinstance(custom, Mapping) else None)
+    return s
+
+
+# The process-level settings the trainer config set (the tangram agent loop
+# publishes them when it is built); tools and the reward function fall back to
+# them when their own YAML says nothing.
+_active: TangramSettings | None = None
+
+
+def set_active(settings: "TangramSettings | None") -> None:
+    global _active
+    _active = settings
+
+
+def active_settings() -> TangramSettings:
+    return _active if _active is not None else settings_from_env()

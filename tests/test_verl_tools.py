@@ -1,0 +1,171 @@
+"""verl tools on the scheduler: built by verl's own load_all_tools from the example
+YAML, run against a real `tangram serve`; one environment per trajectory, kept
+across turns, released at trajectory end (or by the TTL sweep)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("verl", reason="verl not installed: pip install -r scripts/test-requirements.txt")
+
+from integrations.verl import config as tconfig  # noqa: E402
+from integrations.verl.session import REGISTRY, close_clients  # noqa: E402
+from integrations.verl.testing import serve  # noqa: E402
+from tangram.client import TangramClient  # noqa: E402
+
+pytestmark = pytest.mark.verl
+
+EXAMPLE_YAML = Path(__file__).resolve().parent.parent / "integrations" / "verl" / "examples" / "tool_config.yaml"
+
+
+class _Search(BaseHTTPRequestHandler):
+    def do_POST(self):  # echo the JSON body back
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        out = json.dumps({"results": [f"result for {body.get('query')}"]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture(scope="module")
+def search_api():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Search)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/search"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("svc") / "cluster.yaml"
+    cfg.write_text("api_pools:\n  search: {concurrency: 1}\n")
+    with serve(config=str(cfg)) as url:
+        yield url
+
+
+@pytest.fixture
+def tools(service, monkeypatch):
+    from verl.tools.tool_registry import load_all_tools
+
+    monkeypatch.setenv("TANGRAM_URL", service)
+    tconfig.set_active(None)
+    loaded = {t.name: t for t in load_all_tools(tool_config_path=str(EXAMPLE_YAML), function_tool_path=None)}
+    yield loaded
+    REGISTRY._t.clear()  # forget what a failed test left (its environments die with the service)
+
+
+async def _stats(url):
+    async with TangramClient(url) as c:
+        return await c.stats()
+
+
+async def _call(tool, params, agent_data):
+    """What verl's ToolAgentLoop._call_tool does: create -> execute -> release, per call."""
+    iid, _ = await tool.create(create_kwargs={})
+    try:
+        return await tool.execute(iid, params, agent_data=agent_data)
+    finally:
+        await tool.release(iid)
+
+
+def test_example_yaml_builds_the_tools_with_verl_load_all_tools(tools):
+    from integrations.verl.tools import TangramApiTool, TangramSandboxTool
+
+    assert isinstance(tools["run_shell"], TangramSandboxTool)
+    assert isinstance(tools["search"], TangramApiTool)
+    # no url in the YAML: the service comes from TANGRAM_URL
+    assert tools["run_shell"].settings().url == tools["search"].settings().url
+
+
+async def test_sandbox_state_persists_across_turns_and_is_released_at_trajectory_end(tools, service):
+    sh = tools["run_shell"]
+    traj = SimpleNamespace(request_id="req-1", tangram_trajectory="traj-A")
+    other = SimpleNamespace(request_id="req-2", tangram_trajectory="traj-B")
+    try:
+        resp, reward, metrics = await _call(sh, {"command": "echo state-1 > notes.txt; echo written"}, traj)
+        assert "written" in resp.text and "[exit code: 0]" in resp.text
+        assert metrics["status"] == "succeeded" and metrics["exec_s"] >= 0 and "queued_s" in metrics
+        # between turns: the environment exists, no core is held
+        st = await _stats(service)
+        assert st["environments"] == 1
+        assert st["pools"]["cpu@local"]["used"] == 0
+        # next turn (a new tool instance, as in verl): same files
+        resp, _, _ = await _call(sh, {"command": "cat notes.txt"}, traj)
+        assert "state-1" in resp.text
+        # another trajectory has its own environment
+        resp, _, _ = await _call(sh, {"command": "cat notes.txt"}, other)
+        assert "No such file" in resp.text and "[exit code: 1]" in resp.text
+        assert REGISTRY.environment_of("traj-A") != REGISTRY.environment_of("traj-B")
+        assert (await _stats(service))["environments"] == 2
+        assert [r["name"] for r in REGISTRY.records("traj-A")] == ["run_shell", "run_shell"]
+        # trajectory end
+        assert await REGISTRY.release("traj-A") is True
+        assert await REGISTRY.release("traj-A") is False  # idempotent
+        assert (await _stats(service))["environments"] == 1
+    finally:
+        await REGISTRY.release("traj-B")
+        assert (await _stats(service))["environments"] == 0
+        await close_clients()
+
+
+async def test_parallel_calls_of_one_turn_share_one_environment(tools, service):
+    sh = tools["run_shell"]
+    traj = SimpleNamespace(request_id="req-3")  # plain ToolAgentLoop: keyed by request_id
+    try:
+        outs = await asyncio.gather(*[_call(sh, {"command": f"touch f{i}; echo ok"}, traj) for i in range(3)])
+        assert all("ok" in r[0].text for r in outs)
+        assert (await _stats(service))["environments"] == 1
+        resp, _, _ = await _call(sh, {"command": "ls f* | wc -l"}, traj)
+        assert resp.text.splitlines()[0].strip() == "3"
+    finally:
+        await REGISTRY.release("req-3")
+        await close_clients()
+
+
+async def test_ttl_sweep_releases_idle_environments(tools, service):
+    sh = tools["run_shell"]
+    await _call(sh, {"command": "true"}, SimpleNamespace(request_id="req-idle"))
+    assert (await _stats(service))["environments"] == 1
+    assert await REGISTRY.sweep(ttl_s=0.0) == ["req-idle"]
+    assert (await _stats(service))["environments"] == 0
+    await close_clients()
+
+
+async def test_call_outside_a_trajectory_drops_its_environment_with_the_instance(tools, service):
+    sh = tools["run_shell"]
+    resp, _, _ = await _call(sh, {"command": "echo solo"}, None)
+    assert "solo" in resp.text
+    assert (await _stats(service))["environments"] == 0
+    await close_clients()
+
+
+async def test_api_tool_goes_through_the_api_pool(tools, service, search_api):
+    api = tools["search"]
+    api.config["endpoint"] = search_api
+    traj = SimpleNamespace(request_id="req-api")
+    outs = await asyncio.gather(*[_call(api, {"query": f"q{i}"}, traj) for i in range(3)])
+    for i, (resp, _, metrics) in enumerate(outs):
+        assert f"result for q{i}" in resp.text
+        assert metrics["status"] == "succeeded" and metrics["kind"] == "http"
+    st = await _stats(service)
+    assert st["actions"].get("http:succeeded", 0) >= 3
+    assert "api:search" in st["pools"]
+    assert len(REGISTRY.records("req-api")) == 3
+    await REGISTRY.release("req-api")
+    await close_clients()
+
+
+async def test_bad_arguments_do_not_reach_the_service(tools):
+    resp, _, metrics = await _call(tools["run_shell"], {"cmd": "ls"}, None)
+    assert "must be a non-empty string" in resp.text and metrics["status"] == "invalid"
