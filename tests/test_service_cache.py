@@ -112,6 +112,13 @@ def test_one_action_per_gpu_is_asserted():
     sc.begin("y", "b@dop1", C(1, 1))  # free again
 
 
+def test_dop_must_match_the_chunk():
+    sc = cache()
+    with pytest.raises(ValueError, match="cannot run on 1 devices"):
+        sc.begin("x", "a@dop2", C(0, 1))
+    assert sc.busy() == {}
+
+
 def test_unconfirmed_restore_is_forgotten():
     # a restore that failed, timed out or was cancelled leaves nothing resident
     sc = cache()

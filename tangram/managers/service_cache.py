@@ -223,7 +223,8 @@ class ServiceCache:
             decision = CacheDecision(holder, None, chunk, hit=True)
             self._take(holder, decision, confirmed=True)
             return decision
-        parse_service(service)
+        if parse_service(service)[1] != chunk.size:  # a DoP-k service runs on exactly k devices
+            raise ValueError(f"{service} cannot run on {chunk.size} devices ({chunk})")
         self._tick += 1
         key = (service, chunk.start)
         per = self.stats_.by_service.setdefault(service, {"hits": 0, "misses": 0, "evictions": 0})
