@@ -1,0 +1,200 @@
+"""The simulator: the real engine and policy on a virtual clock (small, fast scenarios)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tangram.cli import main
+from tangram.simulator.errors import WorkloadError
+from tangram.simulator.policies import policy_spec
+from tangram.simulator.sim import Simulation, simulate
+from tangram.simulator.workload import ApiPool, load_workload, parse_cluster
+
+CONTRACT = ("policy", "workload", "actions", "mean_act_s", "p50_act_s", "p99_act_s", "mean_queue_s",
+            "mean_exec_s", "step_time_s", "lower_bound_mean_act_s")
+
+
+def small_coding(batch: int = 12, cores: int = 16):
+    """ai-coding on one small node: contended (12 pods of 4 cores need 48 cores)."""
+    wl = load_workload("ai-coding").with_batch(batch)
+    return wl.with_cluster(replace(wl.cluster, cpu_nodes=1, cores_per_node=cores))
+
+
+def small_search(batch: int = 16):
+    """deepsearch with tight API limits."""
+    wl = load_workload("deepsearch").with_batch(batch)
+    api = (ApiPool("search", 2, 2, 1.0), ApiPool("fetch", 2, None, 1.0))
+    return wl.with_cluster(replace(wl.cluster, api=api))
+
+
+def expected_actions(wl, seed: int = 0) -> int:
+    sim = Simulation(wl, "tangram", seed=seed)
+    return sum(len(t.items) for step in range(wl.steps) for t in sim._scripts(step))
+
+
+# --------------------------------------------------------------------------- #
+# determinism and completeness
+
+
+def test_same_seed_same_result_and_other_seed_differs():
+    wl = small_coding()
+    a = simulate(wl, "tangram", seed=3).summary
+    b = simulate(wl, "tangram", seed=3).summary
+    c = simulate(wl, "tangram", seed=4).summary
+    assert a == b
+    assert a["mean_act_s"] != c["mean_act_s"]
+
+
+@pytest.mark.parametrize("policy", ["tangram", "trajectory", "fixed-dop:1", "fixed-dop:16"])
+def test_every_cpu_action_completes_with_invariants_checked(policy):
+    wl = small_coding().with_steps(2)
+    s = Simulation(wl, policy, seed=1, check=True)
+    res = s.run()
+    assert res.summary["actions"] == expected_actions(wl, 1)
+    assert not s.engine.waiting and not s.engine.running
+    assert all(r.end >= r.start >= r.submit for r in res.records)
+    assert len(res.summary["step_times_s"]) == 2
+
+
+@pytest.mark.parametrize("policy", ["tangram", "api-naive", "static-services", "serverless", "fixed-dop:2"])
+def test_every_search_and_gpu_action_completes(policy):
+    wl = small_search()
+    s = Simulation(wl, policy, seed=2, check=True)
+    res = s.run()
+    assert res.summary["actions"] == expected_actions(wl, 2)
+    assert not s.engine.waiting and not s.engine.running
+
+
+def test_mopd_and_shared_pool_complete():
+    for name in ("mopd", "mopd+search"):
+        wl = load_workload(name).with_batch(12)
+        for policy in ("tangram", "static-services", "serverless"):
+            res = simulate(wl, policy, seed=0, check=True)
+            assert res.summary["actions"] == expected_actions(wl, 0)
+    shared = simulate(load_workload("mopd+search").with_batch(12), "tangram").summary
+    assert set(shared["job_step_time_s"]) == {"mopd", "deepsearch"}
+
+
+# --------------------------------------------------------------------------- #
+# bounds and comparisons
+
+
+@pytest.mark.parametrize("policy", ["tangram", "trajectory", "fixed-dop:1", "fixed-dop:4"])
+def test_lower_bound_is_below_mean_act(policy):
+    s = simulate(small_coding(), policy, seed=0).summary
+    assert s["lower_bound_mean_act_s"] <= s["mean_act_s"] + 1e-9
+    assert s["lower_bound_step_time_s"] <= s["step_time_s"] + 1e-9
+    assert s["mean_queue_s"] + s["mean_exec_s"] == pytest.approx(s["mean_act_s"])
+
+
+def test_tangram_beats_trajectory_and_fixed_dop_1_when_contended():
+    wl = small_coding()
+    t = simulate(wl, "tangram", seed=0).summary
+    k8s = simulate(wl, "trajectory", seed=0).summary
+    dop1 = simulate(wl, "fixed-dop:1", seed=0).summary
+    assert t["mean_act_s"] < k8s["mean_act_s"]
+    assert t["mean_act_s"] < dop1["mean_act_s"]
+    # pods hold their cores for the trajectory's life; tangram only while an action runs
+    assert t["pools"]["cpu"]["reserved_unit_s"] < k8s["pools"]["cpu"]["reserved_unit_s"]
+
+
+def test_api_naive_retries_and_tangram_never_does():
+    wl = small_search()
+    naive = simulate(wl, "api-naive", seed=0).summary
+    managed = simulate(wl, "tangram", seed=0).summary
+    assert naive["retries"] > 0
+    assert managed["retries"] == 0 and managed["failed"] == 0
+
+
+def test_static_services_reserve_their_gpus_for_the_whole_step():
+    wl = load_workload("mopd").with_batch(16)
+    static = simulate(wl, "static-services").summary
+    assert static["pools"]["gpu"]["reserved_frac"] == pytest.approx(1.0)
+    assert static["mean_restore_s"] == 0.0
+
+
+# --------------------------------------------------------------------------- #
+# the command line
+
+
+def last_json(capsys) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    return json.loads(out[-1])
+
+
+def test_cli_json_contract(capsys):
+    rc = main(["simulate", "--workload", "ai-coding", "--policy", "tangram", "--batch", "4", "--seed", "1", "--json"])
+    assert rc == 0
+    obj = last_json(capsys)
+    for k in CONTRACT:
+        assert k in obj, k
+    assert obj["policy"] == "tangram" and obj["workload"] == "ai-coding" and obj["actions"] > 0
+
+
+def test_cli_cluster_file_and_policy_all(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("cpu_nodes: 1\ncores_per_node: 16\nmem_gb_per_node: 512\n")
+    rc = main(["simulate", "--workload", "ai-coding", "--policy", "all", "--batch", "4", "--cluster", str(cluster), "--json"])
+    assert rc == 0
+    obj = last_json(capsys)
+    assert [r["policy"] for r in obj["results"]][:2] == ["tangram", "trajectory"]
+    assert obj["results"][0]["pools"]["cpu"]["capacity"] == 16
+    for k in CONTRACT:
+        assert k in obj
+
+
+def test_cli_workload_file(tmp_path, capsys):
+    wl = tmp_path / "w.yaml"
+    wl.write_text(
+        "name: tiny\ntrajectories: 3\nturns: 2\ngeneration_s: 1.0\n"
+        "actions:\n  sh: {duration_s: 0.5, resources: {cpu: 1}}\n"
+        "rewards:\n  tests: {duration_s: 8, resources: {cpu: {min: 1, max: 8}}, elasticity: {amdahl: 0.1}, profiled: true}\n"
+        "cluster: {cpu_nodes: 1, cores_per_node: 8, mem_gb_per_node: 64}\n"
+    )
+    assert main(["simulate", "--workload", str(wl), "--json"]) == 0
+    obj = last_json(capsys)
+    assert obj["workload"] == "tiny" and obj["actions"] == 9
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--workload", "no-such-workload"], "workload"),
+    (["--workload", "ai-coding", "--policy", "fifo"], "policy"),
+    (["--workload", "ai-coding", "--policy", "fixed-dop:x"], "fixed-dop"),
+    (["--workload", "ai-coding", "--batch", "0"], "batch"),
+    (["--workload", "ai-coding", "--cluster", "/nonexistent/c.yaml"], "cluster"),
+])
+def test_cli_bad_input(argv, needle, capsys):
+    assert main(["simulate", *argv]) != 0
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, field", [
+    ("name: x\ntrajectories: [1\n", "malformed YAML"),
+    ("name: x\nturns: 1\ngeneration_s: 1\ncluster: {cpu_nodes: 1, cores_per_node: 4}\n", "trajectories"),
+    ("name: x\ntrajectories: 2\nturns: 1\ngeneration_s: {dist: lognormal, mean: 1}\n"
+     "actions: {a: {duration_s: 1, resources: {cpu: 1}}}\ncluster: {cpu_nodes: 1, cores_per_node: 4}\n", "generation_s.cv"),
+    ("name: x\ntrajectories: 2\nturns: 1\ngeneration_s: 1\n"
+     "actions: {a: {duration_s: 1, resources: {tpu: 1}}}\ncluster: {cpu_nodes: 1, cores_per_node: 4}\n", "actions.a.resources.tpu"),
+    ("name: x\ntrajectories: 2\nturns: 1\ngeneration_s: 1\n"
+     "actions: {a: {duration_s: 1, resources: {cpu: {min: 1, max: 8}}}}\ncluster: {cpu_nodes: 1, cores_per_node: 4}\n",
+     "actions.a.elasticity"),
+    ("name: x\ntrajectories: 2\nturns: 1\ngeneration_s: 1\n"
+     "actions: {a: {duration_s: 1, resources: {api:search: 1}}}\ncluster: {cpu_nodes: 1, cores_per_node: 4}\n",
+     "cluster.api.search"),
+])
+def test_malformed_workloads_name_the_field(tmp_path, capsys, text, field):
+    wl = tmp_path / "bad.yaml"
+    wl.write_text(text)
+    assert main(["simulate", "--workload", str(wl)]) == 2
+    assert field in capsys.readouterr().err
+
+
+def test_errors_are_workload_errors():
+    with pytest.raises(WorkloadError) as ei:
+        policy_spec("k8s")
+    assert ei.value.field == "policy"
+    with pytest.raises(WorkloadError) as ei:
+        parse_cluster({"cpu_nodes": 1, "cores_per_node": 4, "api": {"s": {}}}, "cluster")
+    assert ei.value.field == "cluster.api.s"
