@@ -185,6 +185,17 @@ class Runtime:
         self.counts: dict[tuple[str, str], int] = {}  # (kind, status) -> n
         self.listeners: list[Callable[[_Job, ActionOutcome], None]] = []
 
+    @classmethod
+    async def from_config(cls, config: Any = None) -> "Runtime":
+        """The runtime of a :class:`tangram.service.config.ClusterConfig` (None: this machine).
+
+        For in-process users (demo, profiling, verl): ``async with await Runtime.from_config() as rt``.
+        """
+        from tangram.service.build import build_runtime
+        from tangram.service.config import default_config
+
+        return await build_runtime(config or default_config())
+
     # ------------------------------------------------------------------ #
     # building actions
 
@@ -317,6 +328,14 @@ class Runtime:
             if job.outcome is None:
                 self.cancel(action_id)
             raise
+
+    async def wait_finished(self, action_id: str, timeout_s: float) -> ActionOutcome | None:
+        """Wait up to ``timeout_s`` for an action's outcome without cancelling it if the waiter goes."""
+        job = self._job(action_id)
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.done), timeout_s)
+        except asyncio.TimeoutError:
+            return None
 
     def result(self, action_id: str) -> ActionOutcome | None:
         """The outcome if finished, None while waiting or running."""
@@ -458,6 +477,9 @@ class Runtime:
         try:
             started = self.engine.complete(job.action.id, result.status)
         except UnknownActionError:  # already cancelled in the engine (close, delete_environment)
+            started = []
+        except Exception:  # noqa: BLE001 - the grants were released before the policy ran; keep driving
+            log.exception("action %s: scheduling after its completion failed", job.action.id)
             started = []
         self._finish(job, result, placement, exec_s)
         self._launch(started)

@@ -237,9 +237,8 @@ async def cancel_action(request: web.Request) -> web.Response:
     rt.cancel(action_id)
     outcome = rt.result(action_id)
     if outcome is None:
-        try:
-            outcome = await asyncio.wait_for(asyncio.shield(rt._job(action_id).done), CANCEL_WAIT_S)
-        except asyncio.TimeoutError:
+        outcome = await rt.wait_finished(action_id, CANCEL_WAIT_S)
+        if outcome is None:
             return web.json_response({"id": action_id, "status": "cancelling"}, status=202)
     return web.json_response(outcome.as_dict())
 

@@ -307,8 +307,12 @@ def _memory_mb() -> int:
 
 def _detect_cuda_node() -> tuple[GpuNodeConfig, ...]:
     """One GPU node with every visible CUDA device, if torch sees any (never imports torch otherwise)."""
+    import glob
     import importlib.util
 
+    # importing torch costs ~200 MiB and a second: only on a machine that has NVIDIA devices
+    if not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/proc/driver/nvidia/gpus"):
+        return ()
     if importlib.util.find_spec("torch") is None:
         return ()
     try:

@@ -1,0 +1,159 @@
+"""The Runtime in-process (no HTTP): the API the demo, profiling and verl integration use."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tangram.core.engine import Engine
+from tangram.core.errors import DemandError, UnschedulableError
+from tangram.executors.base import EnvironmentExecutor, ExecResult
+from tangram.managers.base import CountingManager
+from tangram.managers.basic import BasicManager
+from tangram.runtime import Runtime, UnknownEnvironmentError
+from tangram.service.config import parse_config
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeExecutor(EnvironmentExecutor):
+    """Sleeps for ``sleep <s>``; records environments and the placements it ran."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.envs: set[str] = set()
+        self.runs: list[tuple[str, str, int]] = []
+        self.killed = 0
+
+    async def create_environment(self, env_id, *, image=None, memory_mb=0, labels=None):
+        self.envs.add(env_id)
+
+    async def destroy_environment(self, env_id):
+        self.envs.discard(env_id)
+
+    async def exec(self, env_id, command, placement, *, timeout_s=None, env=None):
+        assert env_id in self.envs
+        self.runs.append((env_id, command, placement.dop))
+        try:
+            if command.startswith("sleep "):
+                await asyncio.sleep(float(command.split()[1]))
+        except asyncio.CancelledError:
+            self.killed += 1
+            raise
+        return ExecResult(status="succeeded", exit_code=0, stdout=env["TANGRAM_DOP"])
+
+
+def make_runtime(cores=2, mem=1000, **extra) -> tuple[Runtime, FakeExecutor]:
+    ex = FakeExecutor()
+    managers = [CountingManager({"cpu@n0": cores, "mem@n0": mem}), *extra.pop("managers", [])]
+    return Runtime(Engine(managers), env_executors={"n0": ex}, **extra), ex
+
+
+def whole(rt: Runtime) -> None:
+    rt.check_whole()
+    for name, p in rt.engine.pool_states().items():
+        if not name.startswith("api:"):
+            assert p.free == p.capacity, name
+
+
+async def test_run_exec_and_environment_lifecycle():
+    rt, ex = make_runtime()
+    async with rt:
+        env = await rt.create_environment(memory_mb=300)
+        assert env in ex.envs  # one node: created at once
+        r = await rt.exec(env, "echo ${parallel_num}")
+        assert r.status == "succeeded" and r.allocation["node"] == "n0" and ex.runs[-1][1] == "echo 1"
+        assert rt.engine.pool_states()["mem@n0"].free == 700
+        await rt.delete_environment(env)
+        assert env not in ex.envs
+        whole(rt)
+        with pytest.raises(UnknownEnvironmentError):
+            await rt.exec(env, "true")
+        with pytest.raises(UnschedulableError):
+            await rt.exec(None, "true", cpu=3)
+        with pytest.raises(DemandError):
+            await rt.exec(None, "true", profile="nope")
+
+
+async def test_cancelling_the_awaiting_task_cancels_the_action():
+    rt, ex = make_runtime(cores=1)
+    async with rt:
+        a = asyncio.create_task(rt.exec(None, "sleep 10"))
+        b = asyncio.create_task(rt.exec(None, "sleep 10"))  # queued behind a
+        await asyncio.sleep(0.05)
+        assert len(rt.engine.running) == 1 and len(rt.engine.waiting) == 1
+        b.cancel()
+        a.cancel()
+        await asyncio.gather(a, b, return_exceptions=True)
+        await asyncio.sleep(0.01)
+        assert ex.killed == 1 and not rt.engine.running and not rt.engine.waiting
+        assert rt.counts[("exec", "cancelled")] == 2
+        assert ex.envs == set()  # the one-shot environments are gone
+        whole(rt)
+
+
+async def test_cancel_right_after_start_never_leaks():
+    rt, ex = make_runtime(cores=1)
+    async with rt:
+        first = asyncio.create_task(rt.exec(None, "sleep 0.05"))
+        await asyncio.sleep(0)
+        aid = rt.submit(rt.build_action("exec", {"cpu": 1}, command="true"))
+        await first  # its completion starts `aid`; cancel it before its task ever runs
+        assert rt.state(aid) == "running"
+        rt.cancel(aid)
+        r = await rt.wait(aid)
+        assert r.status == "cancelled"
+        whole(rt)
+
+
+async def test_timeout_safety_net_when_the_executor_ignores_it(monkeypatch):
+    import tangram.runtime as runtime_mod
+
+    monkeypatch.setattr(runtime_mod, "TIMEOUT_GRACE_S", 0.05)
+    rt, ex = make_runtime()
+    async with rt:
+        r = await rt.exec(None, "sleep 5", timeout_s=0.05)  # FakeExecutor ignores timeout_s
+        assert r.status == "timeout" and ex.killed == 1
+        whole(rt)
+
+
+async def test_quota_refill_wakes_the_engine():
+    api = BasicManager({"q": {"quota": 1, "period_s": 0.2, "window": "fixed"}})
+
+    class Http:
+        async def run(self, request, *, timeout_s=None):
+            return ExecResult(status="succeeded", output=request["url"])
+
+    rt, _ = make_runtime(managers=[api], http_executor=Http())
+    async with rt:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        rs = await asyncio.gather(*(rt.run(rt.build_action("http", {"api": "q"}, payload={"url": f"http://x/{i}"}))
+                                    for i in range(3)))
+        assert [r.status for r in rs] == ["succeeded"] * 3
+        assert loop.time() - t0 >= 0.3  # one per window
+        whole(rt)
+
+
+async def test_close_cancels_everything():
+    rt, ex = make_runtime(cores=1)
+    env = await rt.create_environment(memory_mb=10)
+    tasks = [asyncio.create_task(rt.exec(env, "sleep 10")) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    await rt.close()
+    await rt.close()  # idempotent
+    rs = await asyncio.gather(*tasks)
+    assert [r.status for r in rs] == ["cancelled"] * 3
+    assert ex.envs == set()
+    rt.engine.check_invariants()
+    with pytest.raises(RuntimeError):
+        rt.submit(rt.build_action("exec", {"cpu": 1}, command="true"))
+
+
+async def test_from_config_builds_a_local_runtime():
+    cfg = parse_config({"cpu_nodes": [{"name": "local", "cores": 1, "memory_mb": 128}], "gpu_nodes": []})
+    async with await Runtime.from_config(cfg) as rt:
+        r = await rt.exec(None, "echo $TANGRAM_DOP")
+        assert r.status == "succeeded" and r.stdout == "1\n"
+        whole(rt)
