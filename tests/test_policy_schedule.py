@@ -106,3 +106,13 @@ def test_depth_is_a_valid_knob(depth):
     got = _units(plan(_snap(acts, params=PolicyParams(depth=depth))))
     assert got and sum(u["cpu"] for u in got.values()) <= 8
     assert list(got) == ["A", "B", "C", "D", "E"][: len(got)]  # the scheduled set is a FCFS prefix
+
+
+def test_gpu_action_prefers_the_node_where_its_model_is_resident():
+    pools = {
+        f"gpu@{n}": PoolState(f"gpu@{n}", "gpu", n, 8, 8, chunks=(8,), resident=frozenset(res))
+        for n, res in (("n0", {"rm2@dop1"}), ("n1", {"rm@dop2"}))
+    }
+    a = make_action("judge", gpu=[1, 2], service="rm")  # "rm2" is another model, not a prefix match
+    (d,) = plan(Snapshot(pools=pools, nodes=("n0", "n1"), waiting=(a,))).dispatches
+    assert d.node == "n1"

@@ -196,7 +196,7 @@ def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits,
 def _node_preference(a: Action, node: str, snap: Snapshot, free) -> tuple:
     if "gpu" in a.demands:
         gp = snap.pools[pool_name("gpu", node)]
-        resident = a.service is not None and any(s.startswith(a.service) for s in gp.resident)
+        resident = a.service is not None and any(s == a.service or s.startswith(a.service + "@") for s in gp.resident)
         return (resident, free[gp.name])
     mname = pool_name("mem", node)
     mem_free = free.get(mname, 0)
