@@ -83,4 +83,5 @@ def _env_executor(n: CpuNodeConfig) -> Any:
         return LocalExecutor(root=n.workdir) if n.workdir else LocalExecutor()
     from tangram.executors.docker import DockerExecutor
 
-    return DockerExecutor(n.endpoint, default_image=n.image)
+    kw = {"image": n.image} if n.image else {}
+    return DockerExecutor(base_url=n.endpoint, **kw)
