@@ -1,22 +1,23 @@
 """Simulated hardware behind the engine's manager interface.
 
-* :class:`SimApiManager` — API pools with a concurrency limit and/or a quota
-  per period (fixed windows on the virtual clock); ``next_wakeup`` is the next
-  refill, so the simulator ticks the engine then.
-* :class:`SimGpuManager` — buddy chunks (the CountingManager's) plus a small
-  LRU service cache per GPU: evict-on-execution (several services resident,
-  least recently used evicted until the weights fit, restore from pinned CPU
-  memory) or the serverless variant (one model per GPU, cold load from disk,
-  no affinity). It stands in for ``tangram/managers/gpu.py`` in the simulator.
+Tangram itself runs on the real managers (``BasicManager`` for API pools,
+``GpuManager`` for evict-on-execution); these are only what the simulator
+needs besides them:
+
+* :class:`CachedCountingManager` — CPU cores and memory as plain counters,
+  with pool states rebuilt only when a pool changes (the engine asks for all
+  of them every round).
+* :class:`SimGpuManager` — the ``serverless`` baseline's GPUs: buddy chunks
+  plus one model per GPU (loading a model evicts whatever was there), cold
+  loads from disk, and no residency affinity.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from tangram.core.model import Action
-from tangram.managers.base import AllocationError, CountingManager, ResourceManager
+from tangram.managers.base import AllocationError, CountingManager
 from tangram.managers.buddy import Chunk
 from tangram.policy.snapshot import PoolState
 
@@ -60,74 +61,6 @@ class CachedCountingManager(CountingManager):
         if done:
             self._refresh_fast(pool)
         return done
-
-
-class SimApiManager(ResourceManager):
-    """Concurrency slots and per-period quotas on a virtual clock."""
-
-    def __init__(self, pools: Mapping[str, tuple[int | None, int | None, float]], clock: Callable[[], float]):
-        self._clock = clock
-        self._conc: dict[str, int | None] = {}
-        self._quota: dict[str, int | None] = {}
-        self._period: dict[str, float] = {}
-        self._window: dict[str, int] = {}
-        self._used_in_window: dict[str, int] = {}
-        self._holders: dict[str, dict[str, int]] = {}
-        for name, (conc, quota, period) in pools.items():
-            self._conc[name], self._quota[name], self._period[name] = conc, quota, period
-            self._window[name] = 0
-            self._used_in_window[name] = 0
-            self._holders[name] = {}
-
-    def _roll(self, name: str, now: float) -> None:
-        w = int(now // self._period[name])
-        if w != self._window[name]:
-            self._window[name] = w
-            self._used_in_window[name] = 0
-
-    def _free(self, name: str) -> tuple[int, int]:
-        self._roll(name, self._clock())
-        conc, quota = self._conc[name], self._quota[name]
-        in_flight = sum(self._holders[name].values())
-        cap = conc if conc is not None else quota
-        free_c = conc - in_flight if conc is not None else math.inf
-        free_q = quota - self._used_in_window[name] if quota is not None else math.inf
-        return cap, int(min(free_c, free_q))
-
-    def pool_states(self) -> Iterable[PoolState]:
-        for name in self._conc:
-            cap, free = self._free(name)
-            yield PoolState(name=name, rtype=name, node=None, capacity=cap, free=max(free, 0))
-
-    def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> Any:
-        if pool not in self._conc:
-            raise AllocationError(f"unknown pool {pool!r}")
-        _, free = self._free(pool)
-        if units > free:
-            raise AllocationError(f"{pool}: {units} requested, {free} free")
-        self._holders[pool][holder] = units
-        self._used_in_window[pool] += units
-        return units
-
-    def release(self, pool: str, holder: str) -> bool:
-        return self._holders.get(pool, {}).pop(holder, None) is not None
-
-    def check_invariants(self) -> None:
-        for name, conc in self._conc.items():
-            held = sum(self._holders[name].values())
-            assert conc is None or held <= conc, f"{name}: {held} in flight > {conc}"
-
-    def next_wakeup(self, now: float) -> float | None:
-        times = []
-        for name, quota in self._quota.items():
-            if quota is not None and self._used_in_window[name] > 0:
-                self._roll(name, now)
-                if self._used_in_window[name] > 0:
-                    times.append((self._window[name] + 1) * self._period[name])
-        return min(times) if times else None
-
-    def held(self) -> Mapping[str, Mapping[str, Any]]:
-        return {p: dict(h) for p, h in self._holders.items()}
 
 
 @dataclass(slots=True)

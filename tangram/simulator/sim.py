@@ -29,9 +29,11 @@ import numpy as np
 from tangram.core.engine import Engine
 from tangram.core.model import Action, Demand
 from tangram.simulator.errors import WorkloadError
-from tangram.simulator.managers import CachedCountingManager, SimApiManager, SimGpuManager
+from tangram.managers.basic import FIXED, ApiLimit, BasicManager
+from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
+from tangram.simulator.managers import CachedCountingManager, SimGpuManager
 from tangram.simulator.policies import PolicySpec, policy_spec
-from tangram.simulator.workload import ActionClass, Job, Workload
+from tangram.simulator.workload import MEM_FRACTION, ActionClass, Job, Workload
 
 GEN, FINISH, READY, RETRY, TICK = range(5)
 POD_CLASS = "pod"
@@ -140,26 +142,36 @@ class Simulation:
                                     f"dedicates {self.capacity['gpu']} GPUs, the cluster has {c.total_gpus}")
         managers.append(CachedCountingManager(caps))
         self.gpu = None
-        if c.gpu_nodes and uses_gpu and self.spec.gpu_mode != "static":
-            serverless = self.spec.gpu_mode == "serverless"
+        self._real_gpu = False
+        if c.gpu_nodes and uses_gpu and self.spec.gpu_mode == "serverless":
             self.gpu = SimGpuManager(
                 {f"gpu@g{i}": c.gpus_per_node for i in range(c.gpu_nodes)},
                 gpu_mem_gb=c.gpu_mem_gb, sizes_gb={n: s.size_gb for n, s in self.wl.services.items()},
-                restore_gbps=self.wl.baselines.serverless_load_gbps if serverless else c.restore_gbps,
-                clock=clock, exclusive=serverless, affinity=not serverless,
+                restore_gbps=self.wl.baselines.serverless_load_gbps,
+                clock=clock, exclusive=True, affinity=False,
             )
+        elif c.gpu_nodes and uses_gpu and self.spec.gpu_mode == "eoe":
+            # the real evict-on-execution manager (buddy chunks + LRU service cache)
+            mem_mb = int(c.gpu_mem_gb * 1024 * MEM_FRACTION)
+            self.gpu = GpuManager(
+                [GpuNode(f"g{i}", c.gpus_per_node, mem_mb) for i in range(c.gpu_nodes)],
+                [ModelSpec(n, state_mb=int(math.ceil(s.size_gb * 1024)), sharded=True) for n, s in self.wl.services.items()],
+            )
+            self._real_gpu = True
+        if self.gpu is not None:
             managers.append(self.gpu)
             self.capacity["gpu"] = c.total_gpus
         api = {}
         for p in c.api:
             if self.spec.api_mode == "naive":
-                api[f"api:{p.name}"] = (10**9, None, p.period_s)
+                api[f"api:{p.name}"] = ApiLimit(concurrency=10**9)
             else:
-                api[f"api:{p.name}"] = (p.concurrency, p.quota, p.period_s)
+                api[f"api:{p.name}"] = ApiLimit(concurrency=p.concurrency, quota=p.quota,
+                                               period_s=p.period_s if p.quota is not None else None, window=FIXED)
             self.capacity[f"api:{p.name}"] = p.concurrency if p.concurrency is not None else p.quota
-        self._has_quota = any(q is not None for _, q, _ in api.values())
+        self._has_quota = any(lim.quota is not None for lim in api.values())
         if api:
-            managers.append(SimApiManager(api, clock))
+            managers.append(BasicManager(api, clock=clock))
         self.engine = Engine(managers, clock=clock, params=self.spec.params, policy=self.spec.plan, keep_finished=256)
         for k in self.capacity:
             self.reserved[k] = 0.0
@@ -342,7 +354,7 @@ class Simulation:
             rec.units = m
             rec.run_s = _true_duration(cls, it.t1, m)
             if self.gpu is not None and "gpu" in d.units:
-                rec.restore_s = self.gpu.take_restore_s(rec.id)
+                rec.restore_s = self._restore_s(rec.id, d.pools["gpu"])
             if cls.rtype == "cpu" and not rec.traj.env_started:
                 rec.traj.env_started = True
                 rec.setup_s = rec.traj.job.env_start_s
@@ -350,6 +362,16 @@ class Simulation:
                 self._attempt(rec)
                 continue
             self._push(now + rec.setup_s + rec.restore_s + rec.run_s, FINISH, rec)
+
+    def _restore_s(self, holder: str, pool: str) -> float:
+        if not self._real_gpu:
+            return self.gpu.take_restore_s(holder)
+        decision = self.gpu.lease(pool, holder)
+        if decision is None or decision.hit:
+            return 0.0
+        seconds = decision.restore_mb_per_device / 1024 / self.wl.cluster.restore_gbps
+        self.gpu.restored(pool, holder, seconds)  # counted as part of the action's execution
+        return seconds
 
     def _run_in_pod(self, rec: _Rec) -> None:
         cls = rec.item.cls
@@ -505,8 +527,11 @@ class Simulation:
             "scheduling_rounds": self.engine.rounds,
         }
         if self.gpu is not None:
-            out["gpu_restores"] = self.gpu.restores
-            out["gpu_cache_hits"] = self.gpu.hits
+            if self._real_gpu:
+                st = self.gpu.stats()
+                out["gpu_restores"], out["gpu_cache_hits"], out["gpu_evictions"] = st["misses"], st["hits"], st["evictions"]
+            else:
+                out["gpu_restores"], out["gpu_cache_hits"] = self.gpu.restores, self.gpu.hits
         return out
 
 
