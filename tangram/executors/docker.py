@@ -1,0 +1,262 @@
+"""Docker executor: one container per environment (DESIGN.md §5).
+
+* ``create_environment`` starts a detached sandbox container (default image
+  ``tangram-sandbox:latest`` with the host's userland bound read-only, see
+  :mod:`tangram.executors.docker_image`), ``mem_limit`` = the trajectory's
+  memory reservation.
+* Before each exec the container's ``CpusetCpus`` and ``NanoCpus`` are set to
+  the action's cores and quota through the raw update endpoint (the SDK's
+  ``update`` lacks ``nano_cpus``); skipped when they already match (the
+  common case of a trajectory whose consecutive actions get the same cores).
+* The command runs through the low-level exec API in a worker thread.
+  Killing the exec's client side leaves the process running, so the action's
+  processes are marked *inside* the container: the exec's environment holds
+  ``TANGRAM_ACTION_TOKEN=<unique token>``, which every descendant inherits
+  (also one that escaped its session with ``setsid``, which a pid file or a
+  process group would miss). On timeout or cancel a second exec signals every
+  process whose ``/proc/<pid>/environ`` holds the token (SIGTERM, then
+  SIGKILL after ``kill_grace_s``), and the call returns only once the first
+  exec has ended. The wrapper does the same with SIGKILL when the command
+  exits normally, so whatever it left in the background does not keep
+  running on cores that are free again.
+* PID 1 of the container is a bash loop that reaps orphans (the image has no
+  init): killed processes do not pile up as zombies.
+
+``docker`` is imported lazily; the core never imports it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from typing import Any, Mapping
+
+from tangram.executors.base import (
+    FAILED,
+    SUCCEEDED,
+    TIMEOUT,
+    EnvironmentExecutor,
+    ExecResult,
+    Placement,
+)
+from tangram.executors.docker_image import SANDBOX_IMAGE, SANDBOX_LABEL, ensure_image, sandbox_run_kwargs, update_cpus
+
+log = logging.getLogger(__name__)
+
+ENV_LABEL = "org.arl-tangram.env"
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+# Every process of an action carries TANGRAM_ACTION_TOKEN=<token> in its
+# environment (set on the exec, inherited by all descendants, even one that
+# left the session with setsid): that is how the action's processes are found
+# inside the container to kill them. `grep -lzx` lists the /proc/<pid>/environ
+# files holding the token; pids are the path's middle part.
+_MARKED = (r'''for f in $(grep -lzx "TANGRAM_ACTION_TOKEN=$tok" /proc/[0-9]*/environ 2>/dev/null); do '''
+           r'''p=${f#/proc/}; p=${p%/environ}; [ "$p" != "$$" ] && kill -$sig $p 2>/dev/null; done''')
+
+# $0 = the command, $1 = the token. Runs the command, then kills whatever it
+# left running (background jobs, daemons) so the action's cores are free.
+# The wrapper itself is not marked (its exec carries "<token>.w"): a kill
+# leaves it alive to reap its child and end the exec cleanly; killing the
+# exec's own process first makes the Docker Engine wait seconds on the
+# orphaned output pipes before it serves the next exec.
+WRAPPER = "TANGRAM_ACTION_TOKEN=$1 bash -c \"$0\"\nrc=$?\ntok=$1; sig=KILL\n" + _MARKED + "\nexit $rc\n"
+
+# PID 1 of a sandbox: sleeps, and reaps the orphans a kill leaves behind (bash
+# reaps any child in its SIGCHLD handler). The image has no init, and
+# docker-init is not installed everywhere; ``sleep infinity`` would keep zombies.
+REAPER = ["/bin/bash", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done']
+
+# $1 = the token, $2 = the signal: signal every process of the action.
+# With KILL a second pass catches a child forked while the first one ran.
+KILLER = "tok=$1; sig=$2\n" + _MARKED + "\n[ $sig = KILL ] && { " + _MARKED + "; }\nexit 0\n"
+
+
+class DockerExecutor(EnvironmentExecutor):
+    """Sandbox containers on one Docker Engine endpoint (several nodes = several executors)."""
+
+    name = "docker"
+
+    def __init__(self, client: Any = None, *, base_url: str | None = None, image: str = SANDBOX_IMAGE,
+                 kill_grace_s: float = 0.5, max_pool_size: int = 64, max_output_bytes: int = 8 << 20,
+                 name_prefix: str = "tangram-", run_kwargs: Mapping[str, Any] | None = None):
+        if not kill_grace_s >= 0:
+            raise ValueError(f"kill_grace_s: must be >= 0, got {kill_grace_s!r}")
+        if not isinstance(image, str) or not image:
+            raise ValueError(f"image: must be a non-empty image name, got {image!r}")
+        self._client = client
+        self._own_client = client is None
+        self.base_url = base_url
+        self.image = image
+        self.kill_grace_s = float(kill_grace_s)
+        self.max_pool_size = int(max_pool_size)
+        self.max_output_bytes = int(max_output_bytes)
+        self.name_prefix = name_prefix
+        self.run_kwargs = dict(run_kwargs or {})
+        self._envs: dict[str, str] = {}  # env id -> container id
+        self._cpus: dict[str, tuple[str, int]] = {}  # container id -> (cpuset, nano cpus) last set
+        self._images_checked: set[str] = set()
+        self._seq = 0
+
+    # ------------------------------------------------------------------ #
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker  # lazy: the ``docker`` extra is optional
+
+            if self.base_url:
+                self._client = docker.DockerClient(base_url=self.base_url, max_pool_size=self.max_pool_size)
+            else:
+                self._client = docker.from_env(max_pool_size=self.max_pool_size)
+        return self._client
+
+    def container_id(self, env_id: str) -> str:
+        cid = self._envs.get(env_id)
+        if cid is None:
+            raise ValueError(f"env_id: unknown environment {env_id!r} (call create_environment first)")
+        return cid
+
+    async def create_environment(self, env_id: str, *, image: str | None = None, memory_mb: int = 0,
+                                 labels: Mapping[str, str] | None = None) -> None:
+        if not isinstance(env_id, str) or not env_id or _SAFE.search(env_id):
+            raise ValueError(f"env_id: must be a non-empty name of [A-Za-z0-9_.-], got {env_id!r}")
+        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 0:
+            raise ValueError(f"memory_mb: must be a non-negative integer, got {memory_mb!r}")
+        if env_id in self._envs:
+            return
+        cid = await asyncio.to_thread(self._create, env_id, image or self.image, memory_mb, dict(labels or {}))
+        self._envs[env_id] = cid
+
+    def _create(self, env_id: str, image: str, memory_mb: int, labels: dict[str, str]) -> str:
+        client = self.client
+        if image == SANDBOX_IMAGE and image not in self._images_checked:
+            ensure_image(client, image)
+            self._images_checked.add(image)
+        kw = {"command": REAPER, **self.run_kwargs}
+        kw.update(image=image, name=f"{self.name_prefix}{env_id}-{uuid.uuid4().hex[:8]}",
+                  labels={SANDBOX_LABEL: "1", ENV_LABEL: env_id, **labels})
+        if memory_mb:
+            kw["mem_limit"] = f"{memory_mb}m"
+        container = client.containers.run(**sandbox_run_kwargs(**kw))
+        return container.id
+
+    async def destroy_environment(self, env_id: str) -> None:
+        cid = self._envs.pop(env_id, None)
+        if cid is None:
+            return
+        self._cpus.pop(cid, None)
+        await asyncio.to_thread(self._remove, cid)
+
+    def _remove(self, cid: str) -> None:
+        import docker
+
+        try:
+            self.client.api.remove_container(cid, force=True)
+        except docker.errors.NotFound:
+            pass
+
+    async def close(self) -> None:
+        for env_id in list(self._envs):
+            await self.destroy_environment(env_id)
+        if self._own_client and self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ------------------------------------------------------------------ #
+    # exec
+
+    async def exec(self, env_id: str, command: str, placement: Placement, *, timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        cid = self.container_id(env_id)
+        if not isinstance(command, str):
+            raise ValueError(f"command: must be a string, got {type(command).__name__}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s: must be positive, got {timeout_s!r}")
+        cores = list(placement.cores)
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in cores):
+            raise ValueError(f"placement.cores: core ids must be non-negative integers, got {cores}")
+        if placement.cpu_quota is not None and not placement.cpu_quota > 0:
+            raise ValueError(f"placement.cpu_quota: must be positive, got {placement.cpu_quota!r}")
+        quota = placement.cpu_quota if placement.cpu_quota is not None else (len(cores) or None)
+        details: dict[str, Any] = {"isolation": "docker-cpuset" if cores else "none", "container": cid[:12],
+                                   "cores": cores, "cpu_quota": quota, "dop": placement.dop}
+        t0 = time.perf_counter()
+        if cores:
+            from tangram.managers.cpu import format_cpulist
+
+            want = (format_cpulist(cores), int(round(quota * 1e9)))
+            details["cpu_update"] = self._cpus.get(cid) != want
+            if details["cpu_update"]:
+                await asyncio.to_thread(update_cpus, self.client, cid, cpuset_cpus=want[0], nano_cpus=want[1])
+                self._cpus[cid] = want
+        token = f"{_SAFE.sub('_', placement.action_id)[:40]}.{uuid.uuid4().hex[:12]}"
+        envd = dict(env or {})
+        envd["TANGRAM_DOP"] = str(placement.dop)
+        envd["TANGRAM_ACTION_TOKEN"] = token + ".w"
+        argv = ["bash", "-c", WRAPPER, command, token]
+        run = asyncio.ensure_future(asyncio.to_thread(self._run_exec, cid, argv, envd))
+        status, error = None, None
+        try:
+            await asyncio.wait_for(asyncio.shield(run), timeout_s)
+        except asyncio.TimeoutError:
+            status, error = TIMEOUT, f"killed after {timeout_s:g} s"
+            await self._kill_inside(cid, token, run)
+        except asyncio.CancelledError:
+            # the kill runs to its end even if we are cancelled again
+            await asyncio.shield(asyncio.ensure_future(self._kill_inside(cid, token, run)))
+            raise
+        details["duration_s"] = time.perf_counter() - t0
+        if not run.done():
+            return ExecResult(status=status or FAILED, error=f"{error}; the exec did not end after the kill",
+                              details=details)
+        out, err, rc, exec_id = run.result()
+        details["exec_id"] = exec_id
+        if status is None:
+            status = SUCCEEDED if rc == 0 else FAILED
+            error = None if rc == 0 else f"exit code {rc}"
+        return ExecResult(status=status, exit_code=rc, stdout=out, stderr=err, error=error, details=details)
+
+    def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str]) -> tuple[str, str, int | None, str]:
+        api = self.client.api
+        ex = api.exec_create(cid, argv, environment=envd, workdir="/work", stdout=True, stderr=True)
+        out, err = api.exec_start(ex["Id"], demux=True)
+        rc = api.exec_inspect(ex["Id"]).get("ExitCode")
+        lim = self.max_output_bytes
+        return ((out or b"")[:lim].decode(errors="replace"), (err or b"")[:lim].decode(errors="replace"),
+                rc, ex["Id"])
+
+    def _signal(self, cid: str, token: str, sig: str) -> None:
+        api = self.client.api
+        ex = api.exec_create(cid, ["sh", "-c", KILLER, "killer", token, sig], stdout=True, stderr=True)
+        api.exec_start(ex["Id"])
+
+    async def _kill_inside(self, cid: str, token: str, run: asyncio.Future) -> None:
+        """Kill the action's processes inside the container; return once its exec has ended.
+
+        SIGTERM, then SIGKILL after the grace, repeated until the exec ends
+        (it may have started only after the first kill, when the timeout was
+        shorter than the exec's start-up).
+        """
+        try:
+            await asyncio.to_thread(self._signal, cid, token, "TERM")
+            await asyncio.wait_for(asyncio.shield(run), self.kill_grace_s)
+            return
+        except asyncio.TimeoutError:
+            pass
+        except Exception:  # the exec itself failed: nothing left to kill
+            if run.done():
+                return
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            await asyncio.to_thread(self._signal, cid, token, "KILL")
+            try:
+                await asyncio.wait_for(asyncio.shield(run), 1.0)
+                return
+            except asyncio.TimeoutError:
+                continue
+            except Exception:
+                return
+        log.error("docker executor: exec in %s did not end after SIGKILL", cid[:12])
