@@ -519,6 +519,8 @@ class Simulation:
             "lower_bound_mean_act_s": float(lb.mean()),
             "lower_bound_step_time_s": float(np.mean(self.lb_step)) if self.step_times else 0.0,
             "failed": sum(1 for r in recs if r.failed),
+            # failed calls end early (the tool returns an error): the mean over successful ones
+            "mean_act_ok_s": float(np.mean([r.end - r.submit for r in recs if not r.failed])) if recs else 0.0,
             "retries": sum(r.retries for r in recs),
             "by_kind": kinds,
             "by_class": {k: {"actions": v[0], "mean_act_s": v[1] / v[0], "mean_units": v[2] / v[0],

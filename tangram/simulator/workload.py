@@ -8,7 +8,6 @@ cluster, and the parameters of the baselines. Every error names its field.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
