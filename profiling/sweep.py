@@ -159,6 +159,25 @@ def placement_for(action_id: str, dop: int, cores: Sequence[int]):
     return Placement(action_id=action_id, node=None, dop=dop, cores=chosen, cpu_quota=float(len(chosen)))
 
 
+async def copy_workdir(executor, env_id: str, workdir: str) -> None:
+    """Copy ``workdir``'s contents into a container environment's working directory (/work)."""
+    container_id = getattr(executor, "container_id", None)
+    if container_id is None:
+        raise SweepError(env_id, 0, f"executor {executor.name!r} cannot receive a working directory")
+    import io
+    import tarfile
+
+    def put() -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for entry in sorted(os.listdir(workdir)):
+                tar.add(os.path.join(workdir, entry), arcname=entry)
+        if not executor.client.api.put_archive(container_id(env_id), "/work", buf.getvalue()):
+            raise OSError(f"could not copy {workdir} into the container")
+
+    await asyncio.to_thread(put)
+
+
 def shell_in(workdir: str | None, command: str) -> str:
     return command if workdir is None else f"cd {shlex.quote(workdir)} && {command}"
 
@@ -216,6 +235,8 @@ async def sweep(
             try:
                 await executor.create_environment(env_id, image=spec.image, labels={"tangram.profile": spec.name})
                 try:
+                    if spec.image is not None and spec.workdir is not None:
+                        await copy_workdir(executor, env_id, spec.workdir)
                     warm_dop = points[0][0] if not spec.dops else max(spec.dop_list())
                     for w in range(spec.warmups):
                         _describe(progress, task, f"{spec.name}: warm-up {w + 1}/{spec.warmups} (dop {warm_dop})")
@@ -228,6 +249,7 @@ async def sweep(
                                     "fingerprint": spec.fingerprint(), "command": spec.command,
                                     "workdir": spec.workdir, "image": spec.image, "cores": len(cores),
                                     "isolation": (res.details or {}).get("isolation"),
+                                    "load1": _load1(),
                                     "at": time.time()})
                         out.measured_now += 1
                         if on_point is not None:
@@ -237,11 +259,20 @@ async def sweep(
                     await executor.destroy_environment(env_id)
             except SweepError as exc:
                 out.error = exc
-                if progress is not None and task is not None:
-                    progress.update(task, total=max(progress.tasks[task].completed, 0) + sum(
-                        len(pending[s.name]) for s in specs[specs.index(spec) + 1:]))
+                if progress is not None and task is not None:  # the failed class's points will not come
+                    later = specs[specs.index(spec) + 1:]
+                    progress.update(task, total=next(t.completed for t in progress.tasks if t.id == task) + sum(
+                        len(pending[s.name]) + (s.warmups if pending[s.name] else 0) for s in later))
         out.samples = log.samples(spec)
     return outcomes
+
+
+def _load1() -> float | None:
+    """The 1-minute load average after the run (how shared the machine was)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover
+        return None
 
 
 def _describe(progress, task, text: str) -> None:

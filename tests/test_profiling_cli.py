@@ -174,3 +174,19 @@ def test_usage_errors(tmp_path):
     assert main(["profile", "--name", "x", "--command", "true", "--workdir", str(tmp_path / "missing"),
                  "--out", str(tmp_path / "p.json")]) == 2
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.docker
+def test_docker_image_gets_a_copy_of_the_workdir(tmp_path, docker_client):
+    from tangram.executors.docker_image import SANDBOX_IMAGE
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "marker.txt").write_text("from-the-host\n")
+    out = tmp_path / "p.json"
+    cmd = ("grep -q from-the-host marker.txt && python3 -c \"import os; assert len(os.sched_getaffinity(0)) == "
+           "${parallel_num}, os.sched_getaffinity(0)\"")
+    rc = main(["profile", "--name", "in-docker", "--command", cmd, "--workdir", str(work), "--image", SANDBOX_IMAGE,
+               "--dop", "1,2", "--repeats", "1", "--warmups", "0", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    assert json.loads(out.read_text())["classes"]["in-docker"]["samples"] == 2

@@ -56,7 +56,12 @@ def _run(args) -> int:
     from profiling.pipeline import run_profile
 
     progress = not args.no_progress
-    result = run_profile(config, out, progress=progress, restart=args.restart, err_console=err)
+    try:
+        result = run_profile(config, out, progress=progress, restart=args.restart, err_console=err)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: the samples measured so far are in {out}.samples.jsonl; "
+                  "rerun the same command to resume", highlight=False)
+        return 130
     if result.wrote:
         err.print(f"wrote {out}", highlight=False)
     return result.exit_code
