@@ -1,0 +1,272 @@
+"""A runtime that survives the loss of a node (DESIGN.md §7).
+
+:class:`ClusterRuntime` is :class:`~tangram.runtime.Runtime` plus
+:meth:`node_down` / :meth:`node_up` (called by the health loop, or by hand):
+
+* down: the node's pools leave the policy's view (:class:`~.gate.NodeGate`);
+  its running actions end ``failed`` with ``node X is down: why`` (their
+  executors are wrapped in :class:`NodeGuard`, which stops waiting for a dead
+  node after ``grace_s``); its queued trajectory actions fail the same way;
+  its trajectories' environments are *lost* (their files, processes and
+  memory were on it): their memory reservations and node pins are released,
+  and later actions in them are rejected at submit with
+  :class:`EnvironmentLostError` (field ``environment``). The rest of the
+  cluster keeps serving.
+* up: the pools come back (the books are balanced, nothing was leaked), what
+  was left of the lost environments on the node is removed, and the policy
+  runs again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Mapping
+
+from tangram.core.errors import UnschedulableError
+from tangram.core.model import Action
+from tangram.executors.base import FAILED, EnvironmentExecutor, ExecResult, Placement
+from tangram.runtime import Runtime
+from tangram.scaleout.gate import DownNodes, NodeGate
+
+log = logging.getLogger("tangram.scaleout")
+
+
+class EnvironmentLostError(UnschedulableError):
+    """The trajectory's environment lived on a node that went down: its state is gone."""
+
+
+class NodeSignals:
+    """Per node, an event set when it goes down (a fresh one each time it comes back)."""
+
+    def __init__(self, down: DownNodes):
+        self.down = down
+        self._events: dict[str, asyncio.Event] = {}
+
+    def event(self, node: str) -> asyncio.Event:
+        ev = self._events.get(node)
+        if ev is None:
+            ev = self._events[node] = asyncio.Event()
+            if node in self.down:
+                ev.set()
+        return ev
+
+    def set_down(self, node: str) -> None:
+        self.event(node).set()
+
+    def set_up(self, node: str) -> None:
+        self._events[node] = asyncio.Event()
+
+    def message(self, node: str) -> str:
+        why = self.down.reason(node)
+        return f"node {node!r} is down" + (f": {why}" if why else "")
+
+
+class NodeGuard:
+    """Runs a call against one node, giving up with ``node X is down`` when the node dies."""
+
+    def __init__(self, node: str, signals: NodeSignals, grace_s: float = 2.0):
+        self.node = node
+        self.signals = signals
+        self.grace_s = grace_s
+
+    def down_result(self) -> ExecResult:
+        return ExecResult(status=FAILED, error=self.signals.message(self.node), details={"node_down": True})
+
+    async def race(self, make: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
+        ev = self.signals.event(self.node)
+        if ev.is_set():
+            return self.down_result()
+        task = asyncio.ensure_future(make())
+        downw = asyncio.ensure_future(ev.wait())
+        try:
+            await asyncio.wait({task, downw}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            downw.cancel()
+            task.cancel()
+            # the executor kills what it started before returning; wait for that (bounded if the node dies)
+            await asyncio.wait({task}, timeout=None if not ev.is_set() else self.grace_s)
+            raise
+        if task.done():
+            downw.cancel()
+            return task.result()
+        # the node died mid-action: let the executor try to clean up, but never hang on a dead node
+        task.cancel()
+        await asyncio.wait({task}, timeout=self.grace_s)
+        if not task.done():
+            task.add_done_callback(_swallow)
+        else:
+            _swallow(task)
+        return self.down_result()
+
+
+def _swallow(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: no "exception was never retrieved" noise for an abandoned call
+
+
+class GuardedEnvExecutor(EnvironmentExecutor):
+    """An environment executor of one node that fails fast while the node is down."""
+
+    def __init__(self, inner: EnvironmentExecutor, guard: NodeGuard):
+        self.inner = inner
+        self.guard = guard
+        self.name = f"{getattr(inner, 'name', 'env')}@{guard.node}"
+        self.orphans: set[str] = set()  # environments to remove from the node once it is back
+
+    async def create_environment(self, env_id: str, **kw: Any) -> None:
+        if self.guard.signals.event(self.guard.node).is_set():
+            raise RuntimeError(self.guard.signals.message(self.guard.node))
+        await self.inner.create_environment(env_id, **kw)
+
+    async def destroy_environment(self, env_id: str) -> None:
+        if self.guard.signals.event(self.guard.node).is_set():
+            self.orphans.add(env_id)  # the node cannot be asked now; clean it when it returns
+            return
+        await self.inner.destroy_environment(env_id)
+
+    async def exec(self, env_id: str, command: str, placement: Placement, *, timeout_s: float | None = None,
+                   env: Mapping[str, str] | None = None) -> ExecResult:
+        return await self.guard.race(lambda: self.inner.exec(env_id, command, placement, timeout_s=timeout_s, env=env))
+
+    async def cleanup_orphans(self) -> None:
+        for env_id in list(self.orphans):
+            self.orphans.discard(env_id)
+            try:
+                await self.inner.destroy_environment(env_id)
+            except Exception as exc:  # noqa: BLE001 - best effort: the node may have lost it already
+                log.warning("node %s: removing lost environment %s failed: %s", self.guard.node, env_id, exc)
+
+    async def close(self) -> None:
+        if self.guard.signals.event(self.guard.node).is_set():
+            return  # a dead endpoint would only make shutdown hang
+        await self.inner.close()
+
+
+class GuardedModelRunner:
+    """A GPU node's model executor that fails fast while the node is down."""
+
+    def __init__(self, inner: Any, guard: NodeGuard):
+        self.inner = inner
+        self.guard = guard
+
+    async def run(self, action: Action, placement: Placement, *, timeout_s: float | None = None) -> ExecResult:
+        return await self.guard.race(lambda: self.inner.run(action, placement, timeout_s=timeout_s))
+
+    async def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            r = close()
+            if asyncio.iscoroutine(r):
+                await r
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class ClusterRuntime(Runtime):
+    """A :class:`Runtime` over several nodes, any of which may go down and come back.
+
+    The engine's managers must be :class:`NodeGate` wrappers sharing ``down``
+    (see :func:`tangram.scaleout.gate.gate_all`).
+    """
+
+    def __init__(self, engine: Any, *, down: DownNodes, grace_s: float = 2.0, **kw: Any):
+        for m in engine.managers:
+            if not isinstance(m, NodeGate) or m.down is not down:
+                raise ValueError("ClusterRuntime: every manager of the engine must be a NodeGate sharing `down`")
+        self.down = down
+        self.signals = NodeSignals(down)
+        env_executors = {node: ex if isinstance(ex, GuardedEnvExecutor)
+                         else GuardedEnvExecutor(ex, NodeGuard(node, self.signals, grace_s))
+                         for node, ex in dict(kw.pop("env_executors", None) or {}).items()}
+        mex = kw.pop("model_executors", None)
+        if isinstance(mex, Mapping):
+            mex = {node: GuardedModelRunner(ex, NodeGuard(node, self.signals, grace_s)) for node, ex in mex.items()}
+        super().__init__(engine, env_executors=env_executors, model_executors=mex, **kw)
+        self.lost: dict[str, tuple[str, str]] = {}  # environment -> (node, why)
+        self.monitor: Any = None
+        self._bg: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ #
+
+    def submit(self, action: Action, *, received_at: float | None = None) -> str:
+        t = action.trajectory
+        if t is not None and t in self.lost:
+            node, why = self.lost[t]
+            raise EnvironmentLostError(
+                "environment",
+                f"environment {t!r} lived on node {node!r}, which went down ({why}); its files and "
+                f"processes are gone: delete it and create a new environment")
+        return super().submit(action, received_at=received_at)
+
+    async def delete_environment(self, env_id: str) -> None:
+        await super().delete_environment(env_id)
+        self.lost.pop(env_id, None)
+
+    def node_down(self, node: str, reason: str = "stopped answering") -> bool:
+        """Take ``node`` out of service; False if it was already down."""
+        if not self.down.mark_down(node, reason):
+            return False
+        self.signals.set_down(node)  # running actions on it end `failed` through their guards
+        msg = self.signals.message(node)
+        eng = self.engine
+        for aid, rec in list(eng.waiting.items()):
+            t = rec.action.trajectory
+            if t is not None and eng.placement.get(t) == node:
+                self._fail_queued(aid, msg)
+        for t, n in list(eng.placement.items()):
+            if n == node:
+                self.lost[t] = (node, reason)
+                self._launch(eng.close_trajectory(t))  # its memory reservation and pin go
+        log.warning("%s; %d environment(s) lost", msg, sum(1 for n, _ in self.lost.values() if n == node))
+        return True
+
+    def node_up(self, node: str) -> bool:
+        """Put ``node`` back in service; False if it was not down."""
+        if not self.down.mark_up(node):
+            return False
+        self.signals.set_up(node)
+        ex = self.env_executors.get(node)
+        if isinstance(ex, GuardedEnvExecutor) and ex.orphans:
+            task = asyncio.get_running_loop().create_task(ex.cleanup_orphans())
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        log.warning("node %r is back", node)
+        self._launch(self.engine.tick())
+        return True
+
+    def _fail_queued(self, action_id: str, error: str) -> None:
+        job = self._jobs.get(action_id)
+        started = self.engine.cancel(action_id)
+        rec = self.engine.finished.get(action_id)
+        if rec is not None:
+            rec.state = FAILED
+        if job is not None and job.outcome is None:
+            self._finish(job, ExecResult(status=FAILED, error=error, details={"node_down": True}), None, 0.0)
+        self._launch(started)
+
+    # ------------------------------------------------------------------ #
+
+    def start_health(self, probes: Mapping[str, Callable[[], Awaitable[None]]], *, interval_s: float = 1.0,
+                     timeout_s: float = 2.0, failures: int = 2) -> Any:
+        from tangram.scaleout.health import HealthMonitor
+
+        self.monitor = HealthMonitor(probes, on_down=self.node_down, on_up=self.node_up,
+                                     interval_s=interval_s, timeout_s=timeout_s, failures=failures)
+        self.monitor.start()
+        return self.monitor
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["nodes_down"] = {n: self.down.reason(n) for n in self.down}
+        out["environments_lost"] = len(self.lost)
+        return out
+
+    async def close(self) -> None:
+        if self.monitor is not None:
+            await self.monitor.close()
+        for t in list(self._bg):
+            t.cancel()
+        await super().close()

@@ -1,0 +1,181 @@
+"""CPU nodes as Docker Engine endpoints: clients, topology discovery, health probe.
+
+An endpoint is ``unix:///path``, ``tcp://host:2376`` (TLS when certificates
+are given: the Docker daemon's ``--tlsverify`` set-up) or ``ssh://user@host``
+(the ``ssh`` binary, so no paramiko is needed). The node's topology comes
+from the engine itself, because the control plane runs elsewhere:
+
+* ``docker info``: ``NCPU`` and ``MemTotal`` (the whole machine);
+* a short-lived probe container (the sandbox image, no network) reading
+  ``/proc/self/status`` ``Cpus_allowed_list`` (the cores a container may use
+  there: a daemon restricted by a cpuset gives fewer than NCPU) and
+  ``/sys/devices/system/node/node*/cpulist`` (the NUMA domains).
+
+Whatever the config gives (cores, memory, NUMA) wins over what is found.
+``docker`` is imported lazily.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from tangram.managers.cpu import CpuNode, parse_cpulist
+
+log = logging.getLogger("tangram.scaleout.docker")
+
+# prints "cpus <list>" then "numa <i> <list>" per NUMA domain; `|| true`: a machine without sysfs NUMA
+PROBE_SCRIPT = r"""sed -n 's/^Cpus_allowed_list:[[:space:]]*/cpus /p' /proc/self/status
+for f in /sys/devices/system/node/node[0-9]*/cpulist; do
+  [ -r "$f" ] || continue
+  n=${f%/cpulist}; n=${n##*/node}
+  echo "numa $n $(cat "$f")"
+done || true
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class DockerTls:
+    """Client certificates for a ``tcp://`` endpoint of a ``--tlsverify`` daemon."""
+
+    ca_cert: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    verify: bool = True
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any] | None) -> "DockerTls | None":
+        if not m:
+            return None
+        unknown = set(m) - {"ca_cert", "client_cert", "client_key", "verify"}
+        if unknown:
+            raise ValueError(f"tls.{sorted(unknown)[0]}: unknown field (ca_cert, client_cert, client_key, verify)")
+        if bool(m.get("client_cert")) != bool(m.get("client_key")):
+            raise ValueError("tls: client_cert and client_key go together")
+        return cls(m.get("ca_cert"), m.get("client_cert"), m.get("client_key"), bool(m.get("verify", True)))
+
+
+def client_kwargs(endpoint: str, *, tls: DockerTls | None = None, timeout: float = 60.0,
+                  max_pool_size: int = 64) -> dict[str, Any]:
+    """Keyword arguments of ``docker.DockerClient`` for ``endpoint`` (pure: testable without docker)."""
+    if not isinstance(endpoint, str) or "://" not in endpoint:
+        raise ValueError(f"endpoint: a Docker endpoint URL (unix://, tcp://, ssh://), got {endpoint!r}")
+    scheme = endpoint.split("://", 1)[0]
+    kw: dict[str, Any] = {"base_url": endpoint, "timeout": timeout, "max_pool_size": max_pool_size}
+    if tls is not None:
+        if scheme not in ("tcp", "https"):
+            raise ValueError(f"tls: only a tcp:// endpoint uses TLS, got {endpoint!r}")
+        kw["tls"] = tls
+    if scheme == "ssh":
+        kw["use_ssh_client"] = True  # the system ssh (keys, agent, known_hosts); no paramiko
+    return kw
+
+
+def make_client(endpoint: str, *, tls: DockerTls | None = None, timeout: float = 60.0,
+                max_pool_size: int = 64) -> Any:
+    import docker  # lazy: the ``docker`` extra
+
+    kw = client_kwargs(endpoint, tls=tls, timeout=timeout, max_pool_size=max_pool_size)
+    if kw.get("tls") is not None:
+        t: DockerTls = kw["tls"]
+        cert = (t.client_cert, t.client_key) if t.client_cert else None
+        kw["tls"] = docker.tls.TLSConfig(client_cert=cert, ca_cert=t.ca_cert,
+                                         verify=(t.ca_cert or True) if t.verify else False)
+    return docker.DockerClient(**kw)
+
+
+def parse_probe(text: str) -> tuple[list[int], list[list[int]]]:
+    """The probe's output -> (allowed cores, NUMA domains as found)."""
+    cores: list[int] = []
+    numa: list[tuple[int, list[int]]] = []
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) >= 2 and parts[0] == "cpus":
+            cores = parse_cpulist(parts[1])
+        elif len(parts) == 3 and parts[0] == "numa" and parts[1].isdigit():
+            numa.append((int(parts[1]), parse_cpulist(parts[2])))
+    return cores, [d for _, d in sorted(numa)]
+
+
+def topology(name: str, ncpu: int, mem_total: int, probe_out: str | None, *,
+             cores: Sequence[int] | None = None, memory_mb: int | None = None,
+             numa: Sequence[Sequence[int]] | None = None) -> CpuNode:
+    """Merge what the engine said with what the config gives (the config wins)."""
+    found_cores, found_numa = parse_probe(probe_out or "")
+    if cores is None or not list(cores):
+        cores = found_cores or list(range(ncpu))
+    usable = set(cores)
+    if numa is None or not list(numa):
+        doms = [[c for c in d if c in usable] for d in found_numa]
+        doms = [d for d in doms if d]
+        rest = sorted(usable - {c for d in doms for c in d})
+        if rest:
+            doms.append(rest)
+        numa = doms
+    if memory_mb is None or memory_mb <= 0:
+        memory_mb = int(mem_total) // (1 << 20)
+    node = CpuNode(name=name, cores=tuple(sorted(usable)), numa=tuple(tuple(sorted(d)) for d in numa),
+                   memory_mb=int(memory_mb))
+    node.validate(f"docker node {name!r}")
+    return node
+
+
+def discover(client: Any, name: str, *, cores: Sequence[int] | None = None, memory_mb: int | None = None,
+             numa: Sequence[Sequence[int]] | None = None, image: str | None = None,
+             probe: bool = True) -> CpuNode:
+    """The node behind ``client`` as a :class:`CpuNode` (blocking: call in a thread)."""
+    info = client.info()
+    out = None
+    if probe:
+        from tangram.executors.docker_image import SANDBOX_IMAGE, ensure_image, sandbox_run_kwargs
+
+        img = image or SANDBOX_IMAGE
+        if img == SANDBOX_IMAGE:
+            ensure_image(client, img)  # no registry here: the sandbox image is imported locally
+        try:
+            raw = client.containers.run(**sandbox_run_kwargs(image=img, command=["sh", "-c", PROBE_SCRIPT],
+                                                             detach=False, remove=True, stdout=True,
+                                                             stderr=False, labels={"org.arl-tangram.probe": "1"}))
+            out = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        except Exception as exc:  # noqa: BLE001 - the probe refines, `docker info` suffices
+            log.warning("docker node %s: topology probe failed (%s); using docker info only", name, exc)
+    return topology(name, int(info.get("NCPU") or 0), int(info.get("MemTotal") or 0), out,
+                    cores=cores, memory_mb=memory_mb, numa=numa)
+
+
+async def discover_async(client: Any, name: str, **kw: Any) -> CpuNode:
+    return await asyncio.to_thread(discover, client, name, **kw)
+
+
+class DockerPing:
+    """Health probe of one endpoint: ``/_ping`` on a client of its own with a short timeout."""
+
+    def __init__(self, endpoint: str, *, tls: DockerTls | None = None, timeout_s: float = 2.0):
+        self.endpoint = endpoint
+        self.tls = tls
+        self.timeout_s = timeout_s
+        self._client: Any = None
+
+    def _ping(self) -> None:
+        if self._client is None:
+            self._client = make_client(self.endpoint, tls=self.tls, timeout=self.timeout_s, max_pool_size=2)
+        try:
+            self._client.ping()
+        except Exception:
+            # a fresh connection next time (the daemon may come back on the same socket)
+            client, self._client = self._client, None
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+
+    async def __call__(self) -> None:
+        await asyncio.to_thread(self._ping)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

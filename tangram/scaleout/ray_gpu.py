@@ -1,0 +1,271 @@
+"""GPU nodes as Ray actors (DESIGN.md §7): one actor per GPU node, holding that node's service cache.
+
+Split of the EOE work: the control plane keeps the *books* (the
+:class:`~tangram.managers.gpu.GpuManager`: buddy chunks, which service is
+resident where, LRU), because the policy reads them every round; the node
+holds the *state* (:class:`GpuNodeHost`: the resident services in device
+memory, the restores and evictions, the model runs). Each action ships the
+manager's :class:`~tangram.managers.service_cache.CacheDecision` to its
+node's host, which carries it out and reports whether it restored.
+
+The host runs the simulated GPU executor (memory capacity, restore
+bandwidth, batch latency; no torch needed), so a cluster can be exercised
+on machines without GPUs. It runs
+
+* as a Ray actor (``num_gpus`` = the node's GPUs, or a custom resource
+  standing in for GPUs, e.g. ``{"tangram_gpu": 4}``; placed by Ray), on an
+  existing cluster (``address: auto`` or ``ray://head:10001``), with
+  ``max_restarts=-1``: when its Ray node dies, Ray restarts it wherever the
+  resources reappear (the node returns), fresh and empty;
+* or in this process when no cluster is configured (no Ray import at all).
+
+A host restarted empty may be told "hit" for a service its books still
+think resident; it then restores it (self-healing; the books are only ever
+more conservative than the devices, so this never overflows memory).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from tangram.core.model import Action
+from tangram.executors.base import FAILED, SUCCEEDED, TIMEOUT, ExecResult, Placement
+from tangram.managers.service_cache import CacheDecision, ModelSpec, parse_service
+
+log = logging.getLogger("tangram.scaleout.ray")
+
+ACTOR_PREFIX = "tangram-gpu-"
+
+
+class GpuNodeHost:
+    """One GPU node's executing side: resident services, restores, evictions, runs."""
+
+    def __init__(self, node: str, num_gpus: int, memory_mb_per_gpu: int, models: Sequence[ModelSpec] = (),
+                 sim: Mapping[str, Any] | None = None):
+        from tangram.executors.simulated_gpu import SimGpuParams, SimulatedGpuExecutor
+
+        self.node = node
+        self.models = {m.name: m for m in models}
+        self.sim = SimulatedGpuExecutor(num_gpus, SimGpuParams(memory_mb_per_gpu=memory_mb_per_gpu, **dict(sim or {})))
+        self.started_at = time.time()
+        self.runs = 0
+
+    async def ping(self) -> dict[str, Any]:
+        return {"node": self.node, "where": _where(), "resident": self.sim.resident(), "runs": self.runs,
+                "started_at": self.started_at}
+
+    async def execute(self, decision: CacheDecision, payload: Mapping[str, Any]) -> dict[str, Any]:
+        d = decision
+        healed = False
+        if d.service is not None and d.hit and (d.service, d.chunk.start) not in self.sim.resident():
+            # this host restarted empty (its node came back) while the books kept the service: restore it
+            model, dop = parse_service(d.service)
+            spec = self.models.get(model)
+            d = dataclasses.replace(d, hit=False, evict=(),
+                                    restore_mb_per_device=spec.mb_per_device(dop) if spec else 0)
+            healed = True
+        inputs = payload.get("inputs")
+        n = len(inputs) if isinstance(inputs, (list, tuple)) else 1
+        exec_s = payload.get("exec_s")
+        t = await self.sim.execute(d, n, exec_s=float(exec_s) if isinstance(exec_s, (int, float)) else None)
+        self.runs += 1
+        return {"node": self.node, "where": _where(), "service": d.service, "hit": t.hit, "healed": healed,
+                "restored": (not decision.hit) and d.service is not None, "restore_s": t.restore_s,
+                "exec_s": t.exec_s, "evicted": list(t.evicted), "n": n}
+
+
+def _where() -> str:
+    """The Ray node id this runs on (or ``local``)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001
+        pass
+    return "local"
+
+
+# ---------------------------------------------------------------------- #
+# handles: the same calls on an in-process host or a Ray actor
+
+
+class LocalHandle:
+    def __init__(self, host: GpuNodeHost):
+        self.host = host
+
+    async def call(self, method: str, *args: Any) -> Any:
+        return await getattr(self.host, method)(*args)
+
+    async def ping(self) -> None:
+        await self.host.ping()
+
+    def kill(self) -> None:
+        pass
+
+
+class RayHandle:
+    def __init__(self, actor: Any, name: str):
+        self.actor = actor
+        self.name = name
+
+    async def call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        ref = getattr(self.actor, method).remote(*args)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # the host's coroutine is cancelled too: a half restore is undone there
+            raise
+
+    async def ping(self) -> None:
+        await self.call("ping")
+
+    def kill(self) -> None:
+        import ray
+
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+# ---------------------------------------------------------------------- #
+# the model executor the runtime calls
+
+
+class RemoteGpuRunner:
+    """``run(action, placement)`` for one GPU node: lease from the books, execute on the host, confirm."""
+
+    def __init__(self, manager: Any, handle: LocalHandle | RayHandle, node: str):
+        self.manager = manager
+        self.handle = handle
+        self.node = node
+        self.pool = f"gpu@{node}"
+
+    async def run(self, action: Action, placement: Placement, *, timeout_s: float | None = None) -> ExecResult:
+        decision = self.manager.lease(self.pool, action.id)
+        if decision is None:
+            raise RuntimeError(f"{action.id} holds no lease on {self.pool}")
+        p = action.payload
+        payload = {k: p[k] for k in ("model", "op", "inputs", "tokens", "exec_s") if k in p}
+        try:
+            res = await asyncio.wait_for(self.handle.call("execute", decision, payload), timeout_s)
+        except asyncio.TimeoutError:
+            return ExecResult(status=TIMEOUT, error=f"no result within {timeout_s:g} s")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a dead actor / node: the guard usually answers first
+            if _is_ray_death(exc):
+                return ExecResult(status=FAILED, error=f"node {self.node!r} is down: {type(exc).__name__}",
+                                  details={"node_down": True})
+            raise
+        if res.get("restored"):
+            # only now is the service resident in the books (a cancelled restore is forgotten by `end`)
+            self.manager.restored(self.pool, action.id, float(res.get("restore_s") or 0.0))
+        return ExecResult(status=SUCCEEDED, output=res,
+                          details={"exec_s": float(res["exec_s"]) + float(res["restore_s"]),
+                                   "restored": res.get("restored"), "restore_s": res.get("restore_s")})
+
+
+def _is_ray_death(exc: BaseException) -> bool:
+    return type(exc).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError",
+                                  "NodeDiedError", "WorkerCrashedError", "ActorUnschedulableError")
+
+
+# ---------------------------------------------------------------------- #
+# building the hosts
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHostConfig:
+    """Where GPU node hosts run. ``address`` None: in this process, without Ray."""
+
+    address: str | None = None  # "auto", "ray://head:10001", "host:6379"
+    namespace: str = "tangram"
+    resource: str = "GPU"  # "GPU" -> num_gpus; anything else is a custom resource
+    sim: Mapping[str, Any] = field(default_factory=dict)  # SimGpuParams fields but memory_mb_per_gpu
+    init_kwargs: Mapping[str, Any] = field(default_factory=dict)  # extra ray.init arguments
+
+
+class GpuHosts:
+    """Starts one host per GPU node (Ray actors or in-process) and closes them."""
+
+    def __init__(self, config: GpuHostConfig):
+        self.config = config
+        self.handles: dict[str, LocalHandle | RayHandle] = {}
+        self._connected_here = False
+
+    def connect(self) -> None:
+        if self.config.address is None:
+            return
+        import ray  # lazy: the ``ray`` extra
+
+        if not ray.is_initialized():
+            ray.init(address=self.config.address, namespace=self.config.namespace, log_to_driver=False,
+                     **dict(self.config.init_kwargs))
+            self._connected_here = True
+
+    def start(self, node: str, num_gpus: int, memory_mb_per_gpu: int, models: Iterable[ModelSpec]) -> Any:
+        models = list(models)
+        if self.config.address is None:
+            h: Any = LocalHandle(GpuNodeHost(node, num_gpus, memory_mb_per_gpu, models, self.config.sim))
+        else:
+            h = self._start_actor(node, num_gpus, memory_mb_per_gpu, models)
+        self.handles[node] = h
+        return h
+
+    def _start_actor(self, node: str, num_gpus: int, memory_mb_per_gpu: int, models: list[ModelSpec]) -> RayHandle:
+        import ray
+
+        self.connect()
+        name = f"{ACTOR_PREFIX}{node}"
+        try:  # a host left by an earlier service has state our fresh books do not know: replace it
+            ray.kill(ray.get_actor(name, namespace=self.config.namespace), no_restart=True)
+        except ValueError:
+            pass
+        opts: dict[str, Any] = dict(name=name, namespace=self.config.namespace, num_cpus=0,
+                                    max_restarts=-1, max_task_retries=0, max_concurrency=256)
+        if self.config.resource == "GPU":
+            opts["num_gpus"] = num_gpus
+        else:
+            opts["resources"] = {self.config.resource: num_gpus}
+        actor = ray.remote(GpuNodeHost).options(**opts).remote(node, num_gpus, memory_mb_per_gpu, models,
+                                                                dict(self.config.sim))
+        return RayHandle(actor, name)
+
+    async def close(self) -> None:
+        for h in self.handles.values():
+            h.kill()
+        self.handles.clear()
+        if self._connected_here:
+            import ray
+
+            ray.shutdown()
+            self._connected_here = False
+
+
+def build_remote_gpu(nodes: Sequence[Any], hosts: GpuHosts) -> tuple[Any, dict[str, RemoteGpuRunner], set[str]]:
+    """GpuManager + a runner per node for ``GpuNodeConfig``-like nodes (name, gpus, memory_mb_per_gpu, services)."""
+    from tangram.executors.simulated_gpu import SimGpuParams
+    from tangram.managers.gpu import GpuManager, GpuNode
+
+    specs: dict[str, ModelSpec] = {}
+    gnodes = []
+    for n in nodes:
+        for s in n.services:
+            specs.setdefault(s.name, ModelSpec(name=s.name, state_mb=s.state_mb, sharded=s.sharded,
+                                               overhead_mb=s.overhead_mb))
+        mem = n.memory_mb_per_gpu or SimGpuParams().memory_mb_per_gpu
+        gnodes.append(GpuNode(name=n.name, num_gpus=len(n.gpus), memory_mb_per_gpu=mem))
+    manager = GpuManager(gnodes, specs.values())
+    runners = {}
+    for g in gnodes:
+        handle = hosts.start(g.name, g.num_gpus, g.memory_mb_per_gpu, specs.values())
+        runners[g.name] = RemoteGpuRunner(manager, handle, g.name)
+    return manager, runners, set(specs)
