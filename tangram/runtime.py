@@ -55,6 +55,10 @@ class UnknownEnvironmentError(TangramError, KeyError):
         return str(self.args[0]) if self.args else "unknown environment"
 
 
+class ExecutorFailedError(TangramError):
+    """An executor could not do its part outside of any action (e.g. creating an environment)."""
+
+
 class ExecutorMissingError(DemandError):
     """The action's kind has no executor configured (e.g. ``model`` without GPUs)."""
 
@@ -585,6 +589,10 @@ class Runtime:
         if len(nodes) == 1:  # one node: the environment can only live there, make it now
             try:
                 await self._ensure_created(env, nodes[0])
+            except Exception as exc:
+                self._envs.pop(env_id, None)
+                raise ExecutorFailedError(f"creating environment {env_id} on {nodes[0]!r} failed: "
+                                          f"{type(exc).__name__}: {exc}") from exc
             except BaseException:
                 self._envs.pop(env_id, None)
                 raise

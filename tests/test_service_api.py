@@ -118,6 +118,45 @@ async def test_client_disconnect_cancels_the_action():
         assert not [p for p in find_pids(marker) if p != os.getpid()]
 
 
+async def test_client_disconnect_while_queued_cancels_the_action():
+    async with running_service() as svc, svc.client() as c:
+        rt = svc.runtime
+        blocker = await c.submit({"kind": "exec", "command": "sleep 30", "resources": {"cpu": N_CORES}})
+        async with aiohttp.ClientSession() as s:
+            req = asyncio.create_task(s.post(f"{svc.url}/v1/actions", json={"kind": "exec", "command": "true"}))
+            for _ in range(200):
+                if rt.engine.waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(rt.engine.waiting) == 1
+            req.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await req
+        for _ in range(200):
+            if not rt.engine.waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert not rt.engine.waiting and rt.counts.get(("exec", "cancelled")) == 1
+        await c.cancel(blocker)
+        await settle(rt)
+        assert_whole(rt)
+
+
+async def test_environment_creation_failure_is_a_502(monkeypatch):
+    async with running_service() as svc, svc.client() as c:
+        async def broken(*a, **kw):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(svc.runtime.env_executors["local"], "create_environment", broken)
+        with pytest.raises(TangramHTTPError) as e:
+            await c.create_environment()
+        assert e.value.status == 502 and "disk full" in e.value.message
+        assert svc.runtime.environments() == []
+        r = await c.exec(None, "true")  # a one-shot environment fails the action, not the service
+        assert r.status == "failed" and "disk full" in r.error
+        assert_whole(svc.runtime)
+
+
 async def test_killed_process_is_a_failed_action_and_leaks_nothing():
     async with running_service() as svc, svc.client() as c:
         rt = svc.runtime

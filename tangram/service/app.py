@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from tangram.core.errors import DemandError, UnknownActionError, UnschedulableError
-from tangram.runtime import ExecutorMissingError, Runtime, UnknownEnvironmentError
+from tangram.runtime import ExecutorFailedError, ExecutorMissingError, Runtime, UnknownEnvironmentError
 from tangram.service import wire
 from tangram.service.config import ClusterConfig, default_config
 from tangram.service.metrics import ServiceMetrics
@@ -133,6 +133,9 @@ async def _error_middleware(request: web.Request, handler) -> web.StreamResponse
         return _error(400, exc.reason, exc.field)
     except (UnknownEnvironmentError, UnknownActionError) as exc:
         return _error(404, str(exc))
+    except ExecutorFailedError as exc:  # the node's engine (Docker, ...) failed: not the caller's fault
+        log.warning("%s %s: %s", request.method, request.path, exc)
+        return _error(502, str(exc))
     except web.HTTPRequestEntityTooLarge as exc:
         return _error(413, f"request body too large (limit {exc.max_size} bytes)"
                       if hasattr(exc, "max_size") else "request body too large", "body")
