@@ -83,17 +83,32 @@ def make_scorer():
     return torch.nn.Linear(3, 1)
 
 
-async def test_model_actions_on_virtual_gpus():
+def _cuda_devices() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+async def test_model_actions_on_gpus(device):
     pytest.importorskip("torch")
-    cfg = config(gpu_nodes=[{"name": "g0", "gpus": 2, "device": "cpu", "memory_mb_per_gpu": 1024,
+    gpus = 2
+    if device == "cuda":
+        if _cuda_devices() < 1:
+            pytest.skip("no CUDA device")
+        gpus = 2 if _cuda_devices() >= 2 else 1
+    cfg = config(gpu_nodes=[{"name": "g0", "gpus": gpus, "device": device, "memory_mb_per_gpu": 1024,
                              "services": [{"name": "scorer", "options": {"factory": "tests.test_service_kinds:make_scorer"}}]}])
     async with running_service(cfg) as svc, svc.client() as c:
         body = {"kind": "model", "model": "scorer", "op": "score", "inputs": [[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]]}
         r1 = await c.run_action(body)
         assert r1.ok, r1.error
         assert len(r1.output) == 2 and r1.allocation["gpus"] in ([0], [1])
-        r2 = await c.run_action({**body, "resources": {"gpu": 2}})
-        assert r2.ok and r2.allocation["gpus"] == [0, 1] and r2.output == pytest.approx(r1.output)
+        r2 = await c.run_action({**body, "resources": {"gpu": gpus}})
+        assert r2.ok and r2.allocation["gpus"] == list(range(gpus))
+        assert r2.output == pytest.approx(r1.output, rel=1e-4)
         with pytest.raises(TangramHTTPError) as e:
             await c.run_action({**body, "model": "unknown"})
         assert (e.value.status, e.value.field) == (400, "model")
