@@ -155,3 +155,24 @@ def serve(*, token: str | None = None, tmp: str | os.PathLike | None = None, con
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def toy_reward_model():
+    """A served "reward model" for CPU tests (a ``factory`` of a ``gpu_nodes`` service):
+    the score of a text is how many ``!`` it contains (byte-level tokenizer above)."""
+    import torch
+
+    from tangram.executors.torch_gpu import ServedModel
+
+    tok = make_tokenizer()
+    bang = tok.convert_tokens_to_ids("!")
+
+    class CountBangs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, input_ids):
+            return (input_ids == bang).sum(dim=1).to(torch.float32) * self.scale
+
+    return ServedModel(CountBangs(), tokenizer=tok)
