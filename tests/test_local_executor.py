@@ -109,10 +109,14 @@ async def test_cgroup_cores_and_quota_read_back_from_inside(local):
 
 
 @needs_cgroup
-async def test_cgroup_default_quota_is_number_of_cores(local):
+async def test_cgroup_quota_equal_to_cores_needs_no_cpu_group(local):
+    # default quota = number of cores: the exclusive cpuset already bounds it, so no CFS group is made
     r = await local.exec("traj", CGROUP_PROOF, Placement("act-2", "local", dop=len(CORES), cores=tuple(CORES)))
     lines = dict(line.split(None, 1) for line in r.stdout.strip().splitlines())
-    assert lines["quota"] == f"{len(CORES) * 100000} period 100000"
+    assert r.details["cfs_quota"] is False
+    if local.isolation == CGROUP_V1:
+        assert lines["cpu-group"] == "/" and lines["quota"] == "-1 period 100000"
+        assert len(r.details["cgroup"]) == 1  # the cpuset group only
     from tangram.managers.cpu import parse_cpulist
 
     assert parse_cpulist(lines["Cpus_allowed_list:"]) == CORES
@@ -207,13 +211,22 @@ async def test_timeout_kills_sleep_and_children(either):
         assert not os.path.exists(g)
 
 
-@needs_cgroup
-async def test_timeout_kills_even_an_escaped_setsid_child(local):
-    r = await local.exec("traj", "setsid sleep 303 & echo $! > escaped.pid; sleep 304",
-                         Placement("t", "local", dop=1, cores=(CORES[0],)), timeout_s=0.3)
+async def test_timeout_kills_even_an_escaped_setsid_child(either):
+    # found through its cgroup, or through the action token in its environment (affinity mode)
+    r = await either.exec("traj", "setsid sleep 303 & echo $! > escaped.pid; sleep 304",
+                          Placement("t", "local", dop=1, cores=(CORES[0],)), timeout_s=0.3)
     assert r.status == TIMEOUT
-    pid = int(open(os.path.join(local.env_dir("traj"), "escaped.pid")).read())
+    pid = int(open(os.path.join(either.env_dir("traj"), "escaped.pid")).read())
     assert _gone(pid)
+
+
+async def test_escaped_daemon_holding_output_is_killed_after_normal_exit(either):
+    t0 = time.monotonic()
+    r = await either.exec("traj", "setsid sleep 306 & echo $! > daemon.pid; echo done",
+                          Placement("t", "local", dop=1, cores=(CORES[0],)))
+    assert (r.status, r.stdout) == (SUCCEEDED, "done\n")
+    assert time.monotonic() - t0 < 1.5
+    assert _gone(int(open(os.path.join(either.env_dir("traj"), "daemon.pid")).read()))
 
 
 async def test_sigterm_ignoring_command_gets_sigkill(local):

@@ -8,7 +8,10 @@
 
   - ``cgroup-v1`` / ``cgroup-v2``: when the hierarchy is writable, a cpuset
     group (the action's cores) and a cpu group (CFS quota) per action under a
-    ``tangram`` parent, removed after the action. The process joins them
+    ``tangram`` parent, removed after the action. On v1 the cpu group is made
+    only when the quota is below the number of cores (``cpu_quota`` <
+    ``len(cores)``): otherwise the exclusive cpuset already bounds the action
+    and joining the cpu hierarchy would cost one more task migration. The process joins them
     itself before running anything: the command is prefixed with
     ``echo $$ > <group>/cgroup.procs`` (a bash builtin: no extra exec, and no
     window in which the command or a child it forks runs outside the group).
@@ -23,8 +26,10 @@
 
 * A timeout or a cancellation kills the whole process group (SIGTERM, then
   SIGKILL after ``kill_grace_s``) and everything left in the action's cgroup
-  before returning. Background processes left by a command that exited are
-  killed too: after an action its cores are free again.
+  before returning. Without a cgroup, processes that left the process group
+  (``setsid``) are found by ``TANGRAM_ACTION_TOKEN`` in their environment (a
+  /proc scan, only on kill paths). Background processes left by a command
+  that exited are killed too: after an action its cores are free again.
 """
 from __future__ import annotations
 
@@ -86,19 +91,44 @@ def _proc_state(pid: int) -> tuple[str, int] | None:
         return None
 
 
-def _alive(pgid: int, group: "_Group | None") -> bool:
-    """Whether a non-zombie process remains in the action's group or process group.
+def _marked(token: bytes) -> list[int]:
+    """Pids whose environment holds ``TANGRAM_ACTION_TOKEN=<token>``.
 
+    Without a cgroup this is how a descendant that left the process group
+    (``setsid``, a daemon) is still found; only used on kill paths.
+    """
+    needle = b"TANGRAM_ACTION_TOKEN=" + token
+    me = os.getpid()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            out.append(int(d))
+    return out
+
+
+def _alive(pgid: int, group: "_Group | None", token: bytes = b"") -> bool:
+    """Whether a non-zombie process of the action remains.
+
+    With a cgroup: any member (every descendant is one, even after setsid).
+    Without: any process of the process group or carrying the action's token.
     Zombies do not count: they run nothing, and where PID 1 does not reap
     orphans they would otherwise keep ``killpg(pgid, 0)`` succeeding forever.
     """
-    if group is not None:  # every descendant is in the cgroup, even one that called setsid
+    if group is not None:
         pids = group.pids()
     else:
         pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    marked = set(_marked(token)) if (group is None and token) else set()
     for pid in pids:
         st = _proc_state(pid)
-        if st is not None and st[0] not in ("Z", "X") and (group is not None or st[1] == pgid):
+        if st is not None and st[0] not in ("Z", "X") and (group is not None or st[1] == pgid or pid in marked):
             return True
     return False
 
@@ -148,14 +178,22 @@ class _CgroupV1:
         _write(os.path.join(self.cpuset, "cpuset.mems"), self.mems)
 
     def create(self, name: str, cores, quota_cpus: float | None) -> _Group:
-        s, c = os.path.join(self.cpuset, name), os.path.join(self.cpu, name)
-        group = _Group([s, c])
+        """A cpuset group, plus a cpu group only when there is a quota to enforce.
+
+        Joining a v1 hierarchy costs a task migration (~0.1-0.5 ms for cpuset,
+        ~1-2 ms for cpu under load): a CFS quota of at least the number of
+        exclusive cores limits nothing the cpuset does not, so the caller
+        passes None then and the process stays in the root cpu group.
+        """
+        s = os.path.join(self.cpuset, name)
+        c = os.path.join(self.cpu, name) if quota_cpus is not None else None
+        group = _Group([s] + ([c] if c else []))
         os.mkdir(s)
         try:
             _write(os.path.join(s, "cpuset.mems"), self.mems)  # mems before cpus/tasks
             _write(os.path.join(s, "cpuset.cpus"), _cpulist(cores))
-            os.mkdir(c)
-            if quota_cpus is not None:
+            if c is not None:
+                os.mkdir(c)
                 _write(os.path.join(c, "cpu.cfs_period_us"), str(self.period_us))
                 _write(os.path.join(c, "cpu.cfs_quota_us"), str(max(int(quota_cpus * self.period_us), 1000)))
         except BaseException:
@@ -206,6 +244,39 @@ class _CgroupV2:
 
 
 # ---------------------------------------------------------------------- #
+
+class _Tracker:
+    """The processes of one action: its process group, its cgroup, its token."""
+
+    __slots__ = ("pgid", "group", "token")
+
+    def __init__(self, pgid: int, group: _Group | None, token: bytes):
+        self.pgid = pgid
+        self.group = group
+        self.token = token
+
+    def signal(self, sig: int, *, scan: bool) -> bool:
+        """Signal every known process; True if any was there. ``scan``: also
+        the token carriers (a /proc scan, only without a cgroup)."""
+        hit = False
+        if self.pgid:
+            try:
+                os.killpg(self.pgid, sig)
+                hit = True
+            except (ProcessLookupError, PermissionError):
+                pass
+        pids = self.group.pids() if self.group is not None else (_marked(self.token) if scan and self.token else [])
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                hit = True
+            except ProcessLookupError:
+                pass
+        return hit
+
+    def alive(self) -> bool:
+        return _alive(self.pgid, self.group, self.token)
+
 
 class _Collector(asyncio.SubprocessProtocol):
     """Output buffers (capped) and two futures: the leader exited, the pipes closed.
@@ -340,7 +411,7 @@ class LocalExecutor(EnvironmentExecutor):
         for env_id in list(self._envs):
             await self.destroy_environment(env_id)
         for g in list(self._stale):
-            self._kill_group_pids(g, signal.SIGKILL)
+            _Tracker(0, g, b"").signal(signal.SIGKILL, scan=False)
             if self._cg is not None and self._cg.remove(g):
                 self._stale.remove(g)
         if self._own_root:
@@ -372,6 +443,9 @@ class LocalExecutor(EnvironmentExecutor):
         if env:
             penv.update(env)
         penv["TANGRAM_DOP"] = str(placement.dop)
+        self._seq += 1
+        token = f"{self._tag}-{self._seq}"
+        penv["TANGRAM_ACTION_TOKEN"] = token
         isolation = self.isolation if cores else NONE
         details: dict[str, Any] = {"isolation": isolation, "cores": cores, "cpu_quota": quota, "dop": placement.dop}
 
@@ -379,10 +453,12 @@ class LocalExecutor(EnvironmentExecutor):
         group: _Group | None = None
         script = command
         if isolation in (CGROUP_V1, CGROUP_V2):
-            self._seq += 1
-            name = f"{self._tag}-{self._seq}-{_SAFE.sub('_', placement.action_id)[:40]}"
-            group = self._cg.create(name, cores, quota)
+            name = f"{token}-{_SAFE.sub('_', placement.action_id)[:40]}"
+            # a quota >= the exclusive cores adds nothing to the cpuset: no cpu group (one migration less)
+            cfs = quota if quota is not None and quota < len(cores) else None
+            group = self._cg.create(name, cores, cfs)
             details["cgroup"] = group.dirs
+            details["cfs_quota"] = cfs is not None
             script = group.join_prefix() + command
         try:
             transport, proto = await self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None)
@@ -392,6 +468,7 @@ class LocalExecutor(EnvironmentExecutor):
             raise
         pid = transport.get_pid()
         details["pid"] = pid
+        track = _Tracker(pid, group, token.encode())
         log.debug("local exec %s pid %d isolation %s cores %s", placement.action_id, pid, isolation, cores)
         status, error = None, None
         try:
@@ -403,14 +480,14 @@ class LocalExecutor(EnvironmentExecutor):
                 error = None if rc == 0 else f"exit code {rc}"
             except asyncio.TimeoutError:
                 status, error = TIMEOUT, f"killed after {timeout_s:g} s"
-                await self._terminate(pid, proto, group)
+                await self._terminate(track, proto)
         except asyncio.CancelledError:
             try:
-                await self._terminate(pid, proto, group)
+                await self._terminate(track, proto)
             finally:
-                await self._cleanup(pid, transport, proto, group)
+                await self._cleanup(track, transport, proto)
             raise
-        await self._cleanup(pid, transport, proto, group)
+        await self._cleanup(track, transport, proto)
         details["duration_s"] = time.perf_counter() - t0
         rc = transport.get_returncode()
         if group is not None and rc == _JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
@@ -436,64 +513,45 @@ class LocalExecutor(EnvironmentExecutor):
     # ------------------------------------------------------------------ #
     # killing
 
-    @staticmethod
-    def _signal_group(pgid: int, sig: int) -> bool:
+    async def _terminate(self, track: "_Tracker", proto: "_Collector") -> None:
+        """SIGTERM the action's processes, SIGKILL after the grace; returns once the leader has exited."""
         try:
-            os.killpg(pgid, sig)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-
-    @staticmethod
-    def _kill_group_pids(group: _Group | None, sig: int) -> int:
-        if group is None:
-            return 0
-        n = 0
-        for pid in group.pids():
-            try:
-                os.kill(pid, sig)
-                n += 1
-            except ProcessLookupError:
-                pass
-        return n
-
-    async def _terminate(self, pgid: int, proto: "_Collector", group: _Group | None) -> None:
-        """SIGTERM the group, SIGKILL after the grace; returns once the leader has exited."""
-        try:
-            self._signal_group(pgid, signal.SIGTERM)
-            self._kill_group_pids(group, signal.SIGTERM)
+            track.signal(signal.SIGTERM, scan=True)
             try:
                 await asyncio.wait_for(asyncio.shield(proto.exited), self.kill_grace_s)
             except asyncio.TimeoutError:
                 pass
         finally:  # also when cancelled again meanwhile
-            self._signal_group(pgid, signal.SIGKILL)
-            self._kill_group_pids(group, signal.SIGKILL)
+            track.signal(signal.SIGKILL, scan=True)
         await asyncio.shield(proto.exited)
 
-    async def _cleanup(self, pgid: int, transport, proto: "_Collector", group: _Group | None) -> None:
+    async def _cleanup(self, track: "_Tracker", transport, proto: "_Collector") -> None:
         """Kill what the action left behind, wait until it is gone, collect output, remove the group."""
-        # fast path: a command that left nothing costs one killpg returning ESRCH
-        leftovers = self._signal_group(pgid, signal.SIGKILL)
-        leftovers |= self._kill_group_pids(group, signal.SIGKILL) > 0
+        # fast path: a command that left nothing costs one killpg returning ESRCH (no /proc scan)
+        leftovers = track.signal(signal.SIGKILL, scan=False)
+        if not leftovers and track.group is None and not proto.pipes_closed.done():
+            # the leader is gone but its output is still open: an escaped descendant holds it
+            try:
+                await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 0.1)
+            except asyncio.TimeoutError:
+                leftovers = track.signal(signal.SIGKILL, scan=True)
         if leftovers:
             deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and _alive(pgid, group):
-                self._signal_group(pgid, signal.SIGKILL)
-                self._kill_group_pids(group, signal.SIGKILL)
+            while time.monotonic() < deadline and track.alive():
+                track.signal(signal.SIGKILL, scan=True)
                 await asyncio.sleep(0.005)
-        # output ends when the last writer is gone; an escaped daemon may keep a pipe open
+        # output ends when the last writer is gone
         try:
             await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 2.0)
         except asyncio.TimeoutError:
-            log.warning("local executor: output pipes of pid %d still open after the kill", pgid)
+            log.warning("local executor: output pipes of pid %d still open after the kill", track.pgid)
         transport.close()
-        if group is not None:
-            self._remove_group(group)
+        if track.group is not None:
+            self._remove_group(track.group)
 
     def _remove_group(self, group: _Group) -> None:
         if self._cg is not None and not self._cg.remove(group):
-            self._kill_group_pids(group, signal.SIGKILL)
+            _Tracker(0, group, b"").signal(signal.SIGKILL, scan=False)
             if not self._cg.remove(group):
                 log.warning("local executor: cgroup %s still busy, retried at close", group.dirs)
                 self._stale.append(group)
