@@ -167,3 +167,14 @@ def test_engine_grants_cores_and_memory_and_leaks_nothing():
         eng.close_trajectory(t)
     eng.check_invariants()
     assert all(p.free == p.capacity for p in eng.pool_states().values())
+
+
+def test_managers_and_local_executor_import_no_aiohttp_or_docker():
+    import subprocess
+    import sys
+
+    code = ("import sys, tangram.managers.basic, tangram.managers.cpu, tangram.executors.local, "
+            "tangram.executors.http, tangram.executors.docker, tangram.core.engine; "
+            "print(sorted(m for m in ('aiohttp', 'docker') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"  # the executors import their clients lazily

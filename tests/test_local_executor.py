@@ -32,7 +32,6 @@ def _cgroup_writable() -> bool:
 
 
 CGROUPS = _cgroup_writable()
-needs_cgroup = pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy (cpuset + cpu)")
 
 
 @pytest.fixture
@@ -92,7 +91,8 @@ echo "dop $TANGRAM_DOP"
 """
 
 
-@needs_cgroup
+@pytest.mark.cgroup
+@pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy (cpuset + cpu)")
 async def test_cgroup_cores_and_quota_read_back_from_inside(local):
     assert local.isolation in (CGROUP_V1, CGROUP_V2)
     r = await local.exec("traj", CGROUP_PROOF, Placement("act-1", "local", dop=3, cores=(LAST,), cpu_quota=0.5))
@@ -108,7 +108,8 @@ async def test_cgroup_cores_and_quota_read_back_from_inside(local):
     assert all(not os.path.exists(d) for d in r.details["cgroup"])
 
 
-@needs_cgroup
+@pytest.mark.cgroup
+@pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy (cpuset + cpu)")
 async def test_cgroup_quota_equal_to_cores_needs_no_cpu_group(local):
     # default quota = number of cores: the exclusive cpuset already bounds it, so no CFS group is made
     r = await local.exec("traj", CGROUP_PROOF, Placement("act-2", "local", dop=len(CORES), cores=tuple(CORES)))
