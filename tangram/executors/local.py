@@ -170,6 +170,7 @@ class _CgroupV1:
             raise OSError(errno.ENOENT, "no cgroup v1 cpuset and cpu hierarchies")
         self.cpuset = os.path.join(cpuset_root, parent)
         self.cpu = os.path.join(cpu_root, parent)
+        self.parents = (self.cpuset, self.cpu)
         os.makedirs(self.cpuset, exist_ok=True)
         os.makedirs(self.cpu, exist_ok=True)
         # a v1 cpuset child starts empty: give the parent the root's cpus and mems
@@ -224,6 +225,7 @@ class _CgroupV2:
             raise OSError(errno.ENOENT, f"cgroup v2 at {root} lacks cpuset/cpu controllers ({ctrls})")
         _write(os.path.join(root, "cgroup.subtree_control"), "+cpuset +cpu")
         self.parent = os.path.join(root, parent)
+        self.parents = (self.parent,)
         os.makedirs(self.parent, exist_ok=True)
         _write(os.path.join(self.parent, "cgroup.subtree_control"), "+cpuset +cpu")
 
@@ -371,6 +373,7 @@ class LocalExecutor(EnvironmentExecutor):
         for backend in (_CgroupV2, _CgroupV1):
             try:
                 self._cg = backend(self.cgroup_parent, self.cfs_period_us)
+                self._sweep_dead_groups()
                 self.isolation_reason = "cgroup hierarchy writable"
                 log.info("local executor: isolation %s under %r", backend.kind, self.cgroup_parent)
                 return backend.kind
@@ -382,6 +385,24 @@ class LocalExecutor(EnvironmentExecutor):
         log.warning("local executor: cgroups not writable, falling back to sched_setaffinity (%s)",
                     self.isolation_reason)
         return AFFINITY
+
+    _GROUP_NAME = re.compile(r"^p(\d+)-")
+
+    def _sweep_dead_groups(self) -> None:
+        """Remove the action groups of executors whose process died without cleaning up (kill -9)."""
+        for parent in self._cg.parents:
+            try:
+                names = os.listdir(parent)
+            except OSError:
+                continue
+            for name in names:
+                m = self._GROUP_NAME.match(name)
+                if m is None or os.path.exists(f"/proc/{m.group(1)}"):
+                    continue
+                g = _Group([os.path.join(parent, name)])
+                _Tracker(0, g, b"").signal(signal.SIGKILL, scan=False)
+                if self._cg.remove(g):
+                    log.info("local executor: removed the stale cgroup %s", g.dirs[0])
 
     # ------------------------------------------------------------------ #
     # environments
