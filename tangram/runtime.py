@@ -398,6 +398,7 @@ class Runtime:
         exec_s = 0.0
         try:
             placement = self._placement(s)
+            await self._prepare(job, placement)  # environment set-up is overhead, not the action's run
             t0 = self.clock()
             try:
                 result = await self._run_executor(job, s, placement)
@@ -418,7 +419,9 @@ class Runtime:
         if job.env is not None and job.env.oneshot:
             try:
                 await asyncio.shield(self._drop_oneshot(job.env))
-            except BaseException:  # noqa: BLE001 - cleanup must not keep the grants
+            except asyncio.CancelledError:
+                pass  # cancelled again while cleaning up: the grants are released below anyway
+            except Exception:  # noqa: BLE001 - cleanup must not keep the grants
                 log.exception("action %s: removing its one-shot environment failed", a.id)
         self._complete(job, result, placement, exec_s)
 
@@ -428,14 +431,8 @@ class Runtime:
         kind = job.kind
         timeout_s = a.timeout_s
         if kind == "exec":
-            executor = self.env_executors.get(placement.node) if placement.node else None
-            if executor is None:
-                raise RuntimeError(f"node {placement.node!r} has no environment executor")
+            executor = self.env_executors[placement.node]
             env = job.env
-            if env is None:  # a one-shot environment, removed after the action
-                env = job.env = Environment(id=f"oneshot-{a.id}", memory_mb=a.mem_mb, oneshot=True)
-                self._envs[env.id] = env
-            await self._ensure_created(env, placement.node)
             coro = executor.exec(env.id, render_command(p["command"], placement.dop), placement,
                                  timeout_s=timeout_s, env={"TANGRAM_DOP": str(placement.dop), **p.get("env", {})})
         elif kind == "http":
@@ -455,6 +452,19 @@ class Runtime:
         except TimeoutError:
             job.timed_out = True
             raise
+
+    async def _prepare(self, job: _Job, placement: Placement) -> None:
+        """Make sure an exec action's environment exists on its node (a one-shot one is made now)."""
+        if job.kind != "exec":
+            return
+        if placement.node is None or placement.node not in self.env_executors:
+            raise RuntimeError(f"node {placement.node!r} has no environment executor")
+        env = job.env
+        if env is None:  # a one-shot environment, removed after the action
+            a = job.action
+            env = job.env = Environment(id=f"oneshot-{a.id}", memory_mb=a.mem_mb, oneshot=True)
+            self._envs[env.id] = env
+        await self._ensure_created(env, placement.node)
 
     def _model_executor(self, node: str | None) -> Any:
         ex = self.model_executors

@@ -17,7 +17,7 @@ from tangram.profiles import ProfileStoreError, load_profiles
 from tangram.service.config import ConfigError, load_config, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(180)
 
 
 def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
@@ -66,9 +66,10 @@ async def test_serve_subprocess_with_token(tmp_path):
 
 def test_serve_reports_config_errors(tmp_path):
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text("cpu_nodes:\n  - name: a\n    executor: docker\n    cores: 4\n")
+    # a docker node's memory may be left out (discovered from the engine), not be negative
+    cfg.write_text("cpu_nodes:\n  - name: a\n    executor: docker\n    cores: 4\n    memory_mb: -1\n")
     proc = subprocess.run([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "cpu_nodes[0].memory_mb" in proc.stderr
 
