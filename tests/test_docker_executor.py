@@ -93,7 +93,7 @@ async def test_docker_env_persists_and_results(docker_ex):
         await docker_ex.exec("traj", "true", Placement("a", "local", 1, cores=(0,), cpu_quota=-1))
 
 
-LIVE = "ps -eo stat=,args= | awk '$1 !~ /^Z/' | grep -E 'sleep 30[0-9]' | grep -v grep | wc -l"
+LIVE = "ps -eo stat=,args= | awk '$1 !~ /^Z/' | grep -E 'sleep 3[01][0-9]' | grep -v grep | wc -l"
 ZOMBIES = "ps -eo stat= | grep -c '^Z' || true"
 TREE = "sleep 300 & (sleep 301 & wait) & setsid sleep 302 & sleep 303"
 
@@ -168,3 +168,25 @@ async def test_docker_engine_leak_check(docker_ex):
     engine.check_invariants()
     assert all(p.free == p.capacity for p in engine.pool_states().values())
     assert (await _sh(docker_ex, LIVE)).strip() == "0"
+
+
+async def test_docker_kill_does_not_wait_behind_running_execs(docker_client):
+    # more long commands than the default thread pool has threads: a timeout must still kill promptly
+    ex = DockerExecutor(docker_client, kill_grace_s=0.2)
+    try:
+        await ex.create_environment("many")
+        n = (os.cpu_count() or 1) + 6
+        longs = [asyncio.ensure_future(ex.exec("many", "sleep 309", Placement(f"l{i}", None, 1))) for i in range(n)]
+        await asyncio.sleep(1.0)
+        t0 = time.monotonic()
+        r = await ex.exec("many", "sleep 310", Placement("short", None, 1), timeout_s=0.5)
+        assert r.status == TIMEOUT
+        assert time.monotonic() - t0 < 5.0
+        for t in longs:
+            t.cancel()
+        results = await asyncio.gather(*longs, return_exceptions=True)
+        assert all(isinstance(x, asyncio.CancelledError) for x in results)
+        r = await ex.exec("many", LIVE, Placement("probe", None, 1))
+        assert r.stdout.strip() == "0"
+    finally:
+        await ex.close()

@@ -27,11 +27,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
 import uuid
-from typing import Any, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping
 
 from tangram.executors.base import (
     FAILED,
@@ -98,7 +100,21 @@ class DockerExecutor(EnvironmentExecutor):
         self._envs: dict[str, str] = {}  # env id -> container id
         self._cpus: dict[str, tuple[str, int]] = {}  # container id -> (cpuset, nano cpus) last set
         self._images_checked: set[str] = set()
-        self._seq = 0
+        # Two thread pools: a running exec blocks its thread for the command's whole
+        # life, and a kill (or a cpu update) must never wait behind those.
+        self._exec_pool: ThreadPoolExecutor | None = None
+        self._ctl_pool: ThreadPoolExecutor | None = None
+
+    def _ctl(self, fn: Callable, *args: Any, **kw: Any) -> "asyncio.Future":
+        if self._ctl_pool is None:
+            self._ctl_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tangram-docker-ctl")
+        return asyncio.get_running_loop().run_in_executor(self._ctl_pool, functools.partial(fn, *args, **kw))
+
+    def _start_exec(self, fn: Callable, *args: Any) -> "asyncio.Future":
+        if self._exec_pool is None:
+            self._exec_pool = ThreadPoolExecutor(max_workers=self.max_pool_size,
+                                                 thread_name_prefix="tangram-docker-exec")
+        return asyncio.get_running_loop().run_in_executor(self._exec_pool, fn, *args)
 
     # ------------------------------------------------------------------ #
 
@@ -127,7 +143,7 @@ class DockerExecutor(EnvironmentExecutor):
             raise ValueError(f"memory_mb: must be a non-negative integer, got {memory_mb!r}")
         if env_id in self._envs:
             return
-        cid = await asyncio.to_thread(self._create, env_id, image or self.image, memory_mb, dict(labels or {}))
+        cid = await self._ctl(self._create, env_id, image or self.image, memory_mb, dict(labels or {}))
         self._envs[env_id] = cid
 
     def _create(self, env_id: str, image: str, memory_mb: int, labels: dict[str, str]) -> str:
@@ -148,7 +164,7 @@ class DockerExecutor(EnvironmentExecutor):
         if cid is None:
             return
         self._cpus.pop(cid, None)
-        await asyncio.to_thread(self._remove, cid)
+        await self._ctl(self._remove, cid)
 
     def _remove(self, cid: str) -> None:
         import docker
@@ -164,6 +180,10 @@ class DockerExecutor(EnvironmentExecutor):
         if self._own_client and self._client is not None:
             self._client.close()
             self._client = None
+        for pool in (self._exec_pool, self._ctl_pool):
+            if pool is not None:
+                pool.shutdown(wait=False)
+        self._exec_pool = self._ctl_pool = None
 
     # ------------------------------------------------------------------ #
     # exec
@@ -190,14 +210,14 @@ class DockerExecutor(EnvironmentExecutor):
             want = (format_cpulist(cores), int(round(quota * 1e9)))
             details["cpu_update"] = self._cpus.get(cid) != want
             if details["cpu_update"]:
-                await asyncio.to_thread(update_cpus, self.client, cid, cpuset_cpus=want[0], nano_cpus=want[1])
+                await self._ctl(update_cpus, self.client, cid, cpuset_cpus=want[0], nano_cpus=want[1])
                 self._cpus[cid] = want
         token = f"{_SAFE.sub('_', placement.action_id)[:40]}.{uuid.uuid4().hex[:12]}"
         envd = dict(env or {})
         envd["TANGRAM_DOP"] = str(placement.dop)
         envd["TANGRAM_ACTION_TOKEN"] = token + ".w"
         argv = ["bash", "-c", WRAPPER, command, token]
-        run = asyncio.ensure_future(asyncio.to_thread(self._run_exec, cid, argv, envd))
+        run = self._start_exec(self._run_exec, cid, argv, envd)
         status, error = None, None
         try:
             await asyncio.wait_for(asyncio.shield(run), timeout_s)
@@ -241,7 +261,7 @@ class DockerExecutor(EnvironmentExecutor):
         shorter than the exec's start-up).
         """
         try:
-            await asyncio.to_thread(self._signal, cid, token, "TERM")
+            await self._ctl(self._signal, cid, token, "TERM")
             await asyncio.wait_for(asyncio.shield(run), self.kill_grace_s)
             return
         except asyncio.TimeoutError:
@@ -251,7 +271,7 @@ class DockerExecutor(EnvironmentExecutor):
                 return
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
-            await asyncio.to_thread(self._signal, cid, token, "KILL")
+            await self._ctl(self._signal, cid, token, "KILL")
             try:
                 await asyncio.wait_for(asyncio.shield(run), 1.0)
                 return
