@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -68,6 +69,8 @@ class NodeGuard:
         self.node = node
         self.signals = signals
         self.grace_s = grace_s
+        # set by the health loop: probe the node now, mark it down if it does not answer; returns why
+        self.suspect: Callable[[], Awaitable[str | None]] | None = None
 
     def down_result(self) -> ExecResult:
         return ExecResult(status=FAILED, error=self.signals.message(self.node), details={"node_down": True})
@@ -88,6 +91,12 @@ class NodeGuard:
             raise
         if task.done():
             downw.cancel()
+            exc = None if task.cancelled() else task.exception()
+            if exc is None and not task.result().details.get("node_down"):
+                return task.result()
+            # the call broke (connection reset, actor died): a dead node, or a plain failure?
+            if self.suspect is not None and await self.suspect() is not None:
+                return self.down_result()
             return task.result()
         # the node died mid-action: let the executor try to clean up, but never hang on a dead node
         task.cancel()
@@ -253,10 +262,26 @@ class ClusterRuntime(Runtime):
                      timeout_s: float = 2.0, failures: int = 2) -> Any:
         from tangram.scaleout.health import HealthMonitor
 
-        self.monitor = HealthMonitor(probes, on_down=self.node_down, on_up=self.node_up,
-                                     interval_s=interval_s, timeout_s=timeout_s, failures=failures)
-        self.monitor.start()
-        return self.monitor
+        self.monitor = mon = HealthMonitor(probes, on_down=self.node_down, on_up=self.node_up,
+                                           interval_s=interval_s, timeout_s=timeout_s, failures=failures)
+        for node in probes:
+            guard = getattr(self.env_executors.get(node), "guard", None)
+            mex = self.model_executors
+            guard = guard or getattr(mex.get(node) if isinstance(mex, Mapping) else None, "guard", None)
+            if guard is not None:
+                guard.suspect = functools.partial(self._suspect, node)
+        mon.start()
+        return mon
+
+    async def _suspect(self, node: str) -> str | None:
+        """An action on ``node`` broke: one probe now decides (a broken call and a failed ping is enough)."""
+        if node in self.down:
+            return self.down.reason(node)
+        why = await self.monitor.probe(node)
+        if why is not None:
+            self.monitor.down.add(node)  # the loop reports its return as usual
+            self.node_down(node, why)
+        return why
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

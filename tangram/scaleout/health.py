@@ -81,6 +81,10 @@ class HealthMonitor:
                 self.on_down(node, why)
         return verdict
 
+    async def probe(self, node: str) -> str | None:
+        """Probe one node now; None if it answered, else why not."""
+        return await self._probe(node)
+
     async def _probe(self, node: str) -> str | None:
         try:
             await asyncio.wait_for(self.probes[node](), self.timeout_s)

@@ -28,16 +28,30 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
             raise ConfigError(f"profiles[{i}]", str(exc)) from None
     managers: list[Any] = []
     env_executors: dict[str, Any] = {}
+    # scale-out hook (tangram/scaleout/build.py): docker endpoints with discovered topology,
+    # GPU nodes on Ray actors, node gates and a health loop; None leaves this function as it was
+    scale = None
+    from tangram.scaleout.build import wanted
+
+    if wanted(cfg):
+        from tangram.scaleout.build import Scaleout
+
+        scale = Scaleout(cfg)
     if cfg.cpu_nodes:
         from tangram.managers.cpu import CpuManager
 
-        nodes = [_cpu_node(n) for n in cfg.cpu_nodes]
+        docker = scale is not None
+        nodes = [await scale.cpu_node(n) if docker and n.executor == "docker" else _cpu_node(n)
+                 for n in cfg.cpu_nodes]
         managers.append(CpuManager(nodes))
         for n in cfg.cpu_nodes:
-            env_executors[n.name] = _env_executor(n)
+            env_executors[n.name] = scale.env_executor(n) if docker and n.executor == "docker" else _env_executor(n)
     model_executors: dict[str, Any] | None = None
     models: set[str] | None = None
-    if cfg.gpu_nodes:
+    if cfg.gpu_nodes and scale is not None and scale.gpu_host is not None:
+        gpu_manager, model_executors, models = await scale.build_gpu(cfg.gpu_nodes)
+        managers.append(gpu_manager)
+    elif cfg.gpu_nodes:
         from tangram.service.build_gpu import build_gpu
 
         gpu_manager, model_executors, models = build_gpu(cfg.gpu_nodes)
@@ -53,6 +67,9 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         }))
         http_executor = HttpExecutor()
     params = PolicyParams(depth=cfg.depth, lookahead=cfg.lookahead, default_duration_s=cfg.default_duration_s)
+    if scale is not None:  # scale-out hook: gated managers, ClusterRuntime with its health loop
+        return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
+                             model_executors=model_executors, models=models, profiles=profiles)
     engine = Engine(managers, params=params)
     return Runtime(engine, env_executors=env_executors, http_executor=http_executor,
                    model_executors=model_executors, models=models, profiles=profiles)

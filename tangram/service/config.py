@@ -85,6 +85,8 @@ class ClusterConfig:
     depth: int = 2
     lookahead: int = 32
     default_duration_s: float = 1.0
+    # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray
+    scaleout: Mapping[str, Any] | None = None
 
 
 # ---------------------------------------------------------------------------- #
@@ -116,7 +118,7 @@ def default_config() -> ClusterConfig:
 
 def parse_config(doc: Any) -> ClusterConfig:
     root = _mapping(doc, "<root>")
-    _known(root, "<root>", {"service", "scheduler", "cpu_nodes", "gpu_nodes", "api_pools", "profiles"})
+    _known(root, "<root>", {"service", "scheduler", "cpu_nodes", "gpu_nodes", "api_pools", "profiles", "scaleout"})
     service = _service(root.get("service", {}), "service")
     sched = _mapping(root.get("scheduler", {}), "scheduler")
     _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s"})
@@ -150,8 +152,15 @@ def parse_config(doc: Any) -> ClusterConfig:
     anames: dict[str, str] = {}
     for p, (_, where) in zip(api_pools, api_items):
         _unique(anames, p.name, f"{where}.name")
+    scaleout = None
+    if root.get("scaleout") is not None:  # scale-out hook: validated now, so errors name their field
+        from tangram.scaleout.config import parse_scaleout
+
+        parse_scaleout(root["scaleout"])
+        scaleout = dict(root["scaleout"])
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
-                         profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt)
+                         profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt,
+                         scaleout=scaleout)
 
 
 def _service(raw: Any, where: str) -> ServiceConfig:
@@ -201,12 +210,10 @@ def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
         cores = _cores(m["cores"], f"{where}.cores", available=local.cores) if "cores" in m else local.cores
         memory_mb = _int(m.get("memory_mb", local.memory_mb), f"{where}.memory_mb", lo=0)
     else:
-        if "cores" not in m:
-            raise ConfigError(f"{where}.cores", "is required for a docker node (its core count or ids)")
-        if "memory_mb" not in m:
-            raise ConfigError(f"{where}.memory_mb", "is required for a docker node")
-        cores = _cores(m["cores"], f"{where}.cores")
-        memory_mb = _int(m["memory_mb"], f"{where}.memory_mb", lo=0)
+        # scale-out hook: left out, cores (empty) and memory (0) are discovered from the engine
+        # (tangram/scaleout/docker_nodes.py: docker info + a probe container)
+        cores = _cores(m["cores"], f"{where}.cores") if "cores" in m else ()
+        memory_mb = _int(m["memory_mb"], f"{where}.memory_mb", lo=0) if "memory_mb" in m else 0
     numa: tuple[tuple[int, ...], ...] = ()
     if "numa" in m:
         groups = _list(m["numa"], f"{where}.numa")

@@ -1,0 +1,209 @@
+"""Two CPU nodes as two Docker Engine endpoints on this machine: the main engine and a second
+``dockerd`` on its own socket started here. Topology is discovered from the engines; the second
+engine is killed mid-run and restarted (node down, then back).
+
+Selected by ``pytest -k docker``; skips only when no engine can be started."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from tangram.core.errors import DemandError
+from tangram.executors.base import FAILED, SUCCEEDED
+from tangram.scaleout.cluster import ClusterRuntime, EnvironmentLostError
+from tangram.service.build import build_runtime
+from tangram.service.config import parse_config
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
+
+
+class SecondDockerd:
+    """A second Docker Engine (vfs storage, no networking) under a temp dir; started and killed here."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="tgd-", dir="/tmp")  # short: a unix socket path has 108 bytes
+        self.sock = os.path.join(self.dir, "d.sock")
+        self.endpoint = f"unix://{self.sock}"
+        self.pidfile = os.path.join(self.dir, "d.pid")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_s: float = 60.0) -> None:
+        if os.path.exists(self.pidfile):
+            os.unlink(self.pidfile)  # left by a killed daemon: dockerd refuses to start over it
+        # a rebooted machine starts with an empty /run: without it dockerd trusts the dead containerd's pid file
+        shutil.rmtree(os.path.join(self.dir, "exec"), ignore_errors=True)
+        log = open(os.path.join(self.dir, "log"), "ab")
+        self.proc = subprocess.Popen(
+            ["dockerd", "--host", self.endpoint, "--data-root", os.path.join(self.dir, "data"),
+             "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", self.pidfile,
+             "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        import docker
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                c = docker.DockerClient(base_url=self.endpoint, timeout=5)
+                c.ping()
+                c.close()
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"second dockerd did not start: {self.tail()}")
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        """The machine crashes: SIGKILL to this engine's dockerd, containerd, shims and containers."""
+        pids = self._our_processes()
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _our_processes(self) -> list[int]:
+        """Processes started for this engine: those naming its directory, and all their descendants."""
+        parent: dict[int, int] = {}
+        roots = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if self.dir.encode() in f.read():
+                        roots.append(int(d))
+            except (OSError, ValueError, IndexError):
+                continue
+        found = set(roots)
+        grew = True
+        while grew:
+            grew = False
+            for pid, pp in parent.items():
+                if pp in found and pid not in found:
+                    found.add(pid)
+                    grew = True
+        return sorted(found)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()  # whatever is left of it
+
+    def tail(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "log"), "rb") as f:
+                return f.read()[-1500:].decode(errors="replace")
+        except OSError:
+            return ""
+
+
+@pytest.fixture
+def second_dockerd(docker_client):
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.skip("a second Docker Engine needs dockerd and root")
+    d = SecondDockerd()
+    try:
+        d.start()
+    except RuntimeError as exc:
+        d.stop()
+        pytest.skip(str(exc))
+    yield d
+    d.stop()
+    subprocess.run(["umount", "-R", d.dir], capture_output=True)  # no-op unless vfs left mounts
+    shutil.rmtree(d.dir, ignore_errors=True)
+
+
+async def _until(pred, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.1)
+
+
+async def test_docker_two_endpoints_discovered_node_down_and_back(docker_client, second_dockerd):
+    main = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    cfg = parse_config({
+        "cpu_nodes": [{"name": "d1", "executor": "docker", "endpoint": main},
+                      {"name": "d2", "executor": "docker", "endpoint": second_dockerd.endpoint}],
+        "gpu_nodes": [],
+        "scaleout": {"health": {"interval_s": 0.3, "timeout_s": 2.0, "failures": 1}},
+    })
+    rt = await build_runtime(cfg)
+    assert isinstance(rt, ClusterRuntime)
+    try:
+        info = docker_client.info()
+        pools = rt.engine.pool_states()
+        for n in ("d1", "d2"):  # discovered: cores a container may use there, the engine's memory
+            assert pools[f"cpu@{n}"].capacity == len(os.sched_getaffinity(0)) == info["NCPU"]
+            assert pools[f"mem@{n}"].capacity == info["MemTotal"] >> 20
+        ncores = pools["cpu@d1"].capacity
+        # memory-load balancing puts the second environment on the other node; each stays pinned
+        e1 = await rt.create_environment(memory_mb=256, env_id="sx-e1", labels={"suite": "scaleout"})
+        e2 = await rt.create_environment(memory_mb=256, env_id="sx-e2", labels={"suite": "scaleout"})
+        outs = await asyncio.gather(rt.exec(e1, "echo one > /tmp/mark; hostname"),
+                                    rt.exec(e2, "echo two > /tmp/mark; hostname"))
+        assert all(o.status == SUCCEEDED for o in outs), outs
+        where = {e: rt.engine.placement[e] for e in (e1, e2)}
+        assert set(where.values()) == {"d1", "d2"}
+        lost = e1 if where[e1] == "d2" else e2
+        kept = e2 if lost == e1 else e1
+        for _ in range(2):  # later actions stay in their containers on their nodes
+            o = await rt.exec(kept, "cat /tmp/mark")
+            assert o.status == SUCCEEDED and o.allocation["node"] == where[kept]
+        # a long action and one queued behind it on d2, then d2's engine dies
+        long = rt.submit(rt.build_action("exec", {"cpu": ncores}, environment=lost, command="sleep 60"))
+        queued = rt.submit(rt.build_action("exec", {"cpu": 1}, environment=lost, command="true"))
+        await _until(lambda: long in rt.engine.running)
+        await asyncio.sleep(0.5)
+        second_dockerd.kill()
+        o_long, o_q = await asyncio.wait_for(asyncio.gather(rt.wait(long), rt.wait(queued)), 20)
+        for o in (o_long, o_q):
+            assert o.status == FAILED and "node 'd2' is down" in o.error, o
+        assert "d2" in rt.down
+        with pytest.raises(EnvironmentLostError) as err:
+            rt.submit(rt.build_action("exec", {"cpu": 1}, environment=lost, command="true"))
+        assert isinstance(err.value, DemandError) and err.value.field == "environment"
+        assert not any(p.node == "d2" for p in rt.engine.pool_states().values())
+        rt.engine.check_invariants()
+        # d1 keeps serving, and one-shot actions only go to d1
+        assert (await rt.exec(kept, "cat /tmp/mark")).status == SUCCEEDED
+        one = await rt.exec(None, "true")
+        assert one.status == SUCCEEDED and one.allocation["node"] == "d1"
+        await rt.delete_environment(lost)  # removed from d2 once it is back
+        # d2 comes back: added back, whole, and takes new environments again
+        second_dockerd.start()
+        await _until(lambda: "d2" not in rt.down)
+        pools = rt.engine.pool_states()
+        assert pools["cpu@d2"].free == ncores and pools["mem@d2"].free == pools["mem@d2"].capacity
+        e3 = await rt.create_environment(memory_mb=256, env_id="sx-e3", labels={"suite": "scaleout"})
+        o3 = await rt.exec(e3, "echo back")
+        assert o3.status == SUCCEEDED and o3.stdout == "back\n" and o3.allocation["node"] == "d2", o3
+        import docker
+
+        c2 = docker.DockerClient(base_url=second_dockerd.endpoint, timeout=30)
+        try:
+            await _until(lambda: not c2.containers.list(all=True, filters={"label": f"org.arl-tangram.env={lost}"}))
+        finally:
+            c2.close()
+        rt.engine.check_invariants()
+    finally:
+        await rt.close()
+    rt.check_whole()
+    assert docker_client.containers.list(all=True, filters={"label": "suite=scaleout"}) == []
