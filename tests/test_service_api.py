@@ -326,3 +326,23 @@ async def test_body_too_large_and_unknown_routes():
         async with s.post(f"{svc.url}/v1/actions?wait=maybe", json={"kind": "exec", "command": "true"}) as resp:
             assert resp.status == 400 and (await resp.json())["field"] == "wait"
         assert_whole(svc.runtime)
+
+
+async def test_shutdown_cancels_in_flight_actions_and_answers_them():
+    async with running_service() as svc, svc.client() as c:
+        rt = svc.runtime
+        env = await c.create_environment(memory_mb=32)
+        pending = [asyncio.create_task(c.exec(env, "sleep 30")) for _ in range(N_CORES + 2)]
+        for _ in range(200):
+            if len(rt.engine.running) == N_CORES and len(rt.engine.waiting) == 2:
+                break
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await svc.runner.cleanup()
+        results = await asyncio.gather(*pending)
+        assert loop.time() - t0 < 10
+        assert [r.status for r in results] == ["cancelled"] * (N_CORES + 2)
+        rt.engine.check_invariants()
+        assert not rt.engine.running and not rt.engine.waiting
+        assert all(p.free == p.capacity for p in rt.engine.pool_states().values())

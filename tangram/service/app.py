@@ -52,6 +52,7 @@ def create_app(config: ClusterConfig | None = None, *, runtime_factory: RuntimeF
     app[WAITERS_KEY] = {}
     app.cleanup_ctx.append(_runtime_ctx(runtime_factory))
     app.cleanup_ctx.append(_disconnect_watcher)
+    app.on_shutdown.append(_cancel_in_flight)
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/v1/environments", create_environment)
     app.router.add_get("/v1/environments/{id}", get_environment)
@@ -81,6 +82,14 @@ def _runtime_ctx(factory: RuntimeFactory | None):
             await runtime.close()
 
     return ctx
+
+
+async def _cancel_in_flight(app: web.Application) -> None:
+    """On shutdown, before aiohttp waits for open handlers: cancel every action (killing its work),
+    so waiting clients get a ``cancelled`` result at once instead of a dropped connection later."""
+    runtime = app.get(RUNTIME_KEY)
+    if runtime is not None:
+        await runtime.close()  # idempotent: the cleanup context closes it again
 
 
 async def _disconnect_watcher(app: web.Application) -> AsyncIterator[None]:
