@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import os
 import re
@@ -60,6 +61,7 @@ CGROUP_V1, CGROUP_V2, AFFINITY, NONE = "cgroup-v1", "cgroup-v2", "affinity", "no
 _ISOLATIONS = ("auto", "cgroup", AFFINITY, NONE)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _JOIN_FAILED = 125  # exit code of the prefix when the process cannot join its group
+_INSTANCES = itertools.count(1)  # unique group names per executor of this process
 
 
 def _write(path: str, value: str) -> None:
@@ -348,7 +350,7 @@ class LocalExecutor(EnvironmentExecutor):
         self._cg: _CgroupV1 | _CgroupV2 | None = None
         self._isolation: str | None = None  # resolved on first use
         self.isolation_reason = ""
-        self._tag = f"p{os.getpid()}-{id(self) % 100000}"
+        self._tag = f"p{os.getpid()}-{next(_INSTANCES)}"
         self._seq = 0
         self._stale: list[_Group] = []
         self._spawn_lock = asyncio.Lock()
