@@ -18,6 +18,8 @@ from tangram.scaleout.docker_nodes import DockerTls, client_kwargs, parse_probe,
 from tangram.scaleout.gate import DownNodes, gate_all
 from tangram.scaleout.health import HealthMonitor
 from tangram.scaleout.ray_gpu import GpuHostConfig, GpuHosts, build_remote_gpu
+from tangram.service.build import build_runtime
+from tangram.service.config import parse_config
 
 
 class SleepExecutor(EnvironmentExecutor):
@@ -180,6 +182,40 @@ async def test_gpu_node_down_through_in_process_hosts():
         rt.engine.check_invariants()
         assert node
     rt.check_whole()
+
+
+async def test_gpu_hosts_in_process_without_a_cluster():
+    cfg = parse_config({
+        "cpu_nodes": [],
+        "gpu_nodes": [{"name": "g0", "gpus": 2, "memory_mb_per_gpu": 1000, "services": [{"name": "rm", "state_mb": 10}]}],
+        "scaleout": {"gpu_host": {}},
+    })
+    rt = await build_runtime(cfg)
+    try:
+        o = await rt.run(rt.build_action("model", {"gpu": 1}, payload={"model": "rm", "exec_s": 0.0}))
+        assert o.status == SUCCEEDED and o.output["where"] == "local"
+    finally:
+        await rt.close()
+    rt.check_whole()
+
+
+def test_scaleout_imports_neither_ray_nor_docker_until_used():
+    import subprocess
+    import sys
+
+    code = ("import asyncio, sys\n"
+            "from tangram.service.build import build_runtime\n"
+            "from tangram.service.config import parse_config\n"
+            "cfg = parse_config({'cpu_nodes': [], 'gpu_nodes': [{'name': 'g', 'gpus': 1, 'memory_mb_per_gpu': 10}],"
+            " 'scaleout': {'gpu_host': {}}})\n"
+            "async def main():\n"
+            "    rt = await build_runtime(cfg)\n"
+            "    await rt.close()\n"
+            "asyncio.run(main())\n"
+            "print(sorted(m for m in ('ray', 'docker', 'torch') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 # --------------------------------------------------------------------------- #

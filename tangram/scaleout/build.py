@@ -53,12 +53,11 @@ class Scaleout:
         return DockerExecutor(make_client(n.endpoint, tls=o.tls, timeout=120.0), image=n.image or SANDBOX_IMAGE)
 
     async def build_gpu(self, nodes: Sequence[Any]) -> tuple[Any, dict[str, Any], set[str]]:
-        import asyncio
-
         from tangram.scaleout.ray_gpu import GpuHosts, build_remote_gpu
 
         self.hosts = GpuHosts(self.gpu_host)
-        manager, runners, models = await asyncio.to_thread(build_remote_gpu, nodes, self.hosts)
+        # on the loop's thread: ray.init wants the main thread; actor creation itself does not block
+        manager, runners, models = build_remote_gpu(nodes, self.hosts)
         if self.gpu_host.address is not None:  # in-process hosts cannot die apart from us
             for name, r in runners.items():
                 self.probes[name] = r.handle.ping

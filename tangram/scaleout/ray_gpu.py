@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -81,9 +82,8 @@ class GpuNodeHost:
 def _where() -> str:
     """The Ray node id this runs on (or ``local``)."""
     try:
-        import ray
-
-        if ray.is_initialized():
+        ray = sys.modules.get("ray")  # never import ray just to ask (in-process hosts run without it)
+        if ray is not None and ray.is_initialized():
             return ray.get_runtime_context().get_node_id()
     except Exception:  # noqa: BLE001
         pass
