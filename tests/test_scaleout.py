@@ -218,6 +218,46 @@ def test_scaleout_imports_neither_ray_nor_docker_until_used():
     assert out.stdout.strip() == "[]"
 
 
+async def test_broken_call_and_failed_probe_mark_the_node_down_at_once_and_the_loop_brings_it_back():
+    rt, ex = make_cluster()
+    alive = {"a": True, "b": True}
+
+    def probe(n):
+        async def p():
+            if not alive[n]:
+                raise ConnectionRefusedError("engine gone")
+        return p
+
+    async def broken(*a, **kw):
+        raise ConnectionResetError("stream closed")
+
+    async with rt:
+        rt.start_health({"a": probe("a"), "b": probe("b")}, interval_s=0.05, timeout_s=0.5, failures=5)
+        env = await rt.create_environment(env_id="eb")
+        assert (await rt.exec(env, "true")).status == SUCCEEDED
+        node = rt.engine.placement[env]
+        alive[node] = False
+        ex[node].exec = broken
+        o = await rt.run(rt.build_action("exec", {"cpu": 1}, environment=env, command="true"))
+        # one broken call plus one failed ping: down now, not after `failures` rounds
+        assert o.status == FAILED and f"node {node!r} is down: ConnectionRefusedError" in o.error, o
+        assert node in rt.down
+        alive[node] = True
+        for _ in range(100):
+            if node not in rt.down:
+                break
+            await asyncio.sleep(0.02)
+        assert node not in rt.down
+        # marked down by hand (maintenance): the loop puts it back once it answers
+        rt.node_down(node, "maintenance")
+        for _ in range(100):
+            if node not in rt.down:
+                break
+            await asyncio.sleep(0.02)
+        assert node not in rt.down
+        rt.engine.check_invariants()
+
+
 # --------------------------------------------------------------------------- #
 # health loop
 

@@ -208,7 +208,13 @@ class ClusterRuntime(Runtime):
                 "environment",
                 f"environment {t!r} lived on node {node!r}, which went down ({why}); its files and "
                 f"processes are gone: delete it and create a new environment")
-        return super().submit(action, received_at=received_at)
+        try:
+            return super().submit(action, received_at=received_at)
+        except UnschedulableError as exc:
+            if not len(self.down) or isinstance(exc, EnvironmentLostError):
+                raise
+            # "can never fit" may only mean "not while these nodes are down": say so
+            raise UnschedulableError(exc.field, f"{exc.reason} (nodes down now: {sorted(self.down)})") from None
 
     async def delete_environment(self, env_id: str) -> None:
         await super().delete_environment(env_id)
@@ -219,6 +225,8 @@ class ClusterRuntime(Runtime):
         if not self.down.mark_down(node, reason):
             return False
         self.signals.set_down(node)  # running actions on it end `failed` through their guards
+        if self.monitor is not None:
+            self.monitor.down.add(node)  # marked by hand or by a broken call: the loop reports its return
         msg = self.signals.message(node)
         eng = self.engine
         for aid, rec in list(eng.waiting.items()):
@@ -237,6 +245,9 @@ class ClusterRuntime(Runtime):
         if not self.down.mark_up(node):
             return False
         self.signals.set_up(node)
+        if self.monitor is not None:
+            self.monitor.down.discard(node)
+            self.monitor.misses[node] = 0
         ex = self.env_executors.get(node)
         if isinstance(ex, GuardedEnvExecutor) and ex.orphans:
             task = asyncio.get_running_loop().create_task(ex.cleanup_orphans())
@@ -279,7 +290,6 @@ class ClusterRuntime(Runtime):
             return self.down.reason(node)
         why = await self.monitor.probe(node)
         if why is not None:
-            self.monitor.down.add(node)  # the loop reports its return as usual
             self.node_down(node, why)
         return why
 
