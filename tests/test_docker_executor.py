@@ -134,6 +134,12 @@ async def test_docker_background_leftovers_killed_after_normal_exit(docker_ex):
     r = await docker_ex.exec("traj", "sleep 304 & echo done", Placement("b", "local", dop=1))
     assert (r.status, r.stdout) == (SUCCEEDED, "done\n")
     assert (await _sh(docker_ex, LIVE)).strip() == "0"
+    # a daemon that left the session and holds the output: found by its token, the exec still ends
+    t0 = time.monotonic()
+    r = await docker_ex.exec("traj", "setsid sleep 305 & echo done", Placement("d", "local", dop=1))
+    assert (r.status, r.stdout) == (SUCCEEDED, "done\n")
+    assert time.monotonic() - t0 < 3.0
+    assert (await _sh(docker_ex, LIVE)).strip() == "0"
 
 
 async def test_docker_engine_leak_check(docker_ex):

@@ -60,11 +60,20 @@ _MARKED = (r'''for f in $(grep -lzx "TANGRAM_ACTION_TOKEN=$tok" /proc/[0-9]*/env
 
 # $0 = the command, $1 = the token. Runs the command, then kills whatever it
 # left running (background jobs, daemons) so the action's cores are free.
-# The wrapper itself is not marked (its exec carries "<token>.w"): a kill
-# leaves it alive to reap its child and end the exec cleanly; killing the
-# exec's own process first makes the Docker Engine wait seconds on the
-# orphaned output pipes before it serves the next exec.
-WRAPPER = "TANGRAM_ACTION_TOKEN=$1 bash -c \"$0\"\nrc=$?\ntok=$1; sig=KILL\n" + _MARKED + "\nexit $rc\n"
+# The /proc scan (a grep fork, ~5 ms) runs only when a process appeared that
+# was not there before the command (bash globs and an associative array: no
+# fork on the common path). The wrapper itself is not marked (its exec
+# carries "<token>.w"): a kill leaves it alive to reap its child and end the
+# exec cleanly; killing the exec's own process first makes the Docker Engine
+# wait seconds on the orphaned output pipes before it serves the next exec.
+WRAPPER = (
+    "declare -A seen; for p in /proc/[0-9]*; do seen[$p]=1; done\n"
+    "TANGRAM_ACTION_TOKEN=$1 bash -c \"$0\"\n"
+    "rc=$?\n"
+    "for p in /proc/[0-9]*; do if [ -z \"${seen[$p]}\" ]; then\n"
+    "  tok=$1; sig=KILL\n  " + _MARKED + "\n  break\nfi; done\n"
+    "exit $rc\n"
+)
 
 # PID 1 of a sandbox: sleeps, and reaps the orphans a kill leaves behind (bash
 # reaps any child in its SIGCHLD handler). The image has no init, and
