@@ -196,3 +196,16 @@ async def test_docker_kill_does_not_wait_behind_running_execs(docker_client):
         assert r.stdout.strip() == "0"
     finally:
         await ex.close()
+
+
+async def test_docker_dead_container_is_a_failed_result(docker_client):
+    ex = DockerExecutor(docker_client)
+    try:
+        await ex.create_environment("dies")
+        docker_client.api.kill(ex.container_id("dies"))
+        r = await ex.exec("dies", "true", Placement("x", None, 1, cores=(CORES[0],)))
+        assert r.status == FAILED and r.error.startswith(("docker update of ", "docker exec in ")), r
+        r = await ex.exec("dies", "true", Placement("y", None, 1))  # no cores: no update, the exec itself fails
+        assert r.status == FAILED and r.error.startswith("docker exec in ") and "not running" in r.error
+    finally:
+        await ex.close()

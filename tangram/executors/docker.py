@@ -219,7 +219,11 @@ class DockerExecutor(EnvironmentExecutor):
             want = (format_cpulist(cores), int(round(quota * 1e9)))
             details["cpu_update"] = self._cpus.get(cid) != want
             if details["cpu_update"]:
-                await self._ctl(update_cpus, self.client, cid, cpuset_cpus=want[0], nano_cpus=want[1])
+                try:
+                    await self._ctl(update_cpus, self.client, cid, cpuset_cpus=want[0], nano_cpus=want[1])
+                except Exception as e:  # the engine refused (container gone, bad cpuset): nothing ran
+                    return ExecResult(status=FAILED, error=f"docker update of {cid[:12]}: {_why(e)}",
+                                      details=details)
                 self._cpus[cid] = want
         token = f"{_SAFE.sub('_', placement.action_id)[:40]}.{uuid.uuid4().hex[:12]}"
         envd = dict(env or {})
@@ -237,6 +241,8 @@ class DockerExecutor(EnvironmentExecutor):
             # the kill runs to its end even if we are cancelled again
             await asyncio.shield(asyncio.ensure_future(self._kill_inside(cid, token, run)))
             raise
+        except Exception as e:  # the exec could not run (container stopped, OOM-killed, engine error)
+            return ExecResult(status=FAILED, error=f"docker exec in {cid[:12]}: {_why(e)}", details=details)
         details["duration_s"] = time.perf_counter() - t0
         if not run.done():
             return ExecResult(status=status or FAILED, error=f"{error}; the exec did not end after the kill",
@@ -289,3 +295,7 @@ class DockerExecutor(EnvironmentExecutor):
             except Exception:
                 return
         log.error("docker executor: exec in %s did not end after SIGKILL", cid[:12])
+
+
+def _why(e: BaseException) -> str:
+    return getattr(e, "explanation", None) or f"{type(e).__name__}: {e}"
