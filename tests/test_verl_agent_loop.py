@@ -22,6 +22,8 @@ pytestmark = pytest.mark.verl
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "integrations" / "verl" / "examples"
 
+# the real suite, xdist with the allocated DoP (plugin autoload off: a 10x faster start)
+SUITE = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pytest -p xdist.plugin -q -n ${parallel_num}"
 GOOD = "def add(a, b):\n    return a + b\n"
 BAD = "def add(a, b):\n    return a - b\n"
 
@@ -63,7 +65,7 @@ def _batch(project: Path, tasks: list[str]):
     from verl.protocol import DataProto
 
     n = len(tasks)
-    spec = {"setup_command": f"cp -r {project}/. .", "test_command": "pytest -q -n ${parallel_num}",
+    spec = {"setup_command": f"cp -r {project}/. .", "test_command": SUITE,
             "cpu_max": 2, "timeout_s": 120}
     nt = {
         "raw_prompt": np.array([[{"role": "user", "content": f"task: {t}. Write calc.add."}] for t in tasks],
@@ -97,21 +99,21 @@ async def test_generate_sequences_end_to_end_through_the_scheduler(service, proj
     llm = ScriptedLLM(worker.tokenizer, _script)
     worker.llm_client = llm
     try:
-        out = await worker.generate_sequences(_batch(project, ["good", "bad", "good"]))
+        out = await worker.generate_sequences(_batch(project, ["good", "bad"]))
 
         # rewards from the real test runs: the good trajectories pass, the bad one fails
         scores = out.batch["rm_scores"].sum(dim=-1).tolist()
-        assert scores == [1.0, 0.0, 1.0]
-        assert list(out.non_tensor_batch["score"]) == [1.0, 0.0, 1.0]
+        assert scores == [1.0, 0.0]
+        assert list(out.non_tensor_batch["score"]) == [1.0, 0.0]
 
         # state persisted across turns: turn 2's tool output came from turn 1's file
         later = [p for _, p in llm.calls if "add(2,3) =" in p]
         assert any("add(2,3) = 5" in p for p in later) and any("add(2,3) = -1" in p for p in later)
-        assert len({rid for rid, _ in llm.calls}) == 3  # one request id per trajectory
+        assert len({rid for rid, _ in llm.calls}) == 2  # one request id per trajectory
 
         # per-trajectory timings of every action (2 tool calls + setup + reward)
         nt = out.non_tensor_batch
-        assert list(nt["tangram_actions"]) == [4.0, 4.0, 4.0]
+        assert list(nt["tangram_actions"]) == [4.0, 4.0]
         for trace in nt["tangram_trace"]:
             assert [r["name"] for r in trace] == ["setup", "run_shell", "run_shell", "reward"]
             assert all(r["status"] == "succeeded" for r in trace[:3])
@@ -124,7 +126,7 @@ async def test_generate_sequences_end_to_end_through_the_scheduler(service, proj
         st = await _stats(service)
         assert st["environments"] == 0 and st["running"] == 0
         assert REGISTRY.live_environments() == {}
-        assert st["actions"].get("exec:succeeded", 0) >= 3 * 4 - 1  # the bad suite's exec "fails" (exit 1)
+        assert st["actions"].get("exec:succeeded", 0) >= 2 * 4 - 1  # the bad suite's exec "fails" (exit 1)
     finally:
         for k in REGISTRY.keys():
             await REGISTRY.release(k)

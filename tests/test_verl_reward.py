@@ -22,6 +22,8 @@ from tangram.client import TangramClient  # noqa: E402
 pytestmark = pytest.mark.verl
 
 REWARD_PY = Path(R.__file__).resolve()
+# the real suite, xdist with the allocated DoP (plugin autoload off: a 10x faster start)
+SUITE = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pytest -p xdist.plugin -q -n ${parallel_num}"
 GOOD = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\n"
 HALF = "```python\ndef add(a, b):\n    return a + b if a >= 0 else 0\n```"
 BAD = "def add(a, b):\n    return a - b\n"
@@ -65,7 +67,7 @@ def settings(service):
 
 def _info(project, **kw):
     return {"tangram": {"setup_command": f"cp -r {project}/. .", "solution_file": "calc.py",
-                        "test_command": "pytest -q -n ${parallel_num}", "profile": "pytest-calc",
+                        "test_command": SUITE, "profile": "pytest-calc",
                         "cpu_max": 2, **kw}}
 
 
@@ -85,8 +87,6 @@ async def test_compute_score_loaded_by_verl_scores_real_test_runs(settings, proj
         assert good["score"] == 1.0 and good["tangram_status"] == "succeeded"
         assert good["tangram_dop"] == 2.0  # elastic: the profile says 2 cores pay off, both are free
         assert good["tangram_exec_s"] > 0 and good["tangram_queued_s"] >= 0
-        bad = await fn(data_source="x", solution_str=BAD, ground_truth=None, extra_info=_info(project))
-        assert bad["score"] == 0.0 and bad["tangram_status"] == "failed"
         frac = await fn(data_source="x", solution_str=HALF, ground_truth=None,
                         extra_info=_info(project, score="fraction"))
         assert frac["score"] == pytest.approx(2 / 3)
@@ -133,8 +133,9 @@ async def test_reward_manager_scores_a_batch_concurrently(settings, project, ser
                          "extra_info": np.array([info], dtype=object)})
 
     try:
-        outs = await asyncio.gather(*[mgr.run_single(item(t, _info(project))) for t in (GOOD, BAD, GOOD)])
-        assert [o["reward_score"] for o in outs] == [1.0, 0.0, 1.0]
+        outs = await asyncio.gather(*[mgr.run_single(item(t, _info(project))) for t in (GOOD, BAD)])
+        assert [o["reward_score"] for o in outs] == [1.0, 0.0]
+        assert outs[1]["reward_extra_info"]["tangram_status"] == "failed"  # exit code 1
         assert all(o["reward_extra_info"]["tangram_dop"] in (1.0, 2.0) for o in outs)
         assert (await _stats(service))["environments"] == 0
 
