@@ -29,18 +29,16 @@ import asyncio
 import functools
 import logging
 import math
-import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from tangram.core.engine import RUNNING, WAITING, Engine, Started
+from tangram.core.engine import WAITING, Engine, Started
 from tangram.core.errors import DemandError, TangramError, UnknownActionError, UnschedulableError
 from tangram.core.model import Action, Profile, render_command
 from tangram.executors.base import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement
 from tangram.managers.buddy import Chunk
-from tangram.policy.snapshot import pool_name
 
 log = logging.getLogger("tangram.runtime")
 
