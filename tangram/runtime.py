@@ -182,6 +182,7 @@ class Runtime:
         self._wakeup: asyncio.TimerHandle | None = None
         self._wakeup_at: float | None = None
         self._closed = False
+        self._cleanups: set[asyncio.Task] = set()
         self._act: dict[str, deque[float]] = {}
         self._overhead: deque[float] = deque(maxlen=_RECENT)
         self.counts: dict[tuple[str, str], int] = {}  # (kind, status) -> n
@@ -388,7 +389,7 @@ class Runtime:
         if job.outcome is None:
             self._complete(job, ExecResult(status=CANCELLED, error="cancelled before it started"), None, 0.0)
             if job.env is not None and job.env.oneshot:
-                asyncio.get_running_loop().create_task(self._drop_oneshot(job.env))
+                self._background(self._drop_oneshot(job.env))
 
     async def _execute(self, job: _Job, s: Started) -> None:
         a = job.action
@@ -601,8 +602,9 @@ class Runtime:
                 self._envs.pop(env_id, None)
                 raise ExecutorFailedError(f"creating environment {env_id} on {nodes[0]!r} failed: "
                                           f"{type(exc).__name__}: {exc}") from exc
-            except BaseException:
+            except BaseException:  # the caller went away: the creation goes on, so undo it after
                 self._envs.pop(env_id, None)
+                self._background(self._destroy(env))
                 raise
         return env_id
 
@@ -658,6 +660,12 @@ class Runtime:
                 continue
             await self.env_executors[node].destroy_environment(env.id)
         env.created.clear()
+
+    def _background(self, coro: Awaitable[None]) -> None:
+        """Run cleanup detached from the (cancelled) caller, keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def _drop_oneshot(self, env: Environment) -> None:
         self._envs.pop(env.id, None)
@@ -734,6 +742,8 @@ class Runtime:
                     job.task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._cleanups:
+            await asyncio.gather(*list(self._cleanups), return_exceptions=True)
         for env in list(self._envs.values()):
             try:
                 self.engine.close_trajectory(env.id)

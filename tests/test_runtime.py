@@ -157,3 +157,28 @@ async def test_from_config_builds_a_local_runtime():
         r = await rt.exec(None, "echo $TANGRAM_DOP")
         assert r.status == "succeeded" and r.stdout == "1\n"
         whole(rt)
+
+
+async def test_cancelled_environment_creation_is_undone():
+    rt, ex = make_runtime()
+    gate = asyncio.Event()
+    created = ex.create_environment
+
+    async def slow_create(env_id, **kw):
+        await gate.wait()
+        await created(env_id, **kw)
+
+    ex.create_environment = slow_create
+    async with rt:
+        task = asyncio.create_task(rt.create_environment(memory_mb=10))
+        await asyncio.sleep(0.01)
+        task.cancel()  # the client hung up mid-creation
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not rt._cleanups:
+                break
+        assert ex.envs == set() and rt.environments() == []
+        whole(rt)
