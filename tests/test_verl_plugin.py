@@ -62,3 +62,58 @@ def test_plugin_does_nothing_when_not_enabled(monkeypatch, caplog):
     monkeypatch.setenv("TANGRAM_ENABLED", "true")
     importlib.reload(plugin)
     assert plugin.REGISTERED is True and calls == [1]
+
+
+def test_flag_on_the_driver_command_line_registers_and_tells_child_processes(monkeypatch):
+    import importlib
+
+    import integrations.verl as iv
+    import integrations.verl.plugin as plugin
+
+    monkeypatch.delenv("TANGRAM_ENABLED", raising=False)
+    calls = []
+    monkeypatch.setattr(iv, "register", lambda: calls.append(1))
+    monkeypatch.setattr(sys, "argv", ["main_ppo.py", "+actor_rollout_ref.rollout.custom.tangram.enabled=true"])
+    try:
+        importlib.reload(plugin)
+        assert plugin.REGISTERED is True and calls == [1]
+        assert os.environ.get("TANGRAM_ENABLED") == "1"
+    finally:
+        os.environ.pop("TANGRAM_ENABLED", None)
+    assert not plugin.flag_in_argv(["+actor_rollout_ref.rollout.custom.tangram.enabled=false"])
+    assert plugin.flag_in_argv(["+tangram.enabled=True"])
+
+
+def test_run_script_overrides_compose_into_a_valid_verl_config(tmp_path, monkeypatch):
+    """Run examples/run_grpo_tangram.sh with a fake python3 that records its arguments,
+    then compose verl's real config with them: the flag and the paths must all hold."""
+    import json
+
+    from integrations.verl.config import settings_from_config
+    from integrations.verl.testing import make_model_dir, verl_config
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    (fake / "python3").chmod(0o755)
+    out = tmp_path / "args.txt"
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "ARGS_OUT": str(out),
+           "TANGRAM_URL": "http://10.0.0.5:8471", "TANGRAM_TOKEN": "s3cret"}
+    script = REPO / "integrations" / "verl" / "examples" / "run_grpo_tangram.sh"
+    subprocess.run(["bash", str(script), "trainer.total_epochs=1"], env=env, check=True, timeout=60)
+    args = out.read_text().splitlines()
+    assert args[:2] == ["-m", "verl.trainer.main_ppo"] and args[-1] == "trainer.total_epochs=1"
+    overrides = [a for a in args[2:] if not a.startswith("actor_rollout_ref.model.path=")]
+    cfg = verl_config(make_model_dir(tmp_path / "m"), overrides)
+    s = settings_from_config(cfg)
+    assert (s.enabled, s.url, s.token, s.reward_cpu_max) == (True, "http://10.0.0.5:8471", "s3cret", 8)
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.TANGRAM_ENABLED == "1"
+    assert Path(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path).is_file()
+    assert Path(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path).is_file()
+    assert cfg.reward.reward_manager.name == "tangram"
+    # verl's own dataclass conversion accepts the rollout section with the custom block
+    from verl.utils.config import omega_conf_to_dataclass
+
+    rc = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert rc.custom["tangram"]["enabled"] is True
+    json.dumps(rc.custom)  # plain data

@@ -169,3 +169,22 @@ async def test_api_tool_goes_through_the_api_pool(tools, service, search_api):
 async def test_bad_arguments_do_not_reach_the_service(tools):
     resp, _, metrics = await _call(tools["run_shell"], {"cmd": "ls"}, None)
     assert "must be a non-empty string" in resp.text and metrics["status"] == "invalid"
+
+
+async def test_token_comes_from_the_environment_unless_the_yaml_sets_one(tmp_path, monkeypatch):
+    from verl.tools.tool_registry import load_all_tools
+
+    tconfig.set_active(None)
+    with serve(token="t0ken", tmp=tmp_path) as url:
+        monkeypatch.setenv("TANGRAM_URL", url)
+        monkeypatch.setenv("TANGRAM_TOKEN", "t0ken")
+        sh = {t.name: t for t in load_all_tools(str(EXAMPLE_YAML), None)}["run_shell"]
+        try:
+            resp, _, metrics = await _call(sh, {"command": "echo authorised"}, None)
+            assert "authorised" in resp.text and metrics["status"] == "succeeded"
+            sh.config["token"] = "wrong"  # the YAML's own token wins
+            resp, _, metrics = await _call(sh, {"command": "echo authorised"}, None)
+            assert metrics["status"] == "error" and "sandbox service failed" in resp.text
+        finally:
+            await close_clients()
+            REGISTRY._t.clear()

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from verl import DataProto
-from verl.experimental.reward_loop.reward_manager import register
+from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.utils.reward_score import default_compute_score
 
@@ -24,7 +24,6 @@ from integrations.verl.reward import _plain, reward_spec, run_reward
 log = logging.getLogger("integrations.verl")
 
 
-@register("tangram")
 class TangramRewardManager(RewardManagerBase):
     def __init__(self, config, tokenizer, compute_score=None, reward_router_address=None,
                  reward_model_tokenizer=None, **kwargs: Any):
@@ -62,3 +61,9 @@ class TangramRewardManager(RewardManagerBase):
         if isinstance(result, dict):
             return {"reward_score": float(result["score"]), "reward_extra_info": dict(result)}
         return {"reward_score": float(result), "reward_extra_info": {"acc": float(result)}}
+
+
+# Registered by hand, not with @register: this file may also be loaded by path
+# (reward.reward_manager.source=importlib), which makes a second class object that
+# verl's decorator would reject as a different "tangram".
+REWARD_MANAGER.setdefault("tangram", TangramRewardManager)

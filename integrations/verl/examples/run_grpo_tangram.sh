@@ -10,12 +10,21 @@
 #                             profile: "pytest-X", cpu_max: 8}
 #      (datasets_patch rewrites `pytest` into `pytest -n ${parallel_num}` for you.)
 #   3. bash integrations/verl/examples/run_grpo_tangram.sh [more hydra overrides]
+#
+# Samples whose agent loop is not tangram_agent are scored by the `tangram` reward
+# manager (one reward action each on the scheduler). A config that keeps verl's own
+# manager can use the reward function alone instead:
+#     reward.custom_reward_function.path=integrations/verl/reward.py
+#     reward.custom_reward_function.name=compute_score
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export TANGRAM_URL="${TANGRAM_URL:-http://127.0.0.1:8471}"
 export TANGRAM_TOKEN="${TANGRAM_TOKEN:-}"
-export TANGRAM_ENABLED=1          # the verl.plugins entry point registers tangram_agent / tangram in every process
+# The verl.plugins entry point registers tangram_agent / tangram in every process where
+# TANGRAM_ENABLED=1: this shell and a local Ray cluster inherit it; the runtime_env
+# lines below carry it (and the service address) to the Ray workers of other nodes.
+export TANGRAM_ENABLED=1
 MODEL="${MODEL:-Qwen/Qwen2.5-Coder-7B-Instruct}"
 TRAIN="${TRAIN:-$HOME/data/swe/train.parquet}"
 VAL="${VAL:-$HOME/data/swe/test.parquet}"
@@ -42,8 +51,9 @@ python3 -m verl.trainer.main_ppo \
     +actor_rollout_ref.rollout.custom.tangram.token="$TANGRAM_TOKEN" \
     +actor_rollout_ref.rollout.custom.tangram.reward_cpu_max=8 \
     reward.reward_manager.name=tangram \
-    reward.custom_reward_function.path="$HERE/../reward.py" \
-    reward.custom_reward_function.name=compute_score \
+    "+ray_kwargs.ray_init.runtime_env.env_vars.TANGRAM_ENABLED=\"1\"" \
+    "+ray_kwargs.ray_init.runtime_env.env_vars.TANGRAM_URL=\"$TANGRAM_URL\"" \
+    "+ray_kwargs.ray_init.runtime_env.env_vars.TANGRAM_TOKEN=\"$TANGRAM_TOKEN\"" \
     trainer.n_gpus_per_node=8 trainer.nnodes=1 \
     trainer.project_name=tangram trainer.experiment_name=grpo-swe \
     "$@"
