@@ -229,7 +229,10 @@ class Runtime:
             elif key == "api":
                 if not isinstance(raw, str) or not raw:
                     raise DemandError("resources.api", f"must be an API pool name, got {raw!r}")
-                demands[raw if raw.startswith("api:") else f"api:{raw}"] = 1
+                pool = raw if raw.startswith("api:") else f"api:{raw}"
+                if pool not in self.engine.pool_states():
+                    raise UnschedulableError("resources.api", f"no API pool named {pool[4:]!r} is configured")
+                demands[pool] = 1
             elif key != "mem_mb":
                 raise DemandError(f"resources.{key}", "unknown resource (expected cpu, gpu, api or mem_mb)")
         mem_mb = res.get("mem_mb", 0)

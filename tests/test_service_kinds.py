@@ -60,7 +60,7 @@ async def test_http_actions_respect_concurrency(target):
         assert failed.status == "failed" and failed.error
         with pytest.raises(TangramHTTPError) as e:
             await c.run_action({"kind": "http", "url": target.url, "resources": {"api": "nope"}})
-        assert (e.value.status, e.value.field) == (422, "resources.api:nope")
+        assert (e.value.status, e.value.field) == (422, "resources.api")
         assert_whole(svc.runtime)
 
 
