@@ -346,3 +346,33 @@ async def test_shutdown_cancels_in_flight_actions_and_answers_them():
         rt.engine.check_invariants()
         assert not rt.engine.running and not rt.engine.waiting
         assert all(p.free == p.capacity for p in rt.engine.pool_states().values())
+
+
+async def test_disconnect_watcher_works_without_handler_cancellation():
+    # web.run_app / a plain AppRunner leaves handler_cancellation off: the watcher must cancel
+    from aiohttp import web
+
+    from tangram.service.app import RUNTIME_KEY, create_app
+
+    app = create_app(config())
+    runner = web.AppRunner(app)  # handler_cancellation defaults to False
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        rt = app[RUNTIME_KEY]
+        async with aiohttp.ClientSession() as s:
+            req = asyncio.create_task(s.post(f"{url}/v1/actions", json={"kind": "exec", "command": "sleep 30"}))
+            for _ in range(200):
+                if rt.engine.running:
+                    break
+                await asyncio.sleep(0.01)
+            req.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await req
+        await settle(rt, timeout_s=5)
+        assert rt.counts.get(("exec", "cancelled")) == 1
+        assert_whole(rt)
+    finally:
+        await runner.cleanup()
