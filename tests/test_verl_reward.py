@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,8 @@ async def test_compute_score_loaded_by_verl_scores_real_test_runs(settings, proj
     try:
         good = await fn(data_source="x", solution_str=GOOD, ground_truth=None, extra_info=_info(project))
         assert good["score"] == 1.0 and good["tangram_status"] == "succeeded"
-        assert good["tangram_dop"] == 2.0  # elastic: the profile says 2 cores pay off, both are free
+        # elastic: the profile says 2 cores pay off and (on a machine with 2+) both are free
+        assert good["tangram_dop"] == float(min(2, len(os.sched_getaffinity(0))))
         assert good["tangram_exec_s"] > 0 and good["tangram_queued_s"] >= 0
         frac = await fn(data_source="x", solution_str=HALF, ground_truth=None,
                         extra_info=_info(project, score="fraction"))
