@@ -27,10 +27,12 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 class SecondDockerd:
     """A second Docker Engine (vfs storage, no networking) under a temp dir; started and killed here."""
 
-    def __init__(self) -> None:
+    def __init__(self, endpoint: str | None = None, extra: tuple[str, ...] = (), connect=None) -> None:
         self.dir = tempfile.mkdtemp(prefix="tgd-", dir="/tmp")  # short: a unix socket path has 108 bytes
         self.sock = os.path.join(self.dir, "d.sock")
-        self.endpoint = f"unix://{self.sock}"
+        self.endpoint = endpoint or f"unix://{self.sock}"
+        self.extra = extra
+        self.connect = connect
         self.pidfile = os.path.join(self.dir, "d.pid")
         self.proc: subprocess.Popen | None = None
 
@@ -43,14 +45,14 @@ class SecondDockerd:
         self.proc = subprocess.Popen(
             ["dockerd", "--host", self.endpoint, "--data-root", os.path.join(self.dir, "data"),
              "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", self.pidfile,
-             "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs"],
+             "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs", *self.extra],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         import docker
 
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                c = docker.DockerClient(base_url=self.endpoint, timeout=5)
+                c = self.connect() if self.connect else docker.DockerClient(base_url=self.endpoint, timeout=5)
                 c.ping()
                 c.close()
                 return
@@ -113,11 +115,7 @@ class SecondDockerd:
             return ""
 
 
-@pytest.fixture
-def second_dockerd(docker_client):
-    if shutil.which("dockerd") is None or os.geteuid() != 0:
-        pytest.skip("a second Docker Engine needs dockerd and root")
-    d = SecondDockerd()
+def _engine(d: SecondDockerd):
     try:
         d.start()
     except RuntimeError as exc:
@@ -125,8 +123,60 @@ def second_dockerd(docker_client):
         pytest.skip(str(exc))
     yield d
     d.stop()
-    subprocess.run(["umount", "-R", d.dir], capture_output=True)  # no-op unless vfs left mounts
     shutil.rmtree(d.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def second_dockerd(docker_client):
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.skip("a second Docker Engine needs dockerd and root")
+    yield from _engine(SecondDockerd())
+
+
+def _certs(d: str) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl, 1 day)."""
+    def ossl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem", "-out", "ca.pem",
+         "-days", "1", "-subj", "/CN=tangram-test-ca")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-key.pem", "-out", f"{name}.csr",
+             "-subj", f"/CN={name}")
+        with open(os.path.join(d, f"{name}.ext"), "w") as f:
+            f.write(ext.replace("\\n", "\n"))
+        ossl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
+             "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext")
+    return {k: os.path.join(d, v) for k, v in (("ca_cert", "ca.pem"), ("client_cert", "client.pem"),
+                                               ("client_key", "client-key.pem"), ("server_cert", "server.pem"),
+                                               ("server_key", "server-key.pem"))}
+
+
+@pytest.fixture
+def tls_dockerd(docker_client):
+    if shutil.which("dockerd") is None or shutil.which("openssl") is None or os.geteuid() != 0:
+        pytest.skip("a TLS Docker Engine needs dockerd, openssl and root")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    certs_dir = tempfile.mkdtemp(prefix="tgd-certs-", dir="/tmp")
+    certs = _certs(certs_dir)
+
+    from tangram.scaleout.docker_nodes import DockerTls, make_client
+
+    endpoint = f"tcp://127.0.0.1:{port}"
+    tls = DockerTls(certs["ca_cert"], certs["client_cert"], certs["client_key"])
+    d = SecondDockerd(endpoint,
+                      ("--tlsverify", f"--tlscacert={certs['ca_cert']}", f"--tlscert={certs['server_cert']}",
+                       f"--tlskey={certs['server_key']}"), lambda: make_client(endpoint, tls=tls, timeout=5))
+    d.certs = certs
+    try:
+        yield from _engine(d)
+    finally:
+        shutil.rmtree(certs_dir, ignore_errors=True)
 
 
 async def _until(pred, timeout_s: float = 20.0):
@@ -207,3 +257,31 @@ async def test_docker_two_endpoints_discovered_node_down_and_back(docker_client,
         await rt.close()
     rt.check_whole()
     assert docker_client.containers.list(all=True, filters={"label": "suite=scaleout"}) == []
+
+
+async def test_docker_tcp_tls_endpoint_discovered_and_serving(tls_dockerd):
+    import docker
+
+    from tangram.scaleout.docker_nodes import make_client
+
+    c = tls_dockerd.certs
+    tls = {"ca_cert": c["ca_cert"], "client_cert": c["client_cert"], "client_key": c["client_key"]}
+    # without the client certificate the engine refuses us
+    with pytest.raises(docker.errors.DockerException):
+        make_client(tls_dockerd.endpoint, timeout=5).ping()
+    cfg = parse_config({
+        "cpu_nodes": [{"name": "t1", "executor": "docker", "endpoint": tls_dockerd.endpoint, "memory_mb": 2048}],
+        "gpu_nodes": [],
+        "scaleout": {"docker_nodes": {"t1": {"tls": tls}}, "health": {"interval_s": 0.5}},
+    })
+    rt = await build_runtime(cfg)
+    try:
+        p = rt.engine.pool_states()
+        assert p["cpu@t1"].capacity == len(os.sched_getaffinity(0)) and p["mem@t1"].capacity == 2048  # config wins
+        o = await rt.exec(None, "echo tls")
+        assert o.status == SUCCEEDED and o.stdout == "tls\n", o
+        await asyncio.sleep(1.2)
+        assert not len(rt.down)  # the health pings go through TLS too
+    finally:
+        await rt.close()
+    rt.check_whole()

@@ -92,9 +92,9 @@ class NodeGuard:
         if task.done():
             downw.cancel()
             exc = None if task.cancelled() else task.exception()
-            if exc is None and not task.result().details.get("node_down"):
+            if exc is None and not _broken(task.result()):
                 return task.result()
-            # the call broke (connection reset, actor died): a dead node, or a plain failure?
+            # the call broke (connection refused, actor died): a dead node, or a plain failure?
             if self.suspect is not None and await self.suspect() is not None:
                 return self.down_result()
             return task.result()
@@ -106,6 +106,11 @@ class NodeGuard:
         else:
             _swallow(task)
         return self.down_result()
+
+
+def _broken(r: ExecResult) -> bool:
+    """Failed without a process exit code: the executor could not run or finish it (vs. a failing command)."""
+    return bool(r.details.get("node_down")) or (r.status == FAILED and r.exit_code is None)
 
 
 def _swallow(task: asyncio.Future) -> None:

@@ -83,7 +83,21 @@ def make_client(endpoint: str, *, tls: DockerTls | None = None, timeout: float =
         cert = (t.client_cert, t.client_key) if t.client_cert else None
         kw["tls"] = docker.tls.TLSConfig(client_cert=cert, ca_cert=t.ca_cert,
                                          verify=(t.ca_cert or True) if t.verify else False)
-    return docker.DockerClient(**kw)
+    if kw.get("tls") is None:
+        return docker.DockerClient(**kw)
+    # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override a session's own CA file
+    # (psf/requests#3829): the daemon's CA would be ignored and every call fail verification.
+    # So: no environment for these sessions, and the API version asked with such a session too
+    # (the SDK's "auto" asks before we could switch it off).
+    probe = docker.DockerClient(**{**kw, "version": docker.constants.MINIMUM_DOCKER_API_VERSION})
+    probe.api.trust_env = False
+    try:
+        version = probe.api.version(api_version=False)["ApiVersion"]
+    finally:
+        probe.close()
+    client = docker.DockerClient(**{**kw, "version": version})
+    client.api.trust_env = False
+    return client
 
 
 def parse_probe(text: str) -> tuple[list[int], list[list[int]]]:
