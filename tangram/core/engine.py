@@ -195,7 +195,7 @@ class Engine:
         return Snapshot(
             pools=pools,
             nodes=self.nodes(pools),
-            waiting=tuple(r.action for r in self.waiting.values()),
+            waiting=_WaitingView(self.waiting),
             placement=dict(self.placement),
             class_estimates=self.estimator.class_estimates(),
             params=self.params,
@@ -338,6 +338,35 @@ class Engine:
         yield from self.finished.values()
         yield from self.running.values()
         yield from self.waiting.values()
+
+
+class _WaitingView:
+    """The waiting actions in FCFS order, read-only, without copying the queue.
+
+    A round usually looks at a short prefix of a long queue (it stops once
+    every pool has a blocked head), so copying the whole queue into a tuple
+    would make each round O(queue). The view is only read during the
+    synchronous policy call, while nothing mutates the queue.
+    """
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records: Mapping[str, ActionRecord]):
+        self._records = records
+
+    def __iter__(self):
+        return (r.action for r in self._records.values())
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, i: int) -> Action:  # rare (tests, debugging): O(i)
+        if i < 0:
+            i += len(self._records)
+        for k, a in enumerate(self):
+            if k == i:
+                return a
+        raise IndexError(i)
 
 
 def _with_running(p: PoolState, running: list[tuple[float, int]]) -> PoolState:

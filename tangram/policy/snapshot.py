@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from tangram.core.model import Action, NODE_LOCAL_TYPES
 
@@ -71,7 +71,7 @@ class Snapshot:
 
     pools: Mapping[str, PoolState]
     nodes: tuple[str, ...]
-    waiting: tuple[Action, ...]
+    waiting: Sequence[Action]  # FCFS order; the engine passes a read-only view
     placement: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # trajectory -> node (memory already reserved)
     class_estimates: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # running average duration per class
     params: PolicyParams = field(default_factory=PolicyParams)
