@@ -489,6 +489,7 @@ class LocalExecutor(EnvironmentExecutor):
             if group is not None:
                 self._remove_group(group)
             raise
+        spawned = time.perf_counter()
         pid = transport.get_pid()
         details["pid"] = pid
         track = _Tracker(pid, group, token.encode())
@@ -498,6 +499,8 @@ class LocalExecutor(EnvironmentExecutor):
             try:
                 # the leader's exit, not the pipes' EOF: a background child may hold them
                 await asyncio.wait_for(asyncio.shield(proto.exited), timeout_s)
+                # the command's own run; cgroup set-up and teardown are the system's overhead
+                details["exec_s"] = time.perf_counter() - spawned
                 rc = transport.get_returncode()
                 status = SUCCEEDED if rc == 0 else FAILED
                 error = None if rc == 0 else f"exit code {rc}"
