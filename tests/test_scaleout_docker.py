@@ -40,7 +40,7 @@ class SecondDockerd:
         if os.path.exists(self.pidfile):
             os.unlink(self.pidfile)  # left by a killed daemon: dockerd refuses to start over it
         # a rebooted machine starts with an empty /run: without it dockerd trusts the dead containerd's pid file
-        shutil.rmtree(os.path.join(self.dir, "exec"), ignore_errors=True)
+        _remove_tree(os.path.join(self.dir, "exec"))
         log = open(os.path.join(self.dir, "log"), "ab")
         self.proc = subprocess.Popen(
             ["dockerd", "--host", self.endpoint, "--data-root", os.path.join(self.dir, "data"),
@@ -123,7 +123,16 @@ def _engine(d: SecondDockerd):
         pytest.skip(str(exc))
     yield d
     d.stop()
-    shutil.rmtree(d.dir, ignore_errors=True)
+    _remove_tree(d.dir)
+
+
+def _remove_tree(path: str) -> None:
+    """rm -rf, after unmounting what dockerd mounted below ``path`` (its data root, network namespaces)."""
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for mp in sorted((m for m in points if m == path or m.startswith(path.rstrip("/") + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], capture_output=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
