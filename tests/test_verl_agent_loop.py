@@ -118,9 +118,10 @@ async def test_generate_sequences_end_to_end_through_the_scheduler(service, proj
             assert [r["name"] for r in trace] == ["setup", "run_shell", "run_shell", "reward"]
             assert all(r["status"] == "succeeded" for r in trace[:3])
             assert all(r["queued_s"] >= 0 and r["exec_s"] > 0 and r["overhead_s"] >= 0 for r in trace)
-        assert all(x > 0 for x in nt["tangram_exec_s"])
+        assert all(x > 0 for x in nt["tangram_total_exec_s"]) and list(nt["tangram_failed_actions"]) == [0.0, 1.0]
         assert all(m["compute_score"] > 0 for m in out.meta_info["metrics"])
-        assert set(nt["tangram_reward_dop"]) <= {1.0, 2.0}
+        assert set(nt["tangram_dop"]) <= {1.0, 2.0}  # the reward's DoP (reward_extra_info)
+        assert list(nt["tangram_status"]) == ["succeeded", "failed"]
 
         # environments were released at trajectory end, not per call
         st = await _stats(service)

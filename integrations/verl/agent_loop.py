@@ -113,10 +113,6 @@ class TangramAgentLoop(ToolAgentLoop):
                "overhead_s": result.get("tangram_overhead_s", 0.0), "dop": result.get("tangram_dop")}
         REGISTRY.add_record(key, rec)
         output.reward_score = float(result["score"])
-        output.extra_fields["reward_extra_info"] = {
-            "score": float(result["score"]), "tangram_reward_status": str(result.get("tangram_status")),
-            "tangram_reward_dop": float(result.get("tangram_dop") or 0.0),
-            "tangram_reward_exec_s": float(result.get("tangram_exec_s") or 0.0),
-            "tangram_reward_queued_s": float(result.get("tangram_queued_s") or 0.0),
-        }
+        # the same keys as the `tangram` reward manager's, so a batch mixing both stays consistent
+        output.extra_fields["reward_extra_info"] = dict(result)
         output.metrics.compute_score = time.perf_counter() - t0

@@ -36,7 +36,7 @@ import shlex
 from typing import Any, Mapping
 
 from integrations.verl.config import TangramSettings, active_settings
-from integrations.verl.session import get_client, summarize, timing_record
+from integrations.verl.session import get_client
 from tangram.client import ActionResult, TangramHTTPError
 
 log = logging.getLogger("integrations.verl")
@@ -164,14 +164,17 @@ def model_score(output: Any) -> float:
 
 
 def _result(score: float, r: ActionResult | None, kind: str, error: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"score": float(score)}
-    recs = [timing_record(kind, "reward", r)] if r is not None else []
-    out.update(summarize(recs))
-    out["tangram_dop"] = float((r.allocation or {}).get("dop") or 0) if r is not None else 0.0
-    out["tangram_status"] = r.status if r is not None else "error"
-    if error:
-        out["tangram_error"] = error[-500:]
-    return out
+    """The reward's result; always the same keys (verl stacks reward_extra_info per key across a batch)."""
+    t = r.timing if r is not None else None
+    return {
+        "score": float(score),
+        "tangram_status": r.status if r is not None else "error",
+        "tangram_dop": float((r.allocation or {}).get("dop") or 0) if r is not None else 0.0,
+        "tangram_queued_s": t.queued_s if t else 0.0,
+        "tangram_exec_s": t.exec_s if t else 0.0,
+        "tangram_overhead_s": t.overhead_s if t else 0.0,
+        "tangram_error": (error or "")[-500:],
+    }
 
 
 async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | None = None,

@@ -78,15 +78,15 @@ def timing_record(kind: str, name: str, r: ActionResult) -> dict[str, Any]:
 
 
 def summarize(records: list[Mapping[str, Any]]) -> dict[str, float]:
-    """Flat per-trajectory totals (what goes into verl's extra_fields)."""
-    out = {"tangram_actions": float(len(records)), "tangram_queued_s": 0.0, "tangram_exec_s": 0.0,
-           "tangram_overhead_s": 0.0, "tangram_failed": 0.0}
+    """Flat per-trajectory totals (what goes into verl's extra_fields, one batch column each)."""
+    out = {"tangram_actions": float(len(records)), "tangram_total_queued_s": 0.0, "tangram_total_exec_s": 0.0,
+           "tangram_total_overhead_s": 0.0, "tangram_failed_actions": 0.0}
     for r in records:
-        out["tangram_queued_s"] += float(r.get("queued_s") or 0.0)
-        out["tangram_exec_s"] += float(r.get("exec_s") or 0.0)
-        out["tangram_overhead_s"] += float(r.get("overhead_s") or 0.0)
+        out["tangram_total_queued_s"] += float(r.get("queued_s") or 0.0)
+        out["tangram_total_exec_s"] += float(r.get("exec_s") or 0.0)
+        out["tangram_total_overhead_s"] += float(r.get("overhead_s") or 0.0)
         if r.get("status") != "succeeded":
-            out["tangram_failed"] += 1.0
+            out["tangram_failed_actions"] += 1.0
     return out
 
 
