@@ -5,7 +5,6 @@ sandbox tool over several turns, the final reward is a real pytest suite run wit
 ``tangram serve``, and every environment is gone when the batch returns."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np

@@ -125,7 +125,6 @@ async def test_reward_manager_scores_a_batch_concurrently(settings, project, ser
     def item(text, info):
         p = tok.encode("<|im_start|>user\nwrite add<|im_end|>\n", add_special_tokens=False)
         r = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
-        R_len = len(r) + 5
         resp = torch.tensor([r + [tok.pad_token_id] * 5])
         mask = torch.tensor([[1] * len(p) + [1] * len(r) + [0] * 5])
         return DataProto.from_dict(
