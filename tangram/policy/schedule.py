@@ -96,6 +96,14 @@ def _select_candidates(snap: Snapshot):
 
     waiting_iter = iter(snap.waiting)
     for a in waiting_iter:
+        if blocked and not ("cpu" in a.demands or "gpu" in a.demands) and all(t in blocked for t in a.demands):
+            # fast path, same outcome as _place: an API call behind blocked heads of all its
+            # pools only joins their look-ahead (a long API backlog made every round O(queue) x _place)
+            for pname in a.demands:
+                waiting = lookahead.setdefault(pname, [])
+                if len(waiting) < limit:
+                    waiting.append(a)
+            continue
         units = _base_units(a, snap.params)
         node, needed, place_mem = _place(a, units, snap, placed, free, fits, blocked)
         if node is _NO_NODE:
