@@ -294,3 +294,40 @@ async def test_docker_tcp_tls_endpoint_discovered_and_serving(tls_dockerd):
     finally:
         await rt.close()
     rt.check_whole()
+
+
+async def test_docker_node_unreachable_at_start_joins_when_its_engine_answers(docker_client):
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.skip("a second Docker Engine needs dockerd and root")
+    from tangram.service.config import ConfigError
+
+    d = SecondDockerd()
+    main = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    late = {"name": "late", "executor": "docker", "endpoint": d.endpoint}
+    # nothing answers and nothing is configured: its topology cannot be known
+    with pytest.raises(ConfigError) as err:
+        await build_runtime(parse_config({"cpu_nodes": [late], "gpu_nodes": []}))
+    assert err.value.field == "cpu_nodes[0].endpoint"
+    cfg = parse_config({
+        "cpu_nodes": [{"name": "d1", "executor": "docker", "endpoint": main, "memory_mb": 256},
+                      {**late, "cores": 1, "memory_mb": 512}],
+        "gpu_nodes": [],
+        "scaleout": {"health": {"interval_s": 0.3, "failures": 1}},
+    })
+    rt = await build_runtime(cfg)
+    try:
+        assert "late" in rt.down and "unreachable at start" in rt.down.reason("late")
+        assert (await rt.exec(None, "true")).allocation["node"] == "d1"
+        try:
+            d.start()
+            await _until(lambda: "late" not in rt.down)
+            env = await rt.create_environment(memory_mb=400, env_id="sx-late")  # fits only on `late`
+            o = await rt.exec(env, "echo here")
+            assert o.status == SUCCEEDED and o.allocation["node"] == "late" and o.stdout == "here\n", o
+        finally:
+            await rt.close()
+            d.stop()
+            _remove_tree(d.dir)
+    finally:
+        await rt.close()
+    rt.check_whole()

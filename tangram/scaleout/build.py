@@ -21,6 +21,7 @@ class Scaleout:
         self.options: ScaleoutConfig = parse_scaleout(getattr(cfg, "scaleout", None))
         self.probes: dict[str, Any] = {}
         self.hosts: Any = None
+        self.initially_down: dict[str, str] = {}
         self._closers: list[Any] = []
 
     @property
@@ -31,26 +32,49 @@ class Scaleout:
         return self.options.docker_nodes.get(name, DockerNodeOptions())
 
     async def cpu_node(self, n: Any) -> Any:
-        """A docker node's CpuNode: the config's cores/memory/NUMA, the rest discovered from its engine."""
-        from tangram.scaleout.docker_nodes import DockerPing, discover_async, make_client
+        """A docker node's CpuNode: the config's cores/memory/NUMA, the rest discovered from its engine.
+
+        An engine that does not answer is fine when the config gives cores and
+        memory: the node starts marked down and joins when it answers.
+        """
+        import asyncio
+
+        from tangram.managers.cpu import CpuNode
+        from tangram.scaleout.docker_nodes import DockerPing, discover, make_client
+        from tangram.service.config import ConfigError
 
         o = self._docker(n.name)
-        client = make_client(n.endpoint, tls=o.tls, timeout=60.0)
-        try:
-            node = await discover_async(client, n.name, cores=list(n.cores) or None, memory_mb=n.memory_mb or None,
-                                        numa=[list(g) for g in n.numa] or None, image=n.image, probe=o.probe)
-        finally:
-            client.close()
         self.probes[n.name] = DockerPing(n.endpoint, tls=o.tls, timeout_s=self.options.health_timeout_s)
-        return node
+
+        def find() -> Any:
+            client = make_client(n.endpoint, tls=o.tls, timeout=30.0)
+            try:
+                return discover(client, n.name, cores=list(n.cores) or None, memory_mb=n.memory_mb or None,
+                                numa=[list(g) for g in n.numa] or None, image=n.image, probe=o.probe)
+            finally:
+                client.close()
+
+        try:
+            return await asyncio.to_thread(find)
+        except Exception as exc:  # noqa: BLE001 - unreachable, refused, TLS: all mean "not answering"
+            why = f"unreachable at start: {type(exc).__name__}: {str(exc)[:200]}"
+            i = next(k for k, c in enumerate(self.cfg.cpu_nodes) if c.name == n.name)
+            if not n.cores or not n.memory_mb:
+                raise ConfigError(f"cpu_nodes[{i}].endpoint", f"{n.endpoint}: {why}; its topology cannot be "
+                                  f"discovered (give cores and memory_mb to start without it)") from None
+            self.initially_down[n.name] = why
+            return CpuNode(name=n.name, cores=tuple(n.cores), memory_mb=n.memory_mb,
+                           numa=tuple(tuple(g) for g in n.numa) or None)
 
     def env_executor(self, n: Any) -> Any:
         from tangram.executors.docker import DockerExecutor
         from tangram.executors.docker_image import SANDBOX_IMAGE
-        from tangram.scaleout.docker_nodes import make_client
+        from tangram.scaleout.docker_nodes import LazyClient, make_client
 
         o = self._docker(n.name)
-        return DockerExecutor(make_client(n.endpoint, tls=o.tls, timeout=120.0), image=n.image or SANDBOX_IMAGE)
+        client = LazyClient(lambda: make_client(n.endpoint, tls=o.tls, timeout=120.0))
+        self._closers.append(_closer(client))
+        return DockerExecutor(client, image=n.image or SANDBOX_IMAGE)
 
     async def build_gpu(self, nodes: Sequence[Any]) -> tuple[Any, dict[str, Any], set[str]]:
         from tangram.scaleout.ray_gpu import GpuHosts, build_remote_gpu
@@ -75,9 +99,17 @@ class Scaleout:
         o = self.options
         rt.start_health(self.probes, interval_s=o.health_interval_s, timeout_s=o.health_timeout_s,
                         failures=o.health_failures)
+        for node, why in self.initially_down.items():
+            rt.node_down(node, why)  # the health loop adds it when it answers
         return rt
 
 
 def wanted(cfg: Any) -> bool:
     """Whether the config asks for scale-out (a scaleout section or a docker node)."""
     return getattr(cfg, "scaleout", None) is not None or any(n.executor == "docker" for n in cfg.cpu_nodes)
+
+
+def _closer(client: Any):
+    async def close() -> None:
+        client.close()  # after the executor removed its containers (closers run last)
+    return close

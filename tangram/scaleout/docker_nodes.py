@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tangram.managers.cpu import CpuNode, parse_cpulist
 
@@ -98,6 +99,37 @@ def make_client(endpoint: str, *, tls: DockerTls | None = None, timeout: float =
     client = docker.DockerClient(**{**kw, "version": version})
     client.api.trust_env = False
     return client
+
+
+class LazyClient:
+    """A docker client made on first use, and again after a failed attempt.
+
+    The engine of a node may be down when the service starts (or restart on
+    another socket file): the node then starts marked down, and its executor
+    connects once the node answers.
+    """
+
+    def __init__(self, factory: Callable[[], Any]):
+        self._factory = factory
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._factory()
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._get(), name)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
 
 def parse_probe(text: str) -> tuple[list[int], list[list[int]]]:
