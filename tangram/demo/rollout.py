@@ -72,7 +72,7 @@ def shell_commands(turns: int) -> list[str]:
         "ls -R . | head -40",
         "grep -rn 'def ' numkit | head -20",
         f"{py} -c 'import numkit; print(numkit.factorize(360), numkit.gcd(84, 36))'",
-        f"{py} -m pytest -q -p no:cacheprovider tests/test_arith.py -k modpow",
+        f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {py} -m pytest -q -p no:cacheprovider tests/test_arith.py -k modpow",
         "sed -i 's/^    return out$/    return sorted(out)/' numkit/primes.py && grep -n 'sorted' numkit/primes.py",
         "wc -l numkit/*.py tests/*.py",
     ]
@@ -84,7 +84,9 @@ def copy_command() -> str:
 
 
 def reward_command() -> str:
-    return f"{_py()} -m pytest -q -p no:cacheprovider -n ${{parallel_num}}"
+    # plugin autoloading off: the project needs only xdist, and whatever else is
+    # installed beside the scheduler (hydra, hypothesis, ...) would slow every worker's start
+    return f"PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {_py()} -m pytest -q -p no:cacheprovider -p xdist.plugin -n ${{parallel_num}}"
 
 
 def gaps(spec: RolloutSpec, trajectory: int) -> list[float]:
