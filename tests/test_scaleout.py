@@ -317,3 +317,36 @@ def test_docker_client_kwargs_for_unix_tcp_tls_and_ssh():
         DockerTls.from_mapping({"client_cert": "/c/cert.pem"})
     with pytest.raises(ValueError):
         client_kwargs("localhost")
+
+
+# --------------------------------------------------------------------------- #
+# through the wire: the service reports a lost environment and the nodes down
+
+
+async def test_service_reports_lost_environment_and_nodes_down_over_http(tmp_path):
+    from tangram.client import TangramHTTPError
+    from tests.service_helpers import N_CORES, config, running_service
+
+    cfg = config(cpu_nodes=[{"name": "here", "executor": "local", "cores": N_CORES, "memory_mb": 1024,
+                             "workdir": str(tmp_path)}],
+                 scaleout={"health": {"interval_s": 5.0}})  # no probes for a local node: down only by hand
+    async with running_service(cfg) as svc, svc.client() as c:
+        rt = svc.runtime
+        assert isinstance(rt, ClusterRuntime)
+        env = await c.create_environment(memory_mb=128)
+        assert (await c.exec(env, "echo ok")).stdout == "ok\n"
+        rt.node_down("here", "maintenance")
+        with pytest.raises(TangramHTTPError) as err:
+            await c.exec(env, "echo again")
+        assert err.value.status == 422 and err.value.field == "environment"
+        assert "node 'here'" in err.value.message and "maintenance" in err.value.message
+        with pytest.raises(TangramHTTPError) as err:
+            await c.exec(None, "true")  # no live node has cores: refused at once, and why
+        assert err.value.status == 422 and "nodes down now: ['here']" in err.value.message
+        stats = await c.stats()
+        assert stats["nodes_down"] == {"here": "maintenance"} and not any(
+            p["node"] == "here" for p in stats["pools"].values())
+        await c.delete_environment(env)
+        rt.node_up("here")
+        assert (await c.exec(None, "echo back")).stdout == "back\n"
+        rt.check_whole()
