@@ -199,6 +199,31 @@ async def test_gpu_hosts_in_process_without_a_cluster():
     rt.check_whole()
 
 
+async def test_gpu_host_in_process_runs_a_torch_module_by_its_factory():
+    pytest.importorskip("torch")
+    from tests.scaleout_models import reference
+
+    cfg = parse_config({
+        "cpu_nodes": [],
+        "gpu_nodes": [{"name": "g0", "gpus": 2, "memory_mb_per_gpu": 1000,
+                       "services": [{"name": "tiny", "state_mb": 1,
+                                     "options": {"factory": "tests.scaleout_models:TinyScorer"}}]}],
+        "scaleout": {"gpu_host": {"executor": "torch"}},
+    })
+    rt = await build_runtime(cfg)
+    xs = [[float(i), 1.0, -1.0] for i in range(5)]
+    try:
+        first = await rt.run(rt.build_action("model", {"gpu": 2}, payload={"model": "tiny", "op": "score", "inputs": xs}))
+        assert first.status == SUCCEEDED, first.error
+        assert first.output == pytest.approx(reference(xs), abs=1e-6)
+        again = await rt.run(rt.build_action("model", {"gpu": 2}, payload={"model": "tiny", "op": "score", "inputs": xs}))
+        assert again.output == first.output
+        assert rt.engine.managers[0].stats()["hits"] == 1  # the second call hit the restored service
+    finally:
+        await rt.close()
+    rt.check_whole()
+
+
 def test_scaleout_imports_neither_ray_nor_docker_until_used():
     import subprocess
     import sys

@@ -101,3 +101,30 @@ async def test_ray_gpu_nodes_as_actors_node_removed_and_added_back(ray_cluster):
     finally:
         await rt.close()
     rt.check_whole()
+
+
+async def test_ray_gpu_hosts_run_a_torch_module(ray_cluster):
+    pytest.importorskip("torch")
+    from tests.scaleout_models import reference
+
+    cluster, _ = ray_cluster
+    cfg = parse_config({
+        "cpu_nodes": [],
+        "gpu_nodes": [{"name": n, "gpus": 4, "memory_mb_per_gpu": 1000,
+                       "services": [{"name": "tiny", "state_mb": 1,
+                                     "options": {"factory": "tests.scaleout_models:TinyScorer"}}]}
+                      for n in ("g0", "g1")],
+        "scaleout": {"gpu_host": {"address": cluster.address, "resource": "tangram_gpu", "executor": "torch"}},
+    })
+    rt = await build_runtime(cfg)
+    xs = [[float(i), 0.5, -1.0] for i in range(6)]
+    try:
+        outs = await asyncio.wait_for(asyncio.gather(*(rt.run(rt.build_action(
+            "model", {"gpu": 4}, payload={"model": "tiny", "op": "score", "inputs": xs})) for _ in range(2))), 90)
+        assert all(o.status == SUCCEEDED for o in outs), [o.error for o in outs]
+        assert sorted(o.allocation["node"] for o in outs) == ["g0", "g1"]
+        for o in outs:  # computed inside each node's actor, by the module its factory built there
+            assert o.output == pytest.approx(reference(xs), abs=1e-6)
+    finally:
+        await rt.close()
+    rt.check_whole()

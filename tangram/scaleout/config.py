@@ -13,6 +13,7 @@
         namespace: tangram
         resource: GPU          # or a custom resource standing in for GPUs (tangram_gpu)
         simulated: {restore_gbps: 20.0, batch_latency_s: 0.05}
+        executor: simulated    # or torch: the services' options.factory / options.hf_path, run by torch
 
 Docker CPU nodes may omit ``cores`` and ``memory_mb``: they are discovered
 from the engine (``docker info`` + the probe container).
@@ -74,14 +75,17 @@ def parse_scaleout(raw: Any, where: str = "scaleout") -> ScaleoutConfig:
     if m.get("gpu_host") is not None:
         w = f"{where}.gpu_host"
         g = _mapping(m["gpu_host"], w)
-        _known(g, w, {"address", "namespace", "resource", "simulated"})
+        _known(g, w, {"address", "namespace", "resource", "simulated", "executor"})
+        executor = g.get("executor", "simulated")
+        if executor not in ("simulated", "torch"):
+            raise ConfigError(f"{w}.executor", f"must be 'simulated' or 'torch', got {executor!r}")
         address = g.get("address")
         if address is not None and (not isinstance(address, str) or not address):
             raise ConfigError(f"{w}.address", f"must be 'auto', 'ray://host:port' or 'host:port', got {address!r}")
         sim = dict(_mapping(g.get("simulated", {}), f"{w}.simulated"))
         _known(sim, f"{w}.simulated", _SIM_FIELDS)
         gpu_host = GpuHostConfig(address=address, namespace=str(g.get("namespace", "tangram")),
-                                 resource=str(g.get("resource", "GPU")), sim=sim)
+                                 resource=str(g.get("resource", "GPU")), sim=sim, executor=executor)
     return ScaleoutConfig(interval, timeout, failures, docker, gpu_host)
 
 

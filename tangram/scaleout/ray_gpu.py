@@ -10,7 +10,11 @@ node's host, which carries it out and reports whether it restored.
 
 The host runs the simulated GPU executor (memory capacity, restore
 bandwidth, batch latency; no torch needed), so a cluster can be exercised
-on machines without GPUs. It runs
+on machines without GPUs, or ``executor: torch``: the real
+:class:`~tangram.executors.torch_gpu.TorchGpuExecutor` with the models of
+the node's services (``options.factory: "module:callable"`` or
+``options.hf_path``) registered inside the host (CUDA devices when Ray gave
+the actor GPUs, virtual CPU devices otherwise). It runs
 
 * as a Ray actor (``num_gpus`` = the node's GPUs, or a custom resource
   standing in for GPUs, e.g. ``{"tangram_gpu": 4}``; placed by Ray), on an
@@ -46,20 +50,33 @@ class GpuNodeHost:
     """One GPU node's executing side: resident services, restores, evictions, runs."""
 
     def __init__(self, node: str, num_gpus: int, memory_mb_per_gpu: int, models: Sequence[ModelSpec] = (),
-                 sim: Mapping[str, Any] | None = None):
-        from tangram.executors.simulated_gpu import SimGpuParams, SimulatedGpuExecutor
-
+                 sim: Mapping[str, Any] | None = None, *, executor: str = "simulated",
+                 model_options: Mapping[str, Mapping[str, Any]] | None = None):
         self.node = node
         self.models = {m.name: m for m in models}
-        self.sim = SimulatedGpuExecutor(num_gpus, SimGpuParams(memory_mb_per_gpu=memory_mb_per_gpu, **dict(sim or {})))
+        self.executor = executor
         self.started_at = time.time()
         self.runs = 0
+        self.sim: Any = None
+        self.torch: Any = None
+        if executor == "torch":
+            self.torch = _torch_executor(num_gpus, model_options or {})
+        elif executor == "simulated":
+            from tangram.executors.simulated_gpu import SimGpuParams, SimulatedGpuExecutor
+
+            self.sim = SimulatedGpuExecutor(num_gpus, SimGpuParams(memory_mb_per_gpu=memory_mb_per_gpu,
+                                                                   **dict(sim or {})))
+        else:
+            raise ValueError(f"executor: 'simulated' or 'torch', got {executor!r}")
 
     async def ping(self) -> dict[str, Any]:
-        return {"node": self.node, "where": _where(), "resident": self.sim.resident(), "runs": self.runs,
-                "started_at": self.started_at}
+        resident = self.sim.resident() if self.sim is not None else self.torch.resident()
+        return {"node": self.node, "where": _where(), "resident": resident, "runs": self.runs,
+                "started_at": self.started_at, "executor": self.executor}
 
     async def execute(self, decision: CacheDecision, payload: Mapping[str, Any]) -> dict[str, Any]:
+        if self.torch is not None:
+            return await self._execute_torch(decision, payload)
         d = decision
         healed = False
         if d.service is not None and d.hit and (d.service, d.chunk.start) not in self.sim.resident():
@@ -74,9 +91,38 @@ class GpuNodeHost:
         exec_s = payload.get("exec_s")
         t = await self.sim.execute(d, n, exec_s=float(exec_s) if isinstance(exec_s, (int, float)) else None)
         self.runs += 1
-        return {"node": self.node, "where": _where(), "service": d.service, "hit": t.hit, "healed": healed,
-                "restored": (not decision.hit) and d.service is not None, "restore_s": t.restore_s,
-                "exec_s": t.exec_s, "evicted": list(t.evicted), "n": n}
+        facts = {"node": self.node, "where": _where(), "service": d.service, "hit": t.hit, "healed": healed,
+                 "restored": (not decision.hit) and d.service is not None, "restore_s": t.restore_s,
+                 "exec_s": t.exec_s, "evicted": list(t.evicted), "n": n}
+        return {**facts, "status": SUCCEEDED, "output": facts}
+
+    async def _execute_torch(self, decision: CacheDecision, payload: Mapping[str, Any]) -> dict[str, Any]:
+        # the torch executor restores a "hit" this (restarted) process lost by itself
+        res = await self.torch.execute(decision, {k: v for k, v in payload.items() if k != "exec_s"})
+        self.runs += 1
+        det = dict(res.details)
+        return {"node": self.node, "where": _where(), "service": decision.service, "status": res.status,
+                "error": res.error, "output": res.output, "hit": decision.hit and not det.get("restore_s"),
+                "restored": bool(det.get("restored")) and not decision.hit, "restore_s": float(det.get("restore_s") or 0),
+                "exec_s": float(det.get("exec_s") or 0), "details": det}
+
+
+def _torch_executor(num_gpus: int, model_options: Mapping[str, Mapping[str, Any]]) -> Any:
+    """The torch executor of a host, its models registered in this process (a Ray worker or ours)."""
+    import importlib
+
+    from tangram.executors.torch_gpu import TorchGpuExecutor, _torch, hf_factory, register_model
+
+    for name, opts in model_options.items():
+        if "factory" in opts:
+            mod, _, attr = str(opts["factory"]).partition(":")
+            register_model(name, getattr(importlib.import_module(mod), attr))
+        elif "hf_path" in opts:
+            register_model(name, hf_factory(str(opts["hf_path"])))
+    torch = _torch()
+    # Ray exposes the actor's GPUs as cuda:0..n-1; a custom resource standing in for GPUs gets CPU devices
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= num_gpus
+    return TorchGpuExecutor([f"cuda:{i}" for i in range(num_gpus)] if cuda else ["cpu"] * num_gpus)
 
 
 def _where() -> str:
@@ -165,11 +211,12 @@ class RemoteGpuRunner:
                 return ExecResult(status=FAILED, error=f"node {self.node!r} is down: {type(exc).__name__}",
                                   details={"node_down": True})
             raise
-        if res.get("restored"):
+        status = res.get("status", SUCCEEDED)
+        if status == SUCCEEDED and res.get("restored"):
             # only now is the service resident in the books (a cancelled restore is forgotten by `end`)
             self.manager.restored(self.pool, action.id, float(res.get("restore_s") or 0.0))
-        return ExecResult(status=SUCCEEDED, output=res,
-                          details={"exec_s": float(res["exec_s"]) + float(res["restore_s"]),
+        return ExecResult(status=status, output=res.get("output"), error=res.get("error"),
+                          details={"exec_s": float(res["exec_s"]) + float(res["restore_s"]), "where": res.get("where"),
                                    "restored": res.get("restored"), "restore_s": res.get("restore_s")})
 
 
@@ -189,6 +236,7 @@ class GpuHostConfig:
     address: str | None = None  # "auto", "ray://head:10001", "host:6379"
     namespace: str = "tangram"
     resource: str = "GPU"  # "GPU" -> num_gpus; anything else is a custom resource
+    executor: str = "simulated"  # or "torch" (models from the services' options)
     sim: Mapping[str, Any] = field(default_factory=dict)  # SimGpuParams fields but memory_mb_per_gpu
     init_kwargs: Mapping[str, Any] = field(default_factory=dict)  # extra ray.init arguments
 
@@ -211,16 +259,19 @@ class GpuHosts:
                      **dict(self.config.init_kwargs))
             self._connected_here = True
 
-    def start(self, node: str, num_gpus: int, memory_mb_per_gpu: int, models: Iterable[ModelSpec]) -> Any:
+    def start(self, node: str, num_gpus: int, memory_mb_per_gpu: int, models: Iterable[ModelSpec],
+              model_options: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
         models = list(models)
+        kw = {"executor": self.config.executor, "model_options": dict(model_options or {})}
         if self.config.address is None:
-            h: Any = LocalHandle(GpuNodeHost(node, num_gpus, memory_mb_per_gpu, models, self.config.sim))
+            h: Any = LocalHandle(GpuNodeHost(node, num_gpus, memory_mb_per_gpu, models, self.config.sim, **kw))
         else:
-            h = self._start_actor(node, num_gpus, memory_mb_per_gpu, models)
+            h = self._start_actor(node, num_gpus, memory_mb_per_gpu, models, kw)
         self.handles[node] = h
         return h
 
-    def _start_actor(self, node: str, num_gpus: int, memory_mb_per_gpu: int, models: list[ModelSpec]) -> RayHandle:
+    def _start_actor(self, node: str, num_gpus: int, memory_mb_per_gpu: int, models: list[ModelSpec],
+                     kw: Mapping[str, Any]) -> RayHandle:
         import ray
 
         self.connect()
@@ -236,7 +287,7 @@ class GpuHosts:
         else:
             opts["resources"] = {self.config.resource: num_gpus}
         actor = ray.remote(GpuNodeHost).options(**opts).remote(node, num_gpus, memory_mb_per_gpu, models,
-                                                                dict(self.config.sim))
+                                                                dict(self.config.sim), **kw)
         return RayHandle(actor, name)
 
     async def close(self) -> None:
@@ -256,16 +307,18 @@ def build_remote_gpu(nodes: Sequence[Any], hosts: GpuHosts) -> tuple[Any, dict[s
     from tangram.managers.gpu import GpuManager, GpuNode
 
     specs: dict[str, ModelSpec] = {}
+    options: dict[str, dict[str, Mapping[str, Any]]] = {}
     gnodes = []
     for n in nodes:
         for s in n.services:
             specs.setdefault(s.name, ModelSpec(name=s.name, state_mb=s.state_mb, sharded=s.sharded,
                                                overhead_mb=s.overhead_mb))
+            options.setdefault(n.name, {})[s.name] = dict(s.options)
         mem = n.memory_mb_per_gpu or SimGpuParams().memory_mb_per_gpu
         gnodes.append(GpuNode(name=n.name, num_gpus=len(n.gpus), memory_mb_per_gpu=mem))
     manager = GpuManager(gnodes, specs.values())
     runners = {}
     for g in gnodes:
-        handle = hosts.start(g.name, g.num_gpus, g.memory_mb_per_gpu, specs.values())
+        handle = hosts.start(g.name, g.num_gpus, g.memory_mb_per_gpu, specs.values(), options.get(g.name))
         runners[g.name] = RemoteGpuRunner(manager, handle, g.name)
     return manager, runners, set(specs)
