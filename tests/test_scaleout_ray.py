@@ -4,6 +4,8 @@ Skips only if ray cannot be imported."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -26,14 +28,19 @@ def ray_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False})
-    worker = cluster.add_node(**NODE_ARGS)
+    # the processes of `ray start --head` and `ray start --address` (a node each), and a per-node kill;
+    # its own short temp dir (unix socket paths), removed afterwards
+    tmp = tempfile.mkdtemp(prefix="tgr-", dir="/tmp")
+    args = {**NODE_ARGS, "temp_dir": tmp}
+    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
     try:
+        worker = cluster.add_node(**args)
         yield cluster, worker
     finally:
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def _until(pred, timeout_s: float = 60.0):
