@@ -375,3 +375,30 @@ async def test_service_reports_lost_environment_and_nodes_down_over_http(tmp_pat
         rt.node_up("here")
         assert (await c.exec(None, "echo back")).stdout == "back\n"
         rt.check_whole()
+
+
+async def test_cancel_while_the_node_dies_never_waits_on_the_dead_node_past_the_grace():
+    from tangram.scaleout.cluster import NodeGuard, NodeSignals
+
+    down = DownNodes()
+    signals = NodeSignals(down)
+    guard = NodeGuard("n", signals, grace_s=0.2)
+
+    async def stubborn():  # an executor whose kill hangs on a dead engine
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(30)
+            raise
+
+    call = asyncio.ensure_future(guard.race(stubborn))
+    await asyncio.sleep(0.05)
+    call.cancel()
+    await asyncio.sleep(0.05)
+    assert not call.done()  # a live node: the kill is awaited
+    down.mark_down("n", "gone")
+    signals.set_down("n")
+    t0 = asyncio.get_running_loop().time()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert asyncio.get_running_loop().time() - t0 < 1.0

@@ -84,10 +84,18 @@ class NodeGuard:
         try:
             await asyncio.wait({task, downw}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            downw.cancel()
             task.cancel()
-            # the executor kills what it started before returning; wait for that (bounded if the node dies)
-            await asyncio.wait({task}, timeout=None if not ev.is_set() else self.grace_s)
+            # the executor kills what it started before returning: wait for that, but only
+            # grace_s more once the node is dead (a kill sent to a dead engine may hang)
+            if not ev.is_set():
+                await asyncio.wait({task, downw}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({task}, timeout=self.grace_s)
+            downw.cancel()
+            if task.done():
+                _swallow(task)
+            else:
+                task.add_done_callback(_swallow)
             raise
         if task.done():
             downw.cancel()
