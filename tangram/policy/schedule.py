@@ -94,12 +94,21 @@ def _select_candidates(snap: Snapshot):
             return free[pname] >= units and packable(p.chunks, taken_chunks[pname] + [units])
         return free[pname] >= units
 
+    gpu_pools = [g for g in (pool_name("gpu", n) for n in snap.nodes) if g in pools]
     waiting_iter = iter(snap.waiting)
     for a in waiting_iter:
-        if blocked and not ("cpu" in a.demands or "gpu" in a.demands) and all(t in blocked for t in a.demands):
-            # fast path, same outcome as _place: an API call behind blocked heads of all its
-            # pools only joins their look-ahead (a long API backlog made every round O(queue) x _place)
+        if blocked and "cpu" not in a.demands and all(t in blocked for t in a.demands if t != "gpu") and (
+                "gpu" not in a.demands or all(g in blocked for g in gpu_pools)):
+            # fast path, same outcome as _place: an action (API and/or GPU) behind blocked heads
+            # of every pool it could use only joins their look-ahead (a long backlog otherwise
+            # made every round O(queue) calls of _place)
+            for pname in (gpu_pools if "gpu" in a.demands else ()):
+                waiting = lookahead.setdefault(pname, [])
+                if len(waiting) < limit:
+                    waiting.append(a)
             for pname in a.demands:
+                if pname == "gpu":
+                    continue
                 waiting = lookahead.setdefault(pname, [])
                 if len(waiting) < limit:
                     waiting.append(a)
