@@ -98,7 +98,6 @@ def ablation(cfg, seed):
 
 
 def gpu_scaling(cfg, seed):
-    from tangram.simulator.errors import WorkloadError
     from tangram.simulator.workload import load_workload
 
     base = load_workload("mopd")
@@ -111,12 +110,18 @@ def gpu_scaling(cfg, seed):
                      "act_ratio_serverless": ratio(r["serverless"]["mean_act_s"], r["tangram"]["mean_act_s"]),
                      "lower_bound_mean_act_s": r["tangram"]["lower_bound_mean_act_s"]})
     # GPU count at which tangram matches static-services on the full cluster
-    b = cfg["gpu_count_batch"]
+    counts = [_gpu_count(base, b, cfg["gpu_shapes"], seed) for b in cfg["gpu_count_batches"]]
+    return {"paper": PAPER["gpu_scaling"], "rows": rows, "gpu_count": counts}
+
+
+def _gpu_count(base, b, shapes, seed):
+    from tangram.simulator.errors import WorkloadError
+
     wl = base.with_batch(b)
     target = run(wl, "static-services", seed)
     full = wl.cluster.total_gpus
     sweep = []
-    for nodes, per in cfg["gpu_shapes"]:
+    for nodes, per in shapes:
         try:
             small = wl.with_cluster(replace(wl.cluster, gpu_nodes=nodes, gpus_per_node=per))
         except WorkloadError as exc:  # a teacher does not fit this shape at all
@@ -127,10 +132,9 @@ def gpu_scaling(cfg, seed):
                       "lower_bound_mean_act_s": r["lower_bound_mean_act_s"], "step_time_s": r["step_time_s"]})
     ok = [s for s in sweep if "mean_act_s" in s and s["mean_act_s"] <= target["mean_act_s"]]
     match = min((s["gpus"] for s in ok), default=None)
-    return {"paper": PAPER["gpu_scaling"], "rows": rows,
-            "gpu_count": {"batch": b, "static_services_gpus": full, "static_services_mean_act_s": target["mean_act_s"],
-                          "sweep": sweep, "tangram_matching_gpus": match,
-                          "fraction_of_gpus": (round(match / full, 3) if match else None)}}
+    return {"batch": b, "static_services_gpus": full, "static_services_mean_act_s": target["mean_act_s"],
+            "sweep": sweep, "tangram_matching_gpus": match,
+            "fraction_of_gpus": (round(match / full, 3) if match else None)}
 
 
 def breakdown(cfg, seed):
@@ -213,12 +217,14 @@ def plot(results: dict, out: Path) -> list[str]:
         ax.plot(x, [r["lower_bound_mean_act_s"] for r in rows], "k:", label="lower bound")
         ax.set(xlabel="batch (trajectories)", ylabel="mean ACT (s)", yscale="log", title="GPU scaling: mopd")
         ax.legend()
-        sw = [s for s in g["gpu_count"]["sweep"] if "mean_act_s" in s]
-        ax2.plot([s["gpus"] for s in sw], [s["mean_act_s"] for s in sw], "s-", label="tangram")
-        ax2.axhline(g["gpu_count"]["static_services_mean_act_s"], color="C0", ls="--",
-                    label=f"static-services, {g['gpu_count']['static_services_gpus']} GPUs")
-        ax2.set(xlabel="GPUs", ylabel="mean ACT (s)", yscale="log", title=f"GPU count, batch {g['gpu_count']['batch']}")
-        ax2.legend()
+        for i, gc in enumerate(g["gpu_count"]):
+            sw = [s for s in gc["sweep"] if "mean_act_s" in s]
+            ax2.plot([s["gpus"] for s in sw], [s["mean_act_s"] for s in sw], "s-", color=f"C{i}",
+                     label=f"tangram, batch {gc['batch']}")
+            ax2.axhline(gc["static_services_mean_act_s"], color=f"C{i}", ls="--",
+                        label=f"static-services, {gc['static_services_gpus']} GPUs, batch {gc['batch']}")
+        ax2.set(xlabel="GPUs", ylabel="mean ACT (s)", yscale="log", title="GPUs tangram needs to match static-services")
+        ax2.legend(fontsize=7)
         files.append(_save(fig, out / "gpu_scaling.png"))
     if "breakdown" in results:
         b = results["breakdown"]
@@ -263,7 +269,7 @@ FULL = {
     "cpu_batches": [256, 512, 1024, 1536, 2048],
     "ablation_batch": 1280,
     "gpu_batches": [256, 512, 1024, 2048],
-    "gpu_count_batch": 2048,
+    "gpu_count_batches": [256, 2048],
     "gpu_shapes": [(1, 4), (1, 8), (2, 8), (3, 8), (4, 8), (5, 8)],
     "breakdown_batch": 1024,
     "e2e_batch": 1024,
@@ -272,7 +278,7 @@ QUICK = {
     "cpu_batches": [256, 1024, 2048],
     "ablation_batch": 1280,
     "gpu_batches": [256, 1024, 2048],
-    "gpu_count_batch": 1024,
+    "gpu_count_batches": [256, 1024],
     "gpu_shapes": [(1, 4), (1, 8), (2, 8), (3, 8), (4, 8), (5, 8)],
     "breakdown_batch": 1024,
     "e2e_batch": 256,
@@ -281,7 +287,7 @@ SMOKE = {  # seconds: checks the script end to end, the numbers mean little
     "cpu_batches": [16, 32],
     "ablation_batch": 32,
     "gpu_batches": [16, 32],
-    "gpu_count_batch": 32,
+    "gpu_count_batches": [16, 32],
     "gpu_shapes": [(1, 4), (1, 8), (5, 8)],
     "breakdown_batch": 32,
     "e2e_batch": 16,
@@ -326,7 +332,7 @@ def headline(r: dict) -> dict:
         g = r["gpu_scaling"]
         h["gpu_act_ratio_static"] = {row["batch"]: row["act_ratio_static"] for row in g["rows"]}
         h["gpu_act_ratio_serverless"] = {row["batch"]: row["act_ratio_serverless"] for row in g["rows"]}
-        h["gpu_fraction_to_match_static"] = g["gpu_count"]["fraction_of_gpus"]
+        h["gpu_fraction_to_match_static"] = {gc["batch"]: gc["fraction_of_gpus"] for gc in g["gpu_count"]}
     if "breakdown" in r:
         h["breakdown_ratio"] = r["breakdown"]["ratio"]
     if "end_to_end" in r:
