@@ -192,8 +192,9 @@ async def run_point(executor, env_id: str, spec: ClassSpec, dop: int, cores: Seq
     if result.status != "succeeded":
         why = result.error or f"exit code {result.exit_code}"
         stderr = (result.stderr or "").strip()
-        if not stderr and result.stdout:
-            stderr = result.stdout.strip()[-4000:]
+        if result.stdout and result.stdout.strip():  # pytest reports its failures on stdout
+            tail = "\n".join(result.stdout.strip().splitlines()[-30:])
+            stderr = f"{stderr}\n--- stdout (last lines) ---\n{tail}" if stderr else tail
         raise SweepError(spec.name, dop, f"{why}: {render_command(spec.command, dop)}", stderr)
     return elapsed, result
 
@@ -237,7 +238,7 @@ async def sweep(
                 try:
                     if spec.image is not None and spec.workdir is not None:
                         await copy_workdir(executor, env_id, spec.workdir)
-                    warm_dop = points[0][0] if not spec.dops else max(spec.dop_list())
+                    warm_dop = max(spec.dop_list())  # the fastest run warms caches as well as any
                     for w in range(spec.warmups):
                         _describe(progress, task, f"{spec.name}: warm-up {w + 1}/{spec.warmups} (dop {warm_dop})")
                         await run_point(executor, env_id, spec, warm_dop, cores, f"warmup{w}")

@@ -83,6 +83,16 @@ def test_slower_with_more_cores_is_clipped_not_rejected():
     assert all(0 < e <= 1 for e in fit.efficiency.values())
 
 
+def test_table_chosen_when_more_cores_are_consistently_slower():
+    # DoP 2 slower than DoP 1 in every repeat (start-up costs on a busy box): monotone fits flatten
+    # to a constant and overstate E(2) as 0.5; the per-DoP table keeps the measured E(2) = 10 / (2 * 13)
+    samples = [Sample(1, 10.0 + 0.2 * r, r) for r in range(3)] + [Sample(2, 13.0 + 0.2 * r, r) for r in range(3)]
+    fit = fit_class(samples)
+    assert fit.model == "table"
+    assert fit.t1_s == pytest.approx(10.2)
+    assert fit.efficiency[2] == pytest.approx(10.2 / (2 * 13.2))
+
+
 @pytest.mark.parametrize("samples,why", [
     ([Sample(1, 5.0), Sample(1, 5.1), Sample(1, 4.9)], "distinct DoPs"),  # one DoP only
     ([], "distinct DoPs"),  # nothing measured
