@@ -75,7 +75,8 @@ def _table(results: list[dict]) -> None:
         t.add_column(c, justify="left" if c == "policy" else "right")
     base = first["mean_act_s"]
     for r in results:
-        util = "  ".join(f"{k} {v['utilisation']:.0%}/{v['reserved_frac']:.0%}" for k, v in r["pools"].items())
+        util = "  ".join(f"{k} {v['utilisation']:.0%}/{v['reserved_frac']:.0%}" if v["utilisation"] is not None
+                         else f"{k} -/{v['reserved_frac']:.0%}" for k, v in r["pools"].items())
         ratio = "" if r is first or not base else f" ({r['mean_act_s'] / base:.1f}x)"
         t.add_row(r["policy"], f"{r['mean_act_s']:.2f}{ratio}", f"{r['p50_act_s']:.2f}", f"{r['p99_act_s']:.2f}",
                   f"{r['mean_queue_s']:.2f}", f"{r['mean_exec_s']:.2f}", f"{r['mean_restore_s']:.2f}",

@@ -58,6 +58,7 @@ class _Traj:
     pod_start: float = 0.0
     pending: "_Rec | None" = None
     env_started: bool = False
+    mem_from: float = -1.0  # when its memory reservation began (placement), if it has one
     end: float = 0.0
 
 
@@ -129,6 +130,7 @@ class Simulation:
             caps[f"mem@c{i}"] = int(c.mem_gb_per_node * 1024)
         if c.cpu_nodes:
             self.capacity["cpu"] = c.total_cores
+            self.capacity["mem"] = int(c.mem_gb_per_node * 1024) * c.cpu_nodes  # MiB
         uses_gpu = any(cl.rtype == "gpu" for j in self.wl.jobs for cl in j.actions + j.rewards)
         if self.spec.gpu_mode == "static" and uses_gpu:
             for cl_svc in sorted({s for j in self.wl.jobs for cl in j.actions + j.rewards if cl.rtype == "gpu" for s in cl.services}):
@@ -340,6 +342,7 @@ class Simulation:
                 tr = rec.traj
                 tr.pod = "creating"
                 tr.pod_start = now
+                tr.mem_from = now
                 self._creating += 1
                 b = self.wl.baselines
                 rec.setup_s = b.pod_start_s + b.pod_start_per_concurrent_s * (self._creating - 1)
@@ -357,6 +360,7 @@ class Simulation:
                 rec.restore_s = self._restore_s(rec.id, d.pools["gpu"])
             if cls.rtype == "cpu" and not rec.traj.env_started:
                 rec.traj.env_started = True
+                rec.traj.mem_from = now
                 rec.setup_s = rec.traj.job.env_start_s
             if self.spec.api_mode == "naive" and cls.rtype.startswith("api:"):
                 self._attempt(rec)
@@ -452,6 +456,9 @@ class Simulation:
             return
         # the trajectory ended: its pod, memory and node pin go away
         tr.end = now
+        if tr.mem_from >= 0 and "mem" in self.reserved:
+            # the trajectory's memory is reserved from its placement to its end; nothing "runs" on it
+            self.reserved["mem"] += tr.job.memory_mb * (now - tr.mem_from)
         self._left -= 1
         if tr.pod is not None:
             pod = self._recs.pop(f"{tr.id}/pod")
@@ -499,6 +506,8 @@ class Simulation:
                 "reserved_frac": round(reserved / (cap * total), 4) if cap and total else 0.0,
                 "utilisation": round(self.busy[k] / (cap * total), 4) if cap and total else 0.0,
             }
+            if k == "mem":  # MiB; only reserved (per trajectory), never "busy"
+                pools[k]["busy_unit_s"] = pools[k]["utilisation"] = None
         out = {
             "policy": self.spec.name,
             "workload": self.wl.name,
