@@ -5,6 +5,28 @@ cluster, under ``jobs:``): trajectories per step, turns per trajectory, the
 LLM generation time before every action, the action classes of a turn (drawn
 by weight), the reward actions at a trajectory's end, the GPU services, the
 cluster, and the parameters of the baselines. Every error names its field.
+
+Schema (distributions: a number, or ``{dist: fixed|lognormal|uniform, ...}``,
+see :mod:`tangram.simulator.dists`)::
+
+    name: ai-coding
+    trajectories: 1024            # per step (``--batch`` overrides)
+    steps: 1
+    turns: <dist>                 # actions per trajectory (rounded)
+    generation_s: <dist>          # LLM generation before each action and before the rewards
+    memory_mb: 16384              # reserved per trajectory on its CPU node
+    env_start_s: 1.0              # environment creation, added to its first CPU action
+    actions:                      # a turn's action class, drawn by weight
+      <class>: {weight, duration_s: <dist of T1>, resources: {cpu|gpu|api:<name>: <demand>},
+                elasticity: {amdahl: s} | {table: {m: E}}, profiled: bool, service: name | [names]}
+    rewards: {<class>: ...}       # run in order at the trajectory's end
+    services: {<name>: {size_gb, t1_scale}}      # GPU models (DoPs follow from memory)
+    cluster: {cpu_nodes, cores_per_node, mem_gb_per_node, gpu_nodes, gpus_per_node,
+              gpu_mem_gb, restore_gbps, api: {<name>: {concurrency, quota, period_s}}}
+    baselines: {trajectory: {pod_cores, start_s, start_per_concurrent_s},
+                static_services: {<service>: {dop, replicas}}, serverless: {load_gbps},
+                api_naive: {reject_s, backoff_s, backoff_max_s, max_retries}, compare: [policies]}
+    jobs: [{workload: <name or file>, trajectories, name}]   # instead of the above: jobs sharing the cluster
 """
 from __future__ import annotations
 
