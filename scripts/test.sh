@@ -57,6 +57,8 @@ if [ -f scripts/test-requirements.txt ]; then
 fi
 echo "test.sh: pip install -e '.[dev,docker,datasets,profiling]' ${reqs[*]:-}" >&2
 pip_install -e '.[dev,docker,datasets,profiling]' "${reqs[@]}"
+# test-only extras that need --no-deps (the SWE-bench evaluation specs)
+bash scripts/install_test_extras.sh
 
 # --- Docker Engine (docker tests skip, with the reason, if none can start) ----
 bash scripts/docker_engine.sh || echo "docker engine unavailable; docker tests will skip" >&2
