@@ -138,3 +138,15 @@ def test_no_starvation_under_a_stream_of_small_arrivals():
     assert big.queued_s <= 1.5 + 1e-9  # waits only for the cores busy when it arrived
     assert all(r.state == "succeeded" for r in eng.records())
     eng.check_invariants()
+
+
+def test_overdue_running_action_is_not_assumed_to_end_now():
+    # an unprofiled 64-core action estimated at 1 s has run for 300 s: it is taken to
+    # need ~150 s more, not 0, so a new elastic suite starts on the 2 free cores (~61 s)
+    from tangram.policy.snapshot import PolicyParams
+
+    eng, clock = make_engine(make_node(cores=66), params=PolicyParams(default_duration_s=1.0))
+    eng.submit(make_action("long", cpu=64))
+    clock.advance(300.0)
+    (s,) = eng.submit(make_action("suite", cpu={"min": 1, "max": 64}, t1=120.0, serial=0.02))
+    assert s.dispatch.units["cpu"] == 2

@@ -116,3 +116,22 @@ def test_gpu_action_prefers_the_node_where_its_model_is_resident():
     a = make_action("judge", gpu=[1, 2], service="rm")  # "rm2" is another model, not a prefix match
     (d,) = plan(Snapshot(pools=pools, nodes=("n0", "n1"), waiting=(a,))).dispatches
     assert d.node == "n1"
+
+
+def test_lone_elastic_action_waits_for_cores_about_to_free_up():
+    # 2 of 66 cores free; 64 come back in 2.8 s. A 120 s (single-core) suite
+    # finishes far sooner by waiting for them than by starting now on 2 cores.
+    a = make_action("suite", cpu={"min": 1, "max": 64}, t1=120.0, serial=0.02)
+    assert _units(plan(_snap([a], cpu=66, running=[(2.8, 64)]))) == {}
+
+
+def test_lone_elastic_action_starts_when_waiting_does_not_pay():
+    # the busy cores come back only in 500 s: start now on the free ones
+    a = make_action("suite", cpu={"min": 1, "max": 64}, t1=120.0, serial=0.02)
+    assert _units(plan(_snap([a], cpu=66, running=[(500.0, 64)]))) == {"suite": {"cpu": 2}}
+
+
+def test_never_waits_when_nothing_would_wake_it():
+    # nothing holds the pool: waiting would never end, so it starts
+    a = make_action("suite", cpu={"min": 1, "max": 64}, t1=120.0, serial=0.02)
+    assert _units(plan(_snap([a], cpu=2))) == {"suite": {"cpu": 2}}

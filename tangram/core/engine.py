@@ -101,7 +101,7 @@ class Engine:
         self._placed_mem: dict[str, tuple[str, int]] = {}  # holder -> (mem pool, MiB)
         # pool -> action id -> (estimated end, units), in start order: the snapshot's
         # completion-heap seed, kept incrementally instead of walking every running action
-        self._running_by_pool: dict[str, dict[str, tuple[float, int]]] = {}
+        self._running_by_pool: dict[str, dict[str, tuple[float, float, int]]] = {}  # (start, est. end, units)
         self.rounds = 0
 
     # ------------------------------------------------------------------ #
@@ -188,7 +188,7 @@ class Engine:
         rbp = self._running_by_pool
         if rbp:
             pools = {
-                name: (_with_running(p, [(e - now if e > now else 0.0, u) for e, u in rbp[name].values()])
+                name: (_with_running(p, [(_seconds_left(b, e, now), u) for b, e, u in rbp[name].values()])
                        if name in rbp else p)
                 for name, p in pools.items()
             }
@@ -242,7 +242,7 @@ class Engine:
         rec.estimated_end = now + (d.estimated_s or self.params.default_duration_s)
         self.running[a.id] = rec
         for rtype, pname in d.pools.items():
-            self._running_by_pool.setdefault(pname, {})[a.id] = (rec.estimated_end, d.units[rtype])
+            self._running_by_pool.setdefault(pname, {})[a.id] = (now, rec.estimated_end, d.units[rtype])
         return Started(rec, d, grants)
 
     def _finish(self, rec: ActionRecord, status: str) -> None:
@@ -338,6 +338,18 @@ class Engine:
         yield from self.finished.values()
         yield from self.running.values()
         yield from self.waiting.values()
+
+
+def _seconds_left(started: float, estimated_end: float, now: float) -> float:
+    """Expected time left of a running action.
+
+    Past its estimate, an action is assumed to run half as long again as it
+    has so far (the longer it ran, the longer it is likely to run), rather
+    than "any moment now", which would make waiting for it look free.
+    """
+    if estimated_end > now:
+        return estimated_end - now
+    return 0.5 * (now - started)
 
 
 class _WaitingView:

@@ -314,7 +314,17 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None
     ]
     best = None
-    for t in range(n, 0, -1):
+    # Evicting the whole group (t = 0: wait) is allowed only while something
+    # holds units of this pool: its completion is the event that reschedules.
+    # A lone elastic action then may wait a moment for many cores instead of
+    # starting at once on the few that happen to be free.
+    last = 0 if seed else 1
+    for t in range(n, last - 1, -1):
+        if t == 0:
+            obj = _estimate_rest(seed, capacity, waiters, snap.params.depth - 1)
+            if best is None or obj < best[0] - _EPS:
+                best = (obj, 0, ())
+            break
         if t < exact_from:  # eviction went deeper than the pruned table is exact for
             exact_from = 1
             table = prefix_table_rows(rows, operator, exact_from)
