@@ -393,7 +393,7 @@ def _estimate_rest(heap_items, free_units: int, waiters: list, explore: int) -> 
 
 def _walk(heap, free, now, waiters, i, explore) -> float:
     total = 0.0
-    push = heapq.heappush
+    push, pop = heapq.heappush, heapq.heappop
     n = len(waiters)
     while i < n:
         umin, dmin, action, options = waiters[i]
@@ -406,8 +406,14 @@ def _walk(heap, free, now, waiters, i, explore) -> float:
                 push(h, (end, u))
                 best = min(best, end + _walk(h, f - u, t, waiters, i + 1, explore - 1))
             return total + best
-        if free < umin:
-            free, now = _start_time(heap, free, now, umin)
+        while free < umin:  # _start_time, inlined: this loop is the estimate's hot path
+            if not heap:
+                free = umin
+                break
+            t, u = pop(heap)
+            free += u
+            if t > now:
+                now = t
         total += now + dmin
         push(heap, (now + dmin, umin))
         free -= umin
