@@ -190,3 +190,13 @@ def test_docker_image_gets_a_copy_of_the_workdir(tmp_path, docker_client):
                "--dop", "1,2", "--repeats", "1", "--warmups", "0", "--out", str(out), "--no-progress"])
     assert rc == 0
     assert json.loads(out.read_text())["classes"]["in-docker"]["samples"] == 2
+
+
+def test_env_flag_reaches_the_command(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    rc = main(["profile", "--name", "env", "--command", 'test "$TANGRAM_TEST_FOO" = bar-${parallel_num}',
+               "--workdir", str(work), "--dop", "1,2", "--repeats", "1", "--warmups", "0",
+               "--env", "TANGRAM_TEST_FOO=bar-2", "--out", str(tmp_path / "p.json"), "--no-progress"])
+    assert rc == 1  # DoP 1 renders bar-1 != bar-2: the command fails, so the variable did arrive
+    assert not (tmp_path / "p.json").exists()

@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--command", help="command to profile; ${parallel_num} is replaced by the DoP")
     p.add_argument("--workdir", help="the command's working directory (a local directory)")
     p.add_argument("--image", help="run in this Docker image instead of a local directory")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable for the command (repeatable)")
     p.add_argument("--dop", help="DoPs to try, comma-separated (default 1,2,4,... up to the cores available)")
     p.add_argument("--repeats", type=int, help="measured runs per DoP (default 3)")
     p.add_argument("--warmups", type=int, help="unmeasured runs before the first point (default 1)")
@@ -78,6 +80,12 @@ def _config_from(args):
             dops = [int(x) for x in args.dop.replace(" ", "").split(",") if x]
         except ValueError:
             raise ValueError(f"--dop: expected comma-separated integers, got {args.dop!r}") from None
+    env = {}
+    for item in args.env:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--env: expected KEY=VALUE, got {item!r}")
+        env[k] = v
     if args.config:
         if args.command or args.name:
             raise ValueError("--config and --name/--command are exclusive")
@@ -87,12 +95,13 @@ def _config_from(args):
                 setattr(spec, k, v)
             if dops:
                 spec.dops = sorted(set(dops))
+            spec.env = {**spec.env, **env}
             spec.__post_init__()
     else:
         if not args.name or not args.command:
             raise ValueError("give --config FILE, or --name and --command")
         config = SweepConfig(classes=[ClassSpec(name=args.name, command=args.command, workdir=args.workdir,
-                                                image=args.image, dops=dops, **overrides)])
+                                                image=args.image, dops=dops, env=env, **overrides)])
     if args.executor:
         config.executor = args.executor
     if args.max_cv_error is not None:
