@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ from tangram.cli import main  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = REPO / "profiling" / "fixtures" / "algo_suite"
-PYTEST_CMD = "python -m pytest -q -p no:cacheprovider -n ${parallel_num}"
+PY = shlex.quote(sys.executable)  # the interpreter running the tests (a bare `python` may not exist)
+PYTEST_CMD = PY + " -m pytest -q -p no:cacheprovider -n ${parallel_num}"
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -59,8 +61,8 @@ def test_contract_on_real_pytest_suite_with_xdist(tmp_path):
 
 @pytest.mark.parametrize("command,needle", [
     ("nosuch-command-tangram -n ${parallel_num}", "command not found"),  # unknown command
-    ("python -m pytest -q -p no:cacheprovider no_such_tests_dir", "no_such_tests_dir"),  # pytest fails
-    ("python -c 'import sys; sys.stderr.write(\"boom-${parallel_num}\\n\"); sys.exit(3)'", "boom-"),
+    (PY + " -m pytest -q -p no:cacheprovider no_such_tests_dir", "no_such_tests_dir"),  # pytest fails
+    (PY + " -c 'import sys; sys.stderr.write(\"boom-${parallel_num}\\n\"); sys.exit(3)'", "boom-"),
 ])
 def test_failing_command_exits_nonzero_and_writes_nothing(tmp_path, command, needle):
     work = tmp_path / "work"
@@ -74,7 +76,7 @@ def test_failing_command_exits_nonzero_and_writes_nothing(tmp_path, command, nee
     assert list(out_dir.iterdir()) == []  # no store, no samples file
 
 
-COUNTER_CMD = ("python -c \"import os; open('runs.txt', 'a').write('${parallel_num} ' + "
+COUNTER_CMD = (PY + " -c \"import os; open('runs.txt', 'a').write('${parallel_num} ' + "
                "str(len(os.sched_getaffinity(0))) + chr(10)); sum(range(2 * 10**5))\"")
 
 
