@@ -132,7 +132,9 @@ class SampleLog:
                 for r in self.records if r["class"] == spec.name and r.get("fingerprint") == fp}
 
     def samples(self, spec: ClassSpec) -> list[Sample]:
-        return [Sample(d, s, r) for (d, r), s in sorted(self.done(spec).items())]
+        """This sweep's samples: its DoPs and repeats only (an earlier, wider sweep's extras are left out)."""
+        dops = set(spec.dop_list())
+        return [Sample(d, s, r) for (d, r), s in sorted(self.done(spec).items()) if d in dops and r < spec.repeats]
 
     def append(self, rec: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -227,7 +229,7 @@ async def sweep(
         task = progress.add_task("profiling", total=total)
     outcomes = []
     for spec in specs:
-        out = ClassOutcome(spec, reused=len(log.done(spec)))
+        out = ClassOutcome(spec, reused=len(log.samples(spec)))
         outcomes.append(out)
         points = pending[spec.name]
         if points:

@@ -202,3 +202,17 @@ def test_env_flag_reaches_the_command(tmp_path):
                "--env", "TANGRAM_TEST_FOO=bar-2", "--out", str(tmp_path / "p.json"), "--no-progress"])
     assert rc == 1  # DoP 1 renders bar-1 != bar-2: the command fails, so the variable did arrive
     assert not (tmp_path / "p.json").exists()
+
+
+def test_narrower_rerun_fits_only_its_own_dops(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = tmp_path / "p.json"
+    base = ["profile", "--name", "c", "--command", COUNTER_CMD, "--workdir", str(work), "--warmups", "0",
+            "--out", str(out), "--no-progress"]
+    assert main(base + ["--dop", "1,2", "--repeats", "2"]) == 0
+    (work / "runs.txt").unlink()
+    assert main(base + ["--dop", "1,2", "--repeats", "1"]) == 0  # everything already measured
+    assert not (work / "runs.txt").exists()
+    entry = json.loads(out.read_text())["classes"]["c"]
+    assert entry["samples"] == 2 and entry["dops"] == [1, 2]
