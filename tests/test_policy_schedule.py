@@ -135,3 +135,25 @@ def test_never_waits_when_nothing_would_wake_it():
     # nothing holds the pool: waiting would never end, so it starts
     a = make_action("suite", cpu={"min": 1, "max": 64}, t1=120.0, serial=0.02)
     assert _units(plan(_snap([a], cpu=2))) == {"suite": {"cpu": 2}}
+
+
+def test_a_blocked_head_reserves_one_node_and_the_others_keep_serving():
+    # the 4-GPU head fits nowhere; n0 is closest (3 free), so it waits for n0 alone
+    pools = {
+        "gpu@n0": PoolState("gpu@n0", "gpu", "n0", 8, 3, chunks=(1, 2)),
+        "gpu@n1": PoolState("gpu@n1", "gpu", "n1", 8, 2, chunks=(2,)),
+    }
+    head = make_action("head", gpu=4)
+    small = make_action("small", gpu=1)
+    (d,) = plan(Snapshot(pools=pools, nodes=("n0", "n1"), waiting=(head, small))).dispatches
+    assert (d.action.id, d.node) == ("small", "n1")  # never on the reserved n0
+
+
+def test_a_head_that_fits_no_node_yet_blocks_only_its_node_for_cpu_too():
+    waiting = [make_action("big", cpu=6), make_action("small", cpu=1)]
+    snap = _snap(waiting, cpu=8, nodes=("n0", "n1"))
+    pools = dict(snap.pools)
+    pools["cpu@n0"] = PoolState("cpu@n0", "cpu", "n0", 8, 4)
+    pools["cpu@n1"] = PoolState("cpu@n1", "cpu", "n1", 8, 2)
+    got = plan(Snapshot(pools=pools, nodes=("n0", "n1"), waiting=tuple(waiting))).dispatches
+    assert [(d.action.id, d.node) for d in got] == [("small", "n1")]

@@ -211,6 +211,10 @@ class Action:
     timeout_s: float | None = None
     service: str | None = None
     payload: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    # GPU actions: seconds to restore the service's state onto a chunk of m
+    # devices on a cache miss (evict-on-execution); the policy adds it to the
+    # duration of a DoP whose service is not resident
+    restore_s: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
 
     @classmethod
     def build(
@@ -227,6 +231,7 @@ class Action:
         timeout_s: float | None = None,
         service: str | None = None,
         payload: Mapping[str, Any] | None = None,
+        restore_s: Mapping[int, float] | None = None,
     ) -> "Action":
         if not isinstance(id, str) or not id:
             raise DemandError("id", "must be a non-empty string")
@@ -268,6 +273,12 @@ class Action:
                 e = elasticity.efficiency(m)
                 if not (0.0 < e <= 1.0 + 1e-9):
                     raise DemandError("elasticity", f"E({m}) must be within (0, 1], got {e!r}")
+        restore: dict[int, float] = {}
+        for m, sec in (restore_s or {}).items():
+            sec = float(sec)
+            if not (sec >= 0) or math.isinf(sec):
+                raise DemandError(f"restore_s[{m}]", f"must be a non-negative finite duration, got {sec!r}")
+            restore[int(m)] = sec
         return cls(
             id=id,
             demands=MappingProxyType(parsed),
@@ -280,6 +291,7 @@ class Action:
             timeout_s=None if timeout_s is None else float(timeout_s),
             service=service,
             payload=MappingProxyType(dict(payload or {})),
+            restore_s=MappingProxyType(restore),
         )
 
     @property

@@ -86,19 +86,29 @@ def _select_candidates(snap: Snapshot):
     # memory is only ever needed along with cores: once every other pool has a
     # blocked head, nothing later in the queue can start this round
     blockable = {name for name, p in pools.items() if p.rtype != "mem"}
-    open_pools = len(blockable)
+    closed: set[str] = set()  # blocked, or too full for even one unit: nothing more starts there
+    # free units only shrink within a round: once u units did not fit in a pool, nothing of u or more will
+    failed_at: dict[str, int] = {}
 
     def fits(pname: str, units: int) -> bool:
+        if units >= failed_at.get(pname, units + 1):
+            return False
         p = pools[pname]
         if p.chunked:
-            return free[pname] >= units and packable(p.chunks, taken_chunks[pname] + [units])
-        return free[pname] >= units
+            ok = free[pname] >= units and packable(p.chunks, taken_chunks[pname] + [units])
+        else:
+            ok = free[pname] >= units
+        if not ok:
+            failed_at[pname] = units
+            if units <= 1:
+                closed.add(pname)
+        return ok
 
     gpu_pools = [g for g in (pool_name("gpu", n) for n in snap.nodes) if g in pools]
     waiting_iter = iter(snap.waiting)
     for a in waiting_iter:
-        if blocked and "cpu" not in a.demands and all(t in blocked for t in a.demands if t != "gpu") and (
-                "gpu" not in a.demands or all(g in blocked for g in gpu_pools)):
+        if closed and "cpu" not in a.demands and all(t in closed for t in a.demands if t != "gpu") and (
+                "gpu" not in a.demands or all(g in closed for g in gpu_pools)):
             # fast path, same outcome as _place: an action (API and/or GPU) behind blocked heads
             # of every pool it could use only joins their look-ahead (a long backlog otherwise
             # made every round O(queue) calls of _place)
@@ -117,13 +127,12 @@ def _select_candidates(snap: Snapshot):
         node, needed, place_mem = _place(a, units, snap, placed, free, fits, blocked)
         if node is _NO_NODE:
             for pname in needed:
-                if pname not in blocked:
-                    blocked.add(pname)
-                    open_pools -= pname in blockable
+                blocked.add(pname)
+                closed.add(pname)
                 waiting = lookahead.setdefault(pname, [])
                 if len(waiting) < limit:
                     waiting.append(a)
-            if open_pools <= 0:
+            if blockable <= closed:  # every pool is blocked or full: nothing later can start
                 _fill_lookahead(waiting_iter, lookahead, limit)
                 break
             continue
@@ -202,12 +211,42 @@ def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits,
         if best_key is None or key > best_key:
             best, best_key = node, key
     if best is _NO_NODE or not api_ok:
-        block = [pool_name(t, n) for n in nodes for t in local if pool_name(t, n) in snap.pools]
+        if best is _NO_NODE:
+            best = _reservation_node(a, units, local, nodes, snap, free)
+        # Head-of-line blocking per node: the waiting head reserves one node (later
+        # actions may not take its units there), the other nodes keep serving.
+        targets = nodes if best is _NO_NODE else (best,)
+        block = [pool_name(t, n) for n in targets for t in local if pool_name(t, n) in snap.pools]
         if bound is None and "cpu" in a.demands and a.mem_mb:
-            block += [pool_name("mem", n) for n in nodes if pool_name("mem", n) in snap.pools]
+            block += [pool_name("mem", n) for n in targets if pool_name("mem", n) in snap.pools]
         return _NO_NODE, block + api_pools, 0
     mem = a.mem_mb if (bound is None and "cpu" in a.demands and a.mem_mb) else 0
     return best, [], mem
+
+
+def _reservation_node(a: Action, units: dict[str, int], local: list[str], nodes, snap: Snapshot, free):
+    """The node a head that fits nowhere waits for: the one closest to fitting it.
+
+    Closest = the fewest missing units of its node-local demands (memory
+    included for a trajectory still to be placed), then the most free units.
+    While reserved, a node only gains free units, so the reservation moves
+    only to a node that is strictly closer: the head cannot starve.
+    """
+    best, best_key = _NO_NODE, None
+    for node in nodes:
+        names = [pool_name(t, node) for t in local]
+        if any(n not in snap.pools or snap.pools[n].capacity < units[t] for n, t in zip(names, local)):
+            continue  # this node can never host it
+        missing = sum(max(0, units[t] - free[n]) for n, t in zip(names, local))
+        if "cpu" in a.demands and a.mem_mb and a.trajectory not in snap.placement:
+            mname = pool_name("mem", node)
+            if mname not in snap.pools or snap.pools[mname].capacity < a.mem_mb:
+                continue
+            missing += 1 if free[mname] < a.mem_mb else 0
+        key = (-missing, sum(free[n] for n in names))
+        if best_key is None or key > best_key:
+            best, best_key = node, key
+    return best
 
 
 def _node_preference(a: Action, node: str, snap: Snapshot, free) -> tuple:
@@ -255,14 +294,19 @@ def _full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:
     return units, durs
 
 
-def _option_row(a: Action, cap: int, params: PolicyParams) -> tuple[np.ndarray, np.ndarray]:
+def _option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None = None) -> tuple[np.ndarray, np.ndarray]:
     units, durs = _full_row(a)
     limit = cap
     caps = params.dop_caps.get(a.action_class)
     if caps is not None:
         limit = min(limit, max(caps, int(units[0])))
     k = int(np.searchsorted(units, limit, side="right"))
-    return units[:k], durs[:k]
+    units, durs = units[:k], durs[:k]
+    if a.restore_s and a.service is not None and pool is not None and pool.chunked:
+        # evict-on-execution: a DoP whose service is not resident first pays its restore
+        extra = [0.0 if f"{a.service}@dop{u}" in pool.resident else a.restore_s.get(int(u), 0.0) for u in units]
+        durs = durs + np.asarray(extra)
+    return units, durs
 
 
 @lru_cache(maxsize=4096)
@@ -304,7 +348,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         capacity = pool.free - sum(other_units)
         operator = UnitsOperator(max(capacity, 0))
     params = snap.params
-    rows = [_option_row(c.action, capacity, params) for c in group]
+    rows = [_option_row(c.action, capacity, params, pool) for c in group]
     n = len(group)
     exact_from = max(1, n - _EVICTION_WINDOW)
     table = prefix_table_rows(rows, operator, exact_from)

@@ -243,7 +243,11 @@ class Simulation:
             elif self.spec.gpu_mode == "serverless":
                 demands = {"gpu": Demand.fixed(self._serverless_dop(cls, it.service))}
             else:
-                demands = {"gpu": Demand.choices(self._gpu_options(cls, it.service))}
+                opts = self._gpu_options(cls, it.service)
+                demands = {"gpu": Demand.choices(opts)}
+                # what a miss costs at each DoP, as the service cache restores it (sharded state)
+                size_mb = math.ceil(self.wl.services[it.service].size_gb * 1024)
+                kw["restore_s"] = {m: math.ceil(size_mb / m) / 1024 / self.wl.cluster.restore_gbps for m in opts}
         else:
             demands = {cls.rtype: cls.demand}
         return Action.build(rec.id, demands, **kw)
