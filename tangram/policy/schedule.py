@@ -2,9 +2,10 @@
 
 1. FCFS candidates: walk the queue, take every action whose minimum demands
    fit together with the earlier candidates' (vector constraint, topology
-   aware); an action that does not fit blocks the pools it needs, so later
+   aware); an action that does not fit blocks the pools it needs (on its
+   node, or on the one node it reserves when it could go anywhere), so later
    actions never overtake it there (no starvation) while actions that need
-   other pools go on (an API call never waits behind a test suite).
+   other pools or nodes go on (an API call never waits behind a test suite).
 2. Group the scalable candidates by key pool; the rest get their minimum.
 3. Greedy eviction per group with the ACT approximation (Algorithm 2) over
    the DPArrange prefix table (one DP pass serves every prefix).
