@@ -183,19 +183,12 @@ class Engine:
     # scheduling
 
     def snapshot(self) -> Snapshot:
-        now = self.clock()
         pools = self.pool_states()
-        rbp = self._running_by_pool
-        if rbp:
-            pools = {
-                name: (_with_running(p, [(_seconds_left(b, e, now), u) for b, e, u in rbp[name].values()])
-                       if name in rbp else p)
-                for name, p in pools.items()
-            }
         return Snapshot(
             pools=pools,
             nodes=self.nodes(pools),
             waiting=_WaitingView(self.waiting),
+            running=_RunningView(self._running_by_pool, self.clock()),
             placement=dict(self.placement),
             class_estimates=self.estimator.class_estimates(),
             params=self.params,
@@ -352,6 +345,30 @@ def _seconds_left(started: float, estimated_end: float, now: float) -> float:
     return 0.5 * (now - started)
 
 
+class _RunningView(Mapping[str, tuple[tuple[float, int], ...]]):
+    """pool -> ``(seconds left, units)`` of its running actions, computed on demand.
+
+    The policy reads it only for the pools it arranges elastically; building
+    it for every pool on every round cost more than the round itself.
+    """
+
+    __slots__ = ("_by_pool", "_now")
+
+    def __init__(self, by_pool: dict[str, dict[str, tuple[float, float, int]]], now: float):
+        self._by_pool = by_pool
+        self._now = now
+
+    def __getitem__(self, pool: str) -> tuple[tuple[float, int], ...]:
+        now = self._now
+        return tuple((_seconds_left(b, e, now), u) for b, e, u in self._by_pool[pool].values())
+
+    def __iter__(self):
+        return iter(self._by_pool)
+
+    def __len__(self) -> int:
+        return len(self._by_pool)
+
+
 class _WaitingView:
     """The waiting actions in FCFS order, read-only, without copying the queue.
 
@@ -379,10 +396,3 @@ class _WaitingView:
             if k == i:
                 return a
         raise IndexError(i)
-
-
-def _with_running(p: PoolState, running: list[tuple[float, int]]) -> PoolState:
-    return PoolState(
-        name=p.name, rtype=p.rtype, node=p.node, capacity=p.capacity, free=p.free,
-        chunks=p.chunks, running=tuple(running), resident=p.resident,
-    )

@@ -354,7 +354,8 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     exact_from = max(1, n - _EVICTION_WINDOW)
     table = prefix_table_rows(rows, operator, exact_from)
 
-    seed = list(pool.running) + [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
+    seed = list(pool.running) + list(snap.running.get(pool.name, ()))
+    seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
     waiters = [_waiter(c.action, pool, snap) for c in group] + [
         w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None
     ]

@@ -72,7 +72,10 @@ class Snapshot:
     pools: Mapping[str, PoolState]
     nodes: tuple[str, ...]
     waiting: Sequence[Action]  # FCFS order; the engine passes a read-only view
-    placement: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # trajectory -> node (memory already reserved)
+    placement: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    # pool -> (seconds left, units) of running actions, beside PoolState.running
+    # (the engine passes a lazy mapping: only the pools the policy arranges are computed)
+    running: Mapping[str, Sequence[tuple[float, int]]] = field(default_factory=lambda: _EMPTY)  # trajectory -> node (memory already reserved)
     class_estimates: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # running average duration per class
     params: PolicyParams = field(default_factory=PolicyParams)
 
