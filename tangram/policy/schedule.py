@@ -124,6 +124,15 @@ def _select_candidates(snap: Snapshot):
                 if len(waiting) < limit:
                     waiting.append(a)
             continue
+        if closed and "cpu" in a.demands and a.trajectory is not None:
+            # fast path: a trajectory pinned to a node whose pools are all shut this round
+            home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
+            if home is not None and all(pool_name(t, home) in closed for t in a.demands):
+                for t in a.demands:
+                    waiting = lookahead.setdefault(pool_name(t, home), [])
+                    if len(waiting) < limit:
+                        waiting.append(a)
+                continue
         units = _base_units(a, snap.params)
         node, needed, place_mem = _place(a, units, snap, placed, free, fits, blocked)
         if node is _NO_NODE:
