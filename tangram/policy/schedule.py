@@ -61,8 +61,8 @@ def plan(snap: Snapshot) -> Plan:
         Dispatch(
             action=c.action,
             node=c.node,
-            units=MappingProxyType(dict(c.units)),
-            pools=MappingProxyType(dict(c.pools)),
+            units=MappingProxyType(c.units),  # the candidate's own dicts: nothing else holds them
+            pools=MappingProxyType(c.pools),
             place_mem_mb=c.place_mem,
             estimated_s=_duration(c.action, c.units.get(c.action.key, 0) if c.action.key else 0, snap),
         )
