@@ -25,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="tangram-demo", help="where the chart and summary go (default ./tangram-demo)")
     p.add_argument("--profile", default=None, help="profile store for the reward suite (default: the shipped one)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="first measure the reward suite's elasticity on this machine (tangram profile) and use it")
     p.add_argument("--skip-baseline", action="store_true", help="run only the tangram rollout")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     p.set_defaults(func=_run)
@@ -41,10 +43,28 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("trajectories", "turns", "cores", "pod_cores"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("gap-s", args.gap_s, 0)
+    if args.calibrate:
+        args.profile = _calibrate(args)
     try:
         return asyncio.run(_main(args))
     except KeyboardInterrupt:
         return 130
+
+
+def _calibrate(args: argparse.Namespace) -> str:
+    """Profile the demo's suite at DoP 1, 2, 4, ... on the cores the demo will use."""
+    from tangram.cli import main as cli_main
+    from tangram.demo.rollout import PROJECT_DIR, REWARD_PROFILE, reward_command
+
+    cores = len(os.sched_getaffinity(0)) if args.cores is None else args.cores
+    dops = [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= cores] or [1]
+    out = Path(args.out) / "numkit_profile.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rc = cli_main(["profile", "--name", REWARD_PROFILE, "--command", reward_command(), "--workdir", str(PROJECT_DIR),
+                   "--dop", ",".join(map(str, dops)), "--repeats", "2", "--out", str(out)])
+    if rc != 0:
+        raise SystemExit(f"tangram demo: calibrating the reward suite failed (exit {rc})")
+    return str(out)
 
 
 async def _main(args: argparse.Namespace) -> int:
