@@ -157,3 +157,12 @@ def test_a_head_that_fits_no_node_yet_blocks_only_its_node_for_cpu_too():
     pools["cpu@n1"] = PoolState("cpu@n1", "cpu", "n1", 8, 2)
     got = plan(Snapshot(pools=pools, nodes=("n0", "n1"), waiting=tuple(waiting))).dispatches
     assert [(d.action.id, d.node) for d in got] == [("small", "n1")]
+
+
+def test_units_that_buy_no_speedup_are_not_taken():
+    # measured E(2) = 0.502: two cores are 0.4% faster than one; the second core is not worth holding
+    from tangram.core.model import Action, Elasticity
+
+    a = Action.build("suite", {"cpu": {"min": 1, "max": 2}}, t1_s=7.0,
+                     elasticity=Elasticity.from_table({1: 1.0, 2: 0.502}))
+    assert _units(plan(_snap([a], cpu=2))) == {"suite": {"cpu": 1}}

@@ -27,6 +27,8 @@ from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Sna
 _EPS = 1e-9
 # greedy eviction rarely evicts many; the DP is pruned for the last few prefixes first
 _EVICTION_WINDOW = 8
+# an extra unit must buy at least 5% of the speedup it would give perfectly parallel work
+_MIN_MARGINAL_GAIN = 0.05
 
 
 class _Candidate:
@@ -285,23 +287,46 @@ def _duration(a: Action, units: int, snap: Snapshot) -> float:
     return snap.class_estimates.get(a.action_class, snap.params.default_duration_s)
 
 
-_ROWS: dict[str, tuple[Action, np.ndarray, np.ndarray]] = {}
+_ROWS: dict[str, tuple[Action, np.ndarray, np.ndarray, tuple[int, ...]]] = {}
 
 
 def _full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:
-    """All options of ``a``'s key resource and their durations, computed once per action.
+    """The worthwhile options of ``a``'s key resource and their durations, once per action.
 
-    A memo, not state: the arrays depend only on the frozen action.
+    A memo, not state: the arrays depend only on the frozen action. An
+    option is worthwhile only if each unit it adds over the previous kept
+    one buys at least ``_MIN_MARGINAL_GAIN`` of what a perfectly parallel
+    action would gain: cores that speed nothing up would be held for nothing
+    (the DP, which sums durations only, would take them for a 0.1% gain).
     """
     hit = _ROWS.get(a.id)
     if hit is not None and hit[0] is a:
         return hit[1], hit[2]
+    return _build_row(a)[1:3]
+
+
+def _build_row(a: Action):
     units = np.asarray(a.demands[a.key].options, dtype=np.int64)
     durs = a.elasticity.durations(a.t1_s, units)
+    keep = [0]
+    for i in range(1, len(units)):
+        j = keep[-1]
+        gain = durs[j] / durs[i] - 1.0
+        if gain >= _MIN_MARGINAL_GAIN * (units[i] - units[j]) / units[j]:
+            keep.append(i)
+    if len(keep) < len(units):
+        units, durs = units[keep], durs[keep]
     if len(_ROWS) >= 65536:
         _ROWS.clear()
-    _ROWS[a.id] = (a, units, durs)
-    return units, durs
+    entry = _ROWS[a.id] = (a, units, durs, tuple(int(u) for u in units))
+    return entry
+
+
+def _worthwhile_options(a: Action) -> tuple[int, ...]:
+    hit = _ROWS.get(a.id)
+    if hit is not None and hit[0] is a:
+        return hit[3]
+    return _build_row(a)[3]
 
 
 def _option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -430,7 +455,7 @@ def _waiter(a: Action, pool: PoolState, snap: Snapshot):
     if demand is None:
         return None
     explore = a if (a.scalable and a.key == pool.rtype) else None
-    options = _explored_options(demand.options, pool.capacity) if explore else ()
+    options = _explored_options(_worthwhile_options(a), pool.capacity) if explore else ()
     return demand.min, _duration(a, demand.min, snap), explore, options
 
 
