@@ -32,14 +32,10 @@ BAD = "def add(a, b):\n    return a - b\n"
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    p = tmp_path_factory.mktemp("proj")
-    (p / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
-    (p / "test_calc.py").write_text(
-        "from calc import add\n\n"
-        "def test_small():\n    assert add(1, 2) == 3\n\n"
-        "def test_zero():\n    assert add(0, 0) == 0\n\n"
-        "def test_negative():\n    assert add(-1, -1) == -2\n")
-    return p
+    """A tiny real pytest project; the agent must write calc.py."""
+    from integrations.verl.testing import calc_project
+
+    return calc_project(tmp_path_factory.mktemp("proj"))
 
 
 @pytest.fixture(scope="module")

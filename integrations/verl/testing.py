@@ -67,6 +67,18 @@ def make_model_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+def calc_project(path: str | os.PathLike) -> Path:
+    """A tiny real pytest project whose three tests need a ``calc.py`` with ``add``."""
+    p = Path(path)
+    (p / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    (p / "test_calc.py").write_text(
+        "from calc import add\n\n"
+        "def test_small():\n    assert add(1, 2) == 3\n\n"
+        "def test_zero():\n    assert add(0, 0) == 0\n\n"
+        "def test_negative():\n    assert add(-1, -1) == -2\n")
+    return p
+
+
 def tool_call(name: str, **arguments: Any) -> str:
     """The Hermes-format text of one tool call (what verl's ``hermes`` parser extracts)."""
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
