@@ -78,7 +78,9 @@ WRAPPER = (
 # PID 1 of a sandbox: sleeps, and reaps the orphans a kill leaves behind (bash
 # reaps any child in its SIGCHLD handler). The image has no init, and
 # docker-init is not installed everywhere; ``sleep infinity`` would keep zombies.
-REAPER = ["/bin/bash", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done']
+# `|| exit 0`: if sleep cannot run any more (the container's root or binds are gone, e.g. its
+# engine was killed and its state wiped), end the container instead of spinning on a failing fork
+REAPER = ["/bin/bash", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait $! || exit 0; done']
 
 # $1 = the token, $2 = the signal: signal every process of the action.
 # With KILL a second pass catches a child forked while the first one ran.
