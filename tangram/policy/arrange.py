@@ -132,8 +132,10 @@ class PrefixTable:
     ``step_of(u)`` is the state offset of ``u`` units.
     """
 
-    def __init__(self, totals: np.ndarray, end_states: np.ndarray, choice, step_of, exact_from: int = 0):
+    def __init__(self, totals: np.ndarray, end_states: np.ndarray, choice, step_of, exact_from: int = 0,
+                 dp: np.ndarray | None = None):
         self.exact_from = exact_from  # prefixes shorter than this were pruned away
+        self._dp = dp  # dp[i, s], when the operator keeps its rows (units)
         self._totals = totals  # best total per prefix length (index 0 = empty prefix)
         self._ends = end_states  # state index achieving it
         self._choice = choice
@@ -157,6 +159,19 @@ class PrefixTable:
             out[i] = u
             s -= self._step_of(u)
         return tuple(out)
+
+    def units_and_durations(self, t: int) -> tuple[tuple[int, ...], list[float] | None]:
+        """``units(t)`` and, when the rows are kept, each candidate's duration on the path
+        (read off the DP as ``dp[i+1][s] - dp[i][s-u]``, no re-evaluation of the model)."""
+        units = self.units(t)
+        if self._dp is None:
+            return units, None
+        dp, s, out = self._dp, int(self._ends[t]), [0.0] * t
+        for i in range(t - 1, -1, -1):
+            prev = s - self._step_of(units[i])
+            out[i] = float(dp[i + 1, s] - dp[i, prev])
+            s = prev
+        return units, out
 
     def arrangement(self, t: int) -> Arrangement | None:
         if not self.feasible(t):
@@ -199,7 +214,7 @@ def _units_table(rows, capacity: int, min_prefix: int = 0) -> PrefixTable:
         choices[i, lo:top] = units[arg]
     ends = dp.argmin(axis=1)
     totals = dp[arange[: n + 1] if n + 1 <= width else np.arange(n + 1), ends]
-    return PrefixTable(totals, ends, lambda i, s: int(choices[i, s]), lambda u: u, min_prefix)
+    return PrefixTable(totals, ends, lambda i, s: int(choices[i, s]), lambda u: u, min_prefix, dp)
 
 
 class _ChunkStates:

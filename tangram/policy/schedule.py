@@ -410,9 +410,11 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
             table = prefix_table_rows(rows, operator, exact_from)
         if not table.feasible(t):
             continue
-        units = table.units(t)
+        units, durs = table.units_and_durations(t)
+        if durs is None:
+            durs = [group[i].action.duration(u) for i, u in enumerate(units)]
         obj = table.best(t) + _estimate_rest(
-            seed + [(group[i].action.duration(u), u) for i, u in enumerate(units)],
+            seed + list(zip(durs, units)),
             capacity - sum(units),
             waiters[t:],
             snap.params.depth - 1,
