@@ -390,9 +390,14 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
 
     seed = list(pool.running) + list(snap.running.get(pool.name, ()))
     seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
-    waiters = [_waiter(c.action, pool, snap) for c in group] + [
-        w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None
-    ]
+    tail = [w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None]
+    evicted: list = []  # waiters of group[t:], built as eviction goes deeper (it rarely does)
+
+    def waiters(t: int) -> list:
+        while n - len(evicted) > t:
+            evicted.insert(0, _waiter(group[n - len(evicted) - 1].action, pool, snap))
+        return evicted[len(evicted) - (n - t):] + tail
+
     best = None
     # Evicting the whole group (t = 0: wait) is allowed only while something
     # holds units of this pool: its completion is the event that reschedules.
@@ -401,7 +406,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     last = 0 if seed else 1
     for t in range(n, last - 1, -1):
         if t == 0:
-            obj = _estimate_rest(seed, capacity, waiters, snap.params.depth - 1)
+            obj = _estimate_rest(seed, capacity, waiters(0), snap.params.depth - 1)
             if best is None or obj < best[0] - _EPS:
                 best = (obj, 0, ())
             break
@@ -416,7 +421,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         obj = table.best(t) + _estimate_rest(
             seed + list(zip(durs, units)),
             capacity - sum(units),
-            waiters[t:],
+            waiters(t),
             snap.params.depth - 1,
         )
         if best is None or obj < best[0] - _EPS:
