@@ -154,6 +154,16 @@ class LocalHandle:
         pass
 
 
+_CANCEL_SETTLE_S = 10.0
+
+
+async def _settled(ref: Any) -> None:
+    try:
+        await ref
+    except BaseException:  # noqa: BLE001 - cancelled or failed: either way it has stopped
+        pass
+
+
 class RayHandle:
     def __init__(self, actor: Any, name: str):
         self.actor = actor
@@ -167,6 +177,12 @@ class RayHandle:
             return await ref
         except asyncio.CancelledError:
             ray.cancel(ref)  # the host's coroutine is cancelled too: a half restore is undone there
+            # The caller gives the GPUs back as soon as this returns: wait (bounded) until the
+            # host has really stopped, or the next action on the chunk finds it still busy there.
+            try:
+                await asyncio.wait_for(_settled(ref), _CANCEL_SETTLE_S)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
             raise
 
     async def ping(self) -> None:
