@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from tangram.core.model import Action
-from tangram.policy.arrange import ChunkOperator, UnitsOperator, packable, prefix_table_rows
+from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
 _EPS = 1e-9
@@ -107,6 +107,13 @@ def _select_candidates(snap: Snapshot):
                 closed.add(pname)
         return ok
 
+    def wait_behind(a: Action, pnames) -> None:
+        """``a`` waits behind the blocked heads of ``pnames``: the ACT estimate's look-ahead."""
+        for pname in pnames:
+            waiting = lookahead.setdefault(pname, [])
+            if len(waiting) < limit:
+                waiting.append(a)
+
     gpu_pools = [g for g in (pool_name("gpu", n) for n in snap.nodes) if g in pools]
     waiting_iter = iter(snap.waiting)
     for a in waiting_iter:
@@ -115,35 +122,20 @@ def _select_candidates(snap: Snapshot):
             # fast path, same outcome as _place: an action (API and/or GPU) behind blocked heads
             # of every pool it could use only joins their look-ahead (a long backlog otherwise
             # made every round O(queue) calls of _place)
-            for pname in (gpu_pools if "gpu" in a.demands else ()):
-                waiting = lookahead.setdefault(pname, [])
-                if len(waiting) < limit:
-                    waiting.append(a)
-            for pname in a.demands:
-                if pname == "gpu":
-                    continue
-                waiting = lookahead.setdefault(pname, [])
-                if len(waiting) < limit:
-                    waiting.append(a)
+            wait_behind(a, [*(gpu_pools if "gpu" in a.demands else ()), *(t for t in a.demands if t != "gpu")])
             continue
         if closed and "cpu" in a.demands and a.trajectory is not None:
             # fast path: a trajectory pinned to a node whose pools are all shut this round
             home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
             if home is not None and all(pool_name(t, home) in closed for t in a.demands):
-                for t in a.demands:
-                    waiting = lookahead.setdefault(pool_name(t, home), [])
-                    if len(waiting) < limit:
-                        waiting.append(a)
+                wait_behind(a, [pool_name(t, home) for t in a.demands])
                 continue
         units = _base_units(a, snap.params)
         node, needed, place_mem = _place(a, units, snap, placed, free, fits, blocked)
         if node is _NO_NODE:
-            for pname in needed:
-                blocked.add(pname)
-                closed.add(pname)
-                waiting = lookahead.setdefault(pname, [])
-                if len(waiting) < limit:
-                    waiting.append(a)
+            blocked.update(needed)
+            closed.update(needed)
+            wait_behind(a, needed)
             if blockable <= closed:  # every pool is blocked or full: nothing later can start
                 _fill_lookahead(waiting_iter, lookahead, limit)
                 break
@@ -446,8 +438,6 @@ def _rtype_of(c: _Candidate, pname: str) -> str:
 
 
 def _chunks_left(free_chunks: Sequence[int], taken: Sequence[int]) -> tuple[int, ...]:
-    from tangram.policy.arrange import CHUNK_SIZES, pack_one
-
     avail = {s: 0 for s in CHUNK_SIZES}
     for c in free_chunks:
         avail[c] += 1
