@@ -109,11 +109,12 @@ async def run_with_service(client, spec: RolloutSpec, progress: Callable[[], Non
             setup = await client.exec(env, copy_command(), cpu=1, timeout_s=60)
             if not setup.ok:
                 raise RuntimeError(f"copying the project failed: {setup.stderr}")
-            for gap, cmd in zip(gaps(spec, i), shell_commands(spec.turns)):
+            g = gaps(spec, i)
+            for gap, cmd in zip(g, shell_commands(spec.turns)):
                 await asyncio.sleep(gap)  # the LLM generates the next action
                 await _timed(result, i, "shell", client.exec(env, cmd, cpu=1, timeout_s=120))
                 progress()
-            await asyncio.sleep(gaps(spec, i)[-1])
+            await asyncio.sleep(g[-1])
             r = await _timed(result, i, "reward", client.exec(
                 env, reward_command(), cpu={"min": 1, "max": spec.cores}, profile=REWARD_PROFILE, timeout_s=600))
             result.rewards.append(1.0 if r.ok else 0.0)
@@ -169,7 +170,8 @@ async def run_static(executor, spec: RolloutSpec, cores: list[int], progress: Ca
         pod_task = asyncio.ensure_future(provision(i))
         env, pod = None, None
         try:
-            for n, (gap, cmd) in enumerate(zip(gaps(spec, i), shell_commands(spec.turns)), start=1):
+            g = gaps(spec, i)
+            for n, (gap, cmd) in enumerate(zip(g, shell_commands(spec.turns)), start=1):
                 await asyncio.sleep(gap)
                 issued = time.perf_counter()
                 if env is None:
@@ -180,7 +182,7 @@ async def run_static(executor, spec: RolloutSpec, cores: list[int], progress: Ca
                 result.samples.append(ActionSample(i, "shell", done - issued, started - issued, done - started,
                                                    len(pod), r.status == "succeeded"))
                 progress()
-            await asyncio.sleep(gaps(spec, i)[-1])
+            await asyncio.sleep(g[-1])
             issued = time.perf_counter()
             if env is None:
                 env, pod = await pod_task
