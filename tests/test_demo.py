@@ -35,3 +35,24 @@ def test_demo_rejects_bad_sizes():
     proc = subprocess.run([sys.executable, "-m", "tangram.cli", "demo", "--trajectories", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "--trajectories" in (proc.stderr + proc.stdout)
+
+
+def test_demo_rejects_more_cores_than_this_machine_has():
+    import os
+
+    too_many = len(os.sched_getaffinity(0)) + 1
+    proc = subprocess.run([sys.executable, "-m", "tangram.cli", "demo", "--cores", str(too_many)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"--cores {too_many}" in proc.stderr and "may use only" in proc.stderr
+
+
+def test_every_option_of_the_user_facing_commands_says_what_it_does():
+    from tangram.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name in ("demo", "serve", "tune"):
+        parser = sub.choices[name]
+        assert parser.description, name
+        for action in parser._actions:
+            assert action.help, f"tangram {name} {action.option_strings} has no help text"

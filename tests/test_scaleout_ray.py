@@ -4,6 +4,7 @@ Skips only if ray cannot be imported."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 import time
@@ -23,23 +24,30 @@ NODE_ARGS = {"num_cpus": 1, "resources": {"tangram_gpu": 4}, "object_store_memor
 
 
 @pytest.fixture
-def ray_cluster():
+def ray_cluster(monkeypatch):
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
-    # the processes of `ray start --head` and `ray start --address` (a node each), and a per-node kill;
-    # its own short temp dir (unix socket paths), removed afterwards
-    tmp = tempfile.mkdtemp(prefix="tgr-", dir="/tmp")
-    args = {**NODE_ARGS, "temp_dir": tmp}
-    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    # the processes of `ray start --head` and `ray start --address` (a node each), and a per-node kill.
+    # Everything Ray writes goes under one fresh temp dir, removed afterwards: `Cluster` writes its
+    # address file to the *default* Ray dir ($RAY_TMPDIR or $TMPDIR or /tmp, + /ray) whatever
+    # `temp_dir` says, and that dir exists only on a machine that ran Ray before. Short path: unix
+    # socket paths under it must stay below ~107 characters.
+    tmp = tempfile.mkdtemp(prefix="tgr-", dir="/tmp" if len(tempfile.gettempdir()) > 40 else None)
+    cluster = None
     try:
+        monkeypatch.setenv("RAY_TMPDIR", tmp)
+        os.makedirs(os.path.join(tmp, "ray"))
+        args = {**NODE_ARGS, "temp_dir": os.path.join(tmp, "ray")}
+        cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
         worker = cluster.add_node(**args)
         yield cluster, worker
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

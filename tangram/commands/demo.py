@@ -22,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("--gap-s", type=float, default=1.0, help="mean LLM generation time between actions (default 1.0)")
     p.add_argument("--cores", type=int, default=None, help="cores to use (default: all this process may use)")
     p.add_argument("--pod-cores", type=int, default=1, help="cores of one trajectory's pod in the baseline (default 1)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the simulated LLM generation times between actions (default 0)")
     p.add_argument("--out", default="tangram-demo", help="where the chart and summary go (default ./tangram-demo)")
     p.add_argument("--profile", default=None, help="profile store for the reward suite (default: the shipped one)")
     p.add_argument("--calibrate", action="store_true",
@@ -43,6 +44,12 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("trajectories", "turns", "cores", "pod_cores"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("gap-s", args.gap_s, 0)
+    available = len(os.sched_getaffinity(0))
+    if args.cores is not None and args.cores > available:
+        raise SystemExit(f"tangram demo: --cores {args.cores}: this process may use only {available} cores")
+    if args.cores is not None and args.pod_cores > args.cores or args.pod_cores > available:
+        raise SystemExit(f"tangram demo: --pod-cores {args.pod_cores} is more than the "
+                         f"{args.cores or available} cores the demo uses")
     if args.calibrate:
         args.profile = _calibrate(args)
     try:

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    p = sub.add_parser("serve", help="run the scheduler service (HTTP API)")
+    p = sub.add_parser(
+        "serve", help="run the scheduler service (HTTP API)",
+        description="Run the scheduler service: an HTTP API (aiohttp) that takes actions (shell commands, "
+                    "test-suite rewards, API calls, GPU model calls), schedules each on the cluster's pools "
+                    "and returns its result. Without --config the service manages this machine as one local "
+                    "CPU node.")
     p.add_argument("--config", help="cluster YAML (default: this machine as one local CPU node)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1, or the config's service.host)")
     p.add_argument("--port", type=int, help="port (default 8471, or the config's; 0 picks a free one)")

@@ -25,8 +25,8 @@ def register(sub) -> None:
     p.add_argument("--seeds", default="0", help="simulation seeds, comma-separated (default 0)")
     p.add_argument("--trials", type=int, default=30, help="optuna trials (default 30)")
     p.add_argument("--timeout", type=float, help="stop searching after this many seconds")
-    p.add_argument("--sampler-seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--sampler-seed", type=int, default=0, help="seed of the optuna sampler (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and scripts)")
     p.add_argument("--out", help="write the chosen values (JSON)")
     p.set_defaults(func=_run)
 
