@@ -150,3 +150,14 @@ def test_overdue_running_action_is_not_assumed_to_end_now():
     clock.advance(300.0)
     (s,) = eng.submit(make_action("suite", cpu={"min": 1, "max": 64}, t1=120.0, serial=0.02))
     assert s.dispatch.units["cpu"] == 2
+
+
+def test_a_range_past_every_node_is_capped_to_the_largest_pool_at_submit():
+    eng, _ = make_engine(make_node("n0", cores=4), make_node("n1", cores=6))
+    started = eng.submit(make_action("huge", cpu={"min": 1, "max": 10 ** 9}, t1=1.0, serial=0.0))
+    rec = eng.running.get("huge") or eng.waiting["huge"]
+    assert (rec.action.demands["cpu"].min, rec.action.demands["cpu"].max) == (1, 6)
+    assert [s.dispatch.units["cpu"] for s in started] and all(s.dispatch.units["cpu"] <= 6 for s in started)
+    with pytest.raises(UnschedulableError) as e:
+        eng.submit(make_action("never", cpu=10 ** 9))
+    assert e.value.field == "resources.cpu"

@@ -14,6 +14,33 @@ def test_demand_forms():
     assert Demand.range(1, 3).elastic and not Demand.fixed(3).elastic
 
 
+def test_a_huge_range_is_three_integers_not_a_list():
+    import tracemalloc
+
+    tracemalloc.start()
+    a = Action.build("big", {"cpu": {"min": 1, "max": 10 ** 9}}, t1_s=1.0, elasticity=Elasticity.linear())
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    d = a.demands["cpu"]
+    assert (d.min, d.max, len(d), d.picks) == (1, 10 ** 9, 10 ** 9, None)
+    assert peak < 1 << 20  # a materialised tuple of 10^9 ints would take ~36 GiB
+    assert d.capped(8).options == tuple(range(1, 9)) and d.capped(0) is None
+    assert 5 in d and 10 ** 9 + 1 not in d
+    picks = Demand.choices([1, 2, 64])
+    assert picks.capped(8).options == (1, 2) and picks.capped(1).options == (1,) and not picks.capped(1).elastic
+
+
+@pytest.mark.parametrize("raw, field", [
+    ({"min": 1, "max": 2 ** 40}, "resources.cpu.max"),  # past MAX_UNITS: refused before anything is built
+    (list(range(1, 1000)), "resources.cpu"),  # more explicit choices than a list may hold
+    ({"min": 2 ** 70}, "resources.cpu.min"),
+])
+def test_out_of_bound_demands_are_refused(raw, field):
+    with pytest.raises(DemandError) as e:
+        Action.build("a", {"cpu": raw})
+    assert e.value.field == field
+
+
 @pytest.mark.parametrize(
     "demands, field",
     [

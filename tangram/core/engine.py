@@ -8,13 +8,15 @@ reports back with :meth:`Engine.complete`.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tangram.core.errors import UnknownActionError, UnschedulableError
 from tangram.core.estimator import DurationEstimator
-from tangram.core.model import Action
+from tangram.core.model import Action, Demand
 from tangram.managers.base import ResourceManager
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
@@ -138,6 +140,7 @@ class Engine:
         if action.id in self.waiting or action.id in self.running or action.id in self.finished:
             raise UnschedulableError("id", f"action {action.id!r} was already submitted")
         self.check_feasible(action)
+        action = self.cap_to_capacity(action)
         self.waiting[action.id] = ActionRecord(action, submitted_at=self.clock())
         return self.schedule()
 
@@ -289,6 +292,27 @@ class Engine:
             raise UnschedulableError(f"resources.{rtype}", f"no node has a {rtype} pool")
         where = f"trajectory's node {bound!r}" if bound is not None else "any node"
         raise UnschedulableError(f"resources.{reasons[0][0]}", f"{where} can never fit it: {reasons[0][1]}")
+
+    def cap_to_capacity(self, action: Action) -> Action:
+        """``action`` with every demand's max lowered to the largest pool that could host it.
+
+        A range like ``{"min": 1, "max": 1000000}`` means "as many as you can give":
+        the policy then sees at most a node's worth of options, whatever was asked.
+        """
+        pools = self.pool_states()
+        capped: dict[str, Demand] = {}
+        for rtype, d in action.demands.items():
+            caps = [p.capacity for p in pools.values() if p.rtype == rtype]
+            if not caps:
+                continue
+            c = d.capped(max(caps))
+            if c is not None and c is not d:
+                capped[rtype] = c
+        if not capped:
+            return action
+        demands = {**action.demands, **capped}
+        elastic = [t for t, d in demands.items() if d.elastic]
+        return dataclasses.replace(action, demands=MappingProxyType(demands), key=elastic[0] if elastic else None)
 
     @staticmethod
     def _node_cannot_host(action: Action, node: str, pools, unplaced: bool) -> tuple[str, str] | None:

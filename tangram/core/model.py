@@ -34,11 +34,37 @@ def _check_type(rtype: str, field_name: str) -> None:
         raise DemandError(field_name, f"unknown resource type {rtype!r} (expected cpu, mem, gpu or api:<name>)")
 
 
+# Largest unit count a demand may name: far above any node (the engine caps a
+# range to the largest pool at submit), and still an int32 wherever numpy sees it
+MAX_UNITS = (1 << 31) - 1
+# Longest explicit list of feasible counts (a range needs no list)
+MAX_CHOICES = 256
+
+
+def _check_count(v: Any, field: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise DemandError(field, f"must be an integer, got {v!r}")
+    if v < 1:
+        raise DemandError(field, f"must be >= 1, got {v}")
+    if v > MAX_UNITS:
+        raise DemandError(field, f"must be <= {MAX_UNITS}, got {v}")
+    return v
+
+
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """Feasible unit counts of one resource type, sorted ascending."""
+    """Feasible unit counts of one resource type: every count in ``[lo, hi]``
+    (``picks`` None) or the listed ``picks`` (sorted, within ``[lo, hi]``).
 
-    options: tuple[int, ...]
+    A range is never materialised: ``{"min": 1, "max": 1000000}`` costs three
+    integers. :attr:`options` lists the counts; the engine caps a demand to
+    the largest pool that could host it (:meth:`capped`) before the policy
+    ever asks for them.
+    """
+
+    lo: int
+    hi: int
+    picks: tuple[int, ...] | None = None
 
     @classmethod
     def fixed(cls, n: int, *, field: str = "demand") -> "Demand":
@@ -53,37 +79,65 @@ class Demand:
             raise DemandError(f"{field}.min", f"must be >= 1, got {lo}")
         if hi < lo:
             raise DemandError(f"{field}.max", f"must be >= min ({lo}), got {hi}")
-        return cls(tuple(range(lo, hi + 1)))
+        _check_count(lo, f"{field}.min")
+        _check_count(hi, f"{field}.max")
+        return cls(lo, hi)
 
     @classmethod
     def choices(cls, values: Iterable[int], *, field: str = "demand") -> "Demand":
-        vals = []
+        vals = set()
         for v in values:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise DemandError(field, f"unit counts must be integers, got {v!r}")
             if v < 1:
                 raise DemandError(field, f"unit counts must be >= 1, got {v}")
-            vals.append(v)
+            if v > MAX_UNITS:
+                raise DemandError(field, f"unit counts must be <= {MAX_UNITS}, got {v}")
+            vals.add(v)
+            if len(vals) > MAX_CHOICES:
+                raise DemandError(field, f"at most {MAX_CHOICES} feasible unit counts (use a {{min, max}} range)")
         if not vals:
             raise DemandError(field, "the set of feasible unit counts is empty")
-        return cls(tuple(sorted(set(vals))))
+        picks = tuple(sorted(vals))
+        return cls(picks[0], picks[-1], None if len(picks) == 1 else picks)
+
+    @property
+    def options(self) -> tuple[int, ...]:
+        """Every feasible count, ascending (``hi - lo + 1`` of them for a range: cap it first)."""
+        if self.picks is not None:
+            return self.picks
+        return tuple(range(self.lo, self.hi + 1))
 
     @property
     def min(self) -> int:
-        return self.options[0]
+        return self.lo
 
     @property
     def max(self) -> int:
-        return self.options[-1]
+        return self.hi
 
     @property
     def elastic(self) -> bool:
-        return len(self.options) > 1
+        return self.hi > self.lo
+
+    def __len__(self) -> int:
+        return len(self.picks) if self.picks is not None else self.hi - self.lo + 1
+
+    def __contains__(self, n: object) -> bool:
+        if self.picks is not None:
+            return n in self.picks
+        return isinstance(n, int) and self.lo <= n <= self.hi
 
     def capped(self, cap: int) -> "Demand | None":
-        """The options that fit in ``cap`` units, or None if none does."""
-        kept = tuple(o for o in self.options if o <= cap)
-        return Demand(kept) if kept else None
+        """The options that fit in ``cap`` units, or None if none does (O(1) for a range)."""
+        if cap < self.lo:
+            return None
+        if cap >= self.hi:
+            return self
+        if self.picks is None:
+            return Demand(self.lo, cap)
+        kept = tuple(o for o in self.picks if o <= cap)
+        return Demand(kept[0], kept[-1], kept if len(kept) > 1 else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +295,7 @@ class Action:
             _check_type(rtype, fname)
             d = parse_demand(raw, field=fname)
             if rtype == "gpu":
-                bad = [o for o in d.options if o not in GPU_DOPS]
+                bad = [o for o in d.options if o not in GPU_DOPS] if d.max <= GPU_DOPS[-1] else [d.max]
                 if bad:
                     raise DemandError(fname, f"GPU DoP must be one of {{1, 2, 4, 8}}, got {bad[0]}")
             parsed[rtype] = d
@@ -269,7 +323,10 @@ class Action:
         if timeout_s is not None and not (float(timeout_s) > 0):
             raise DemandError("timeout_s", f"must be positive, got {timeout_s!r}")
         if elasticity is not None and elastic:
-            for m in parsed[elastic[0]].options:
+            d = parsed[elastic[0]]
+            # E is piecewise between the table's points: checking the ends and those points checks all
+            probe = {d.min, d.max, *(m for m, _ in elasticity.table if m in d)}
+            for m in sorted(probe):
                 e = elasticity.efficiency(m)
                 if not (0.0 < e <= 1.0 + 1e-9):
                     raise DemandError("elasticity", f"E({m}) must be within (0, 1], got {e!r}")

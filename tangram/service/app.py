@@ -26,6 +26,7 @@ from tangram.core.errors import DemandError, UnknownActionError, UnschedulableEr
 from tangram.runtime import ExecutorFailedError, ExecutorMissingError, Runtime, UnknownEnvironmentError
 from tangram.service import wire
 from tangram.service.config import ClusterConfig, default_config
+from tangram.service.edge import GuardedSite, HeadDeadline, disarm_on_request, tls_context
 from tangram.service.metrics import ServiceMetrics
 
 log = logging.getLogger("tangram.service")
@@ -36,6 +37,7 @@ CONFIG_KEY = web.AppKey("config", ClusterConfig)
 RUNTIME_KEY = web.AppKey("runtime", Runtime)
 METRICS_KEY = web.AppKey("metrics", ServiceMetrics)
 WAITERS_KEY = web.AppKey("waiters", dict)  # action id -> request awaiting it
+DEADLINE_KEY = web.AppKey("head_deadline", HeadDeadline)
 DISCONNECT_POLL_S = 0.25
 CANCEL_WAIT_S = 10.0
 PUBLIC_PATHS = frozenset({"/healthz"})
@@ -44,11 +46,13 @@ PUBLIC_PATHS = frozenset({"/healthz"})
 def create_app(config: ClusterConfig | None = None, *, runtime_factory: RuntimeFactory | None = None) -> web.Application:
     """The service for ``config`` (the embedded default when None)."""
     config = config or default_config()
+    deadline = HeadDeadline(config.service.header_timeout_s)
     app = web.Application(
         client_max_size=config.service.max_body_bytes,
-        middlewares=[_error_middleware, _auth_middleware(config.service.token)],
+        middlewares=[disarm_on_request(deadline), _error_middleware, _auth_middleware(config.service.token)],
     )
     app[CONFIG_KEY] = config
+    app[DEADLINE_KEY] = deadline
     app[WAITERS_KEY] = {}
     app.cleanup_ctx.append(_runtime_ctx(runtime_factory))
     app.cleanup_ctx.append(_disconnect_watcher)
@@ -163,7 +167,8 @@ def _auth_middleware(token: str | None):
     @web.middleware
     async def auth(request: web.Request, handler) -> web.StreamResponse:
         if expected is not None and request.path not in PUBLIC_PATHS:
-            given = request.headers.get("Authorization", "").encode()
+            # aiohttp keeps undecodable header bytes as surrogates: encode them back, never fail
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, expected):  # constant time
                 return web.json_response({"error": "missing or wrong bearer token"}, status=401,
                                          headers={"WWW-Authenticate": "Bearer"})
@@ -173,13 +178,18 @@ def _auth_middleware(token: str | None):
 
 
 async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
-    raw = await request.read()  # raises 413 past client_max_size
+    try:  # raises 413 past client_max_size; a sender that stalls mid-body gets 408
+        raw = await asyncio.wait_for(request.read(), request.app[CONFIG_KEY].service.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(reason="request body not received in time") from None
     if not raw.strip():
         if optional:
             return None
         raise DemandError("body", "a JSON object is required")
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise DemandError("body", f"JSON nested too deep (at most {wire.LIMITS['depth']} levels)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise DemandError("body", f"malformed JSON: {exc}") from None
 
@@ -283,7 +293,9 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     """Start ``app`` on ``host:port`` (0: any free port); returns the runner and the bound port."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=2048)
+    svc = app[CONFIG_KEY].service
+    ctx = tls_context(svc.tls_cert, svc.tls_key) if svc.tls_cert else None
+    site = GuardedSite(runner, host, port, deadline=app[DEADLINE_KEY], ssl_context=ctx)
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
     return runner, bound

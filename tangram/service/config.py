@@ -73,6 +73,10 @@ class ServiceConfig:
     port: int = DEFAULT_PORT
     token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
+    header_timeout_s: float = 10.0  # a connection must send a complete request head within this
+    body_timeout_s: float = 30.0  # and its body within this once the head arrived
+    tls_cert: str | None = None  # PEM files: serve HTTPS (bind beyond loopback only with TLS)
+    tls_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +169,8 @@ def parse_config(doc: Any) -> ClusterConfig:
 
 def _service(raw: Any, where: str) -> ServiceConfig:
     m = _mapping(raw, where)
-    _known(m, where, {"host", "port", "token", "token_file", "max_body_bytes"})
+    _known(m, where, {"host", "port", "token", "token_file", "max_body_bytes", "header_timeout_s", "body_timeout_s",
+                      "tls_cert", "tls_key"})
     token = m.get("token")
     if token is not None:
         token = _str(token, f"{where}.token")
@@ -173,11 +178,21 @@ def _service(raw: Any, where: str) -> ServiceConfig:
         if token is not None:
             raise ConfigError(f"{where}.token_file", "give either token or token_file")
         token = read_token_file(_str(m["token_file"], f"{where}.token_file"), f"{where}.token_file")
+    tls = tuple(_str(m[k], f"{where}.{k}") if m.get(k) is not None else None for k in ("tls_cert", "tls_key"))
+    if (tls[0] is None) != (tls[1] is None):
+        raise ConfigError(f"{where}.{'tls_key' if tls[1] is None else 'tls_cert'}", "TLS needs both tls_cert and tls_key")
+    for k, f in zip(("tls_cert", "tls_key"), tls):
+        if f is not None and not os.path.isfile(f):
+            raise ConfigError(f"{where}.{k}", f"no such file: {f}")
     return ServiceConfig(
         host=_str(m.get("host", DEFAULT_HOST), f"{where}.host"),
         port=_int(m.get("port", DEFAULT_PORT), f"{where}.port", lo=0, hi=65535),
         token=token,
         max_body_bytes=_int(m.get("max_body_bytes", DEFAULT_MAX_BODY), f"{where}.max_body_bytes", lo=1024),
+        header_timeout_s=_number(m.get("header_timeout_s", 10.0), f"{where}.header_timeout_s"),
+        body_timeout_s=_number(m.get("body_timeout_s", 30.0), f"{where}.body_timeout_s"),
+        tls_cert=tls[0],
+        tls_key=tls[1],
     )
 
 

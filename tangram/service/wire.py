@@ -4,6 +4,11 @@ Every problem is a :class:`~tangram.core.errors.DemandError` naming the
 field, which the service turns into ``400 {"error", "field"}``. What is
 checked here is the *shape* of the body; the demand itself is checked by
 ``Action.build`` (400) and the engine's feasibility test (422).
+
+Everything a caller sends is bounded here (:data:`LIMITS`): nesting depth,
+string lengths, the number of env variables and labels. Strings must be
+encodable as UTF-8 (no lone surrogates); a command, an env key or value may
+not hold NUL, and an env key may not hold ``=`` (neither can reach a process).
 """
 from __future__ import annotations
 
@@ -21,11 +26,46 @@ COMMON_FIELDS = {"kind", "resources", "profile", "timeout_s", "class"}
 ALL_FIELDS = COMMON_FIELDS.union(*KIND_FIELDS.values())
 MODEL_OPS = ("score", "logprobs", "embed")  # what the torch executor implements
 
+# Bounds on what one request may hold (the body itself is bounded by service.max_body_bytes)
+LIMITS = {
+    "depth": 32,  # JSON nesting: a json payload or model input deeper than this is not an action
+    "name": 256,  # class, profile, environment, model, image, method, op, api
+    "command": 256 * 1024,
+    "env_vars": 256,
+    "env_key": 256,
+    "env_value": 32 * 1024,
+    "labels": 64,
+    "label_key": 128,
+    "label_value": 1024,
+    "url": 8192,
+    "header_value": 8192,
+}
+RESERVED_LABEL_PREFIX = "tangram."  # the executors' own labels: a caller may not set or overwrite them
+
+
+def check_tree(body: Any, root: str = "body") -> None:
+    """Bounded depth and UTF-8-encodable strings everywhere in a parsed body (iterative: no recursion)."""
+    stack: list[tuple[Any, str, int]] = [(body, root, 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        if isinstance(v, str):
+            _utf8(v, path)
+        elif isinstance(v, (dict, list)):
+            if depth >= LIMITS["depth"]:
+                raise DemandError(path, f"nested deeper than {LIMITS['depth']} levels")
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    _utf8(k, f"{path}.<key>")
+                    stack.append((x, k if path == root else f"{path}.{k}", depth + 1))
+            else:
+                stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
+
 
 def parse_action(body: Any) -> dict[str, Any]:
     """The keyword arguments of :meth:`Runtime.build_action` for one ``POST /v1/actions`` body."""
     if not isinstance(body, Mapping):
         raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
+    check_tree(body)
     kind = body.get("kind")
     if kind is None:
         raise DemandError("kind", "is required (exec, http or model)")
@@ -45,46 +85,48 @@ def parse_action(body: Any) -> dict[str, Any]:
         elif key == "gpu":
             _demand(val, "resources.gpu", allow_range=False)
         elif key == "api":
-            _string(val, "resources.api")
+            _string(val, "resources.api", limit=LIMITS["name"])
         elif key == "mem_mb":
             _int(val, "resources.mem_mb", lo=0)
         else:
             raise DemandError(f"resources.{key}", "unknown resource (expected cpu, gpu, api or mem_mb)")
     out: dict[str, Any] = {"kind": kind, "resources": dict(resources)}
     if "profile" in body:
-        out["profile"] = _string(body["profile"], "profile")
+        out["profile"] = _string(body["profile"], "profile", limit=LIMITS["name"])
     if body.get("timeout_s") is not None:
         t = body["timeout_s"]
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0) or math.isinf(t):
             raise DemandError("timeout_s", f"must be a positive number of seconds, got {t!r}")
         out["timeout_s"] = float(t)
     if "class" in body:
-        out["action_class"] = _string(body["class"], "class")
+        out["action_class"] = _string(body["class"], "class", limit=LIMITS["name"])
     payload: dict[str, Any] = {}
     if kind == "exec":
         if "command" not in body:
             raise DemandError("command", "is required for exec actions")
-        out["command"] = _string(body["command"], "command")
+        out["command"] = _string(body["command"], "command", limit=LIMITS["command"], nul=False)
         if body.get("environment") is not None:
-            out["environment"] = _string(body["environment"], "environment")
+            out["environment"] = _string(body["environment"], "environment", limit=LIMITS["name"])
         if "env" in body:
-            env = body["env"]
-            if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
-                raise DemandError("env", "must be an object of string values")
-            payload["env"] = dict(env)
+            payload["env"] = _env(body["env"])
     elif kind == "http":
         if "url" not in body:
             raise DemandError("url", "is required for http actions")
-        url = _string(body["url"], "url")
+        url = _string(body["url"], "url", limit=LIMITS["url"])
         if not url.startswith(("http://", "https://")):
             raise DemandError("url", f"must be an http(s) URL, got {url!r}")
         payload["url"] = url
         if "method" in body:
-            payload["method"] = _string(body["method"], "method").upper()
+            payload["method"] = _string(body["method"], "method", limit=LIMITS["name"]).upper()
         if "headers" in body:
             h = body["headers"]
             if not isinstance(h, Mapping) or not all(isinstance(v, str) for v in h.values()):
                 raise DemandError("headers", "must be an object of string values")
+            for k, v in h.items():
+                _string(k, "headers.<key>", limit=LIMITS["name"], nul=False)
+                _string(v, f"headers.{k}", limit=LIMITS["header_value"], nul=False, allow_empty=True)
+                if any(c in k + v for c in "\r\n"):
+                    raise DemandError(f"headers.{k}", "must not contain CR or LF")
             payload["headers"] = dict(h)
         if "json" in body and "body" in body:
             raise DemandError("body", "give either json or body, not both")
@@ -95,8 +137,8 @@ def parse_action(body: Any) -> dict[str, Any]:
     else:  # model
         if "model" not in body:
             raise DemandError("model", "is required for model actions")
-        payload["model"] = _string(body["model"], "model")
-        payload["op"] = _string(body["op"], "op") if "op" in body else "score"
+        payload["model"] = _string(body["model"], "model", limit=LIMITS["name"])
+        payload["op"] = _string(body["op"], "op", limit=LIMITS["name"]) if "op" in body else "score"
         if payload["op"] not in MODEL_OPS:
             raise DemandError("op", f"must be one of {list(MODEL_OPS)}, got {payload['op']!r}")
         if "inputs" not in body:
@@ -122,20 +164,43 @@ def parse_environment(body: Any) -> dict[str, Any]:
     for key in body:
         if key not in ("image", "memory_mb", "labels"):
             raise DemandError(str(key), "unknown field (expected image, memory_mb, labels)")
+    check_tree(body)
     out: dict[str, Any] = {}
     if body.get("image") is not None:
-        out["image"] = _string(body["image"], "image")
+        out["image"] = _string(body["image"], "image", limit=LIMITS["name"], nul=False)
     if "memory_mb" in body:
-        out["memory_mb"] = _int(body["memory_mb"], "memory_mb", lo=0)
+        out["memory_mb"] = _int(body["memory_mb"], "memory_mb", lo=0, hi=1 << 30)
     if body.get("labels") is not None:
         labels = body["labels"]
         if not isinstance(labels, Mapping):
             raise DemandError("labels", f"must be an object, got {_tname(labels)}")
+        if len(labels) > LIMITS["labels"]:
+            raise DemandError("labels", f"at most {LIMITS['labels']} labels, got {len(labels)}")
         for k, v in labels.items():
+            _string(k, "labels.<key>", limit=LIMITS["label_key"], nul=False)
+            if k.startswith(RESERVED_LABEL_PREFIX):
+                raise DemandError(f"labels.{k}", f"the prefix {RESERVED_LABEL_PREFIX!r} is reserved for the service")
             if not isinstance(v, str):
                 raise DemandError(f"labels.{k}", f"must be a string, got {_tname(v)}")
+            _string(v, f"labels.{k}", limit=LIMITS["label_value"], nul=False, allow_empty=True)
         out["labels"] = dict(labels)
     return out
+
+
+def _env(env: Any) -> dict[str, str]:
+    """Process environment variables: names without ``=`` or NUL, values without NUL, bounded."""
+    if not isinstance(env, Mapping):
+        raise DemandError("env", f"must be an object of string values, got {_tname(env)}")
+    if len(env) > LIMITS["env_vars"]:
+        raise DemandError("env", f"at most {LIMITS['env_vars']} variables, got {len(env)}")
+    for k, v in env.items():
+        _string(k, "env.<key>", limit=LIMITS["env_key"], nul=False)
+        if "=" in k:
+            raise DemandError(f"env.{k}", "a variable name must not contain '='")
+        if not isinstance(v, str):
+            raise DemandError(f"env.{k}", f"must be a string, got {_tname(v)}")
+        _string(v, f"env.{k}", limit=LIMITS["env_value"], nul=False, allow_empty=True)
+    return dict(env)
 
 
 def _demand(v: Any, field: str, *, allow_range: bool) -> None:
@@ -161,17 +226,32 @@ def _demand(v: Any, field: str, *, allow_range: bool) -> None:
                              f"got {_tname(v)}")
 
 
-def _string(v: Any, field: str, *, allow_empty: bool = False) -> str:
+def _string(v: Any, field: str, *, allow_empty: bool = False, limit: int | None = None, nul: bool = True) -> str:
     if not isinstance(v, str) or (not v and not allow_empty):
         raise DemandError(field, f"must be a non-empty string, got {_tname(v) if not isinstance(v, str) else 'an empty string'}")
+    if limit is not None and len(v) > limit:
+        raise DemandError(field, f"must be at most {limit} characters, got {len(v)}")
+    if not nul and "\0" in v:
+        raise DemandError(field, "must not contain a NUL character")
+    _utf8(v, field)
     return v
 
 
-def _int(v: Any, field: str, *, lo: int | None = None) -> int:
+def _utf8(v: Any, field: str) -> None:
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DemandError(field, "is not valid Unicode (a lone surrogate)") from None
+
+
+def _int(v: Any, field: str, *, lo: int | None = None, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise DemandError(field, f"must be an integer, got {_tname(v)}")
     if lo is not None and v < lo:
         raise DemandError(field, f"must be >= {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise DemandError(field, f"must be <= {hi}, got {v}")
     return v
 
 
