@@ -111,7 +111,7 @@ def test_default_and_example_configs():
     assert cfg.service.host == "127.0.0.1" and cfg.api_pools == ()
     assert len(cfg.cpu_nodes) == 1 and cfg.cpu_nodes[0].executor == "local"
     assert len(cfg.cpu_nodes[0].cores) == len(os.sched_getaffinity(0))
-    example = load_config(REPO / "examples" / "cluster.yaml")
+    example = load_config(REPO / "examples" / "cluster-multinode.yaml")
     assert {n.executor for n in example.cpu_nodes} == {"docker"}
     assert example.gpu_nodes and example.gpu_nodes[0].services
     assert example.api_pools

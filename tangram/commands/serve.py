@@ -12,7 +12,11 @@ def register(sub) -> None:
     p.add_argument("--config", help="cluster YAML (default: this machine as one local CPU node)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1, or the config's service.host)")
     p.add_argument("--port", type=int, help="port (default 8471, or the config's; 0 picks a free one)")
-    p.add_argument("--token-file", help="file holding the bearer token every route but /healthz requires")
+    p.add_argument("--token-file", help="file holding the bearer token every route but /healthz requires "
+                                        "(created with a fresh token, mode 0600, if it does not exist)")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config (fields, cores and memory of this machine, profile stores) and exit "
+                        "without starting or reaching any node")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -21,10 +25,11 @@ def _run(args) -> int:
     import asyncio
     import dataclasses
     import logging
+    import os
     import signal
     import sys
 
-    from tangram.service.config import ConfigError, load_config, read_token_file
+    from tangram.service.config import ConfigError, load_config, read_token_file, token_path
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -35,8 +40,16 @@ def _run(args) -> int:
         if args.port is not None:
             svc = dataclasses.replace(svc, port=args.port)
         if args.token_file:
-            svc = dataclasses.replace(svc, token=read_token_file(args.token_file, "--token-file"))
+            path = token_path(args.token_file)
+            token = read_token_file(path, "--token-file") if os.path.exists(path) else None
+            svc = dataclasses.replace(svc, token=token, token_file=path)
         cfg = dataclasses.replace(cfg, service=svc)
+        if args.check:
+            print(check_summary(cfg))
+            return 0
+        if svc.token is None and svc.token_file:
+            svc = dataclasses.replace(svc, token=create_token_file(svc.token_file))
+            cfg = dataclasses.replace(cfg, service=svc)
     except ConfigError as exc:
         print(f"tangram serve: config error: {exc}", file=sys.stderr)
         return 2
@@ -52,6 +65,8 @@ def _run(args) -> int:
             loop.add_signal_handler(sig, stop.set)
         # one parseable line: tests and scripts started with --port 0 read the port from it
         print(f"tangram serve: listening on http://{svc.host}:{port}", flush=True)
+        if svc.token_file:
+            print(f"tangram serve: bearer token in {svc.token_file}", flush=True)
         if svc.host not in ("127.0.0.1", "localhost", "::1") and not svc.token:
             logging.getLogger("tangram.service").warning("listening on %s without a token", svc.host)
         try:
@@ -66,6 +81,48 @@ def _run(args) -> int:
         print(f"tangram serve: config error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def create_token_file(path: str) -> str:
+    """A fresh random token written to ``path``, readable by its owner only (never overwrites)."""
+    import os
+    import secrets
+
+    from tangram.service.config import ConfigError
+
+    token = secrets.token_urlsafe(32)
+    try:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise ConfigError("service.token_file", f"cannot create {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def check_summary(cfg) -> str:
+    """What ``serve --check`` found: the config parsed and its profile stores load; nothing reached."""
+    from tangram.profiles import load_profiles
+    from tangram.service.config import ConfigError
+
+    classes = 0
+    for i, path in enumerate(cfg.profiles):
+        try:
+            classes += len(load_profiles(path))
+        except ValueError as exc:
+            raise ConfigError(f"profiles[{i}]", str(exc)) from None
+    if cfg.scaleout is not None:
+        from tangram.scaleout.config import parse_scaleout
+
+        parse_scaleout(cfg.scaleout)
+    cpu = ", ".join(f"{n.name} ({n.executor}, {len(n.cores) or 'discovered'} cores)" for n in cfg.cpu_nodes) or "none"
+    gpu = ", ".join(f"{n.name} ({len(n.gpus)} GPUs, {len(n.services)} services)" for n in cfg.gpu_nodes) or "none"
+    api = ", ".join(p.name for p in cfg.api_pools) or "none"
+    token = (f"from {cfg.service.token_file}" + ("" if cfg.service.token else " (created at start)")
+             if cfg.service.token_file else "set" if cfg.service.token else "none")
+    return (f"config OK: cpu nodes: {cpu}; gpu nodes: {gpu}; api pools: {api}; "
+            f"profile classes: {classes}; token: {token}")
 
 
 def _use_pidfd_child_watcher() -> None:

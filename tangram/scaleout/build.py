@@ -40,7 +40,7 @@ class Scaleout:
         import asyncio
 
         from tangram.managers.cpu import CpuNode
-        from tangram.scaleout.docker_nodes import DockerPing, discover, make_client
+        from tangram.scaleout.docker_nodes import DockerPing, NotOnEngine, discover, make_client
         from tangram.service.config import ConfigError
 
         o = self._docker(n.name)
@@ -54,11 +54,13 @@ class Scaleout:
             finally:
                 client.close()
 
+        i = next(k for k, c in enumerate(self.cfg.cpu_nodes) if c.name == n.name)
         try:
             return await asyncio.to_thread(find)
+        except NotOnEngine as exc:
+            raise ConfigError(f"cpu_nodes[{i}].{exc.field}", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - unreachable, refused, TLS: all mean "not answering"
             why = f"unreachable at start: {type(exc).__name__}: {str(exc)[:200]}"
-            i = next(k for k, c in enumerate(self.cfg.cpu_nodes) if c.name == n.name)
             if not n.cores or not n.memory_mb:
                 raise ConfigError(f"cpu_nodes[{i}].endpoint", f"{n.endpoint}: {why}; its topology cannot be "
                                   f"discovered (give cores and memory_mb to start without it)") from None

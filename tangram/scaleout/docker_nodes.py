@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from tangram.managers.cpu import CpuNode, parse_cpulist
+from tangram.managers.cpu import CpuNode, format_cpulist, parse_cpulist
 
 log = logging.getLogger("tangram.scaleout.docker")
 
@@ -145,6 +145,14 @@ def parse_probe(text: str) -> tuple[list[int], list[list[int]]]:
     return cores, [d for _, d in sorted(numa)]
 
 
+class NotOnEngine(ValueError):
+    """The config asks a docker node for cores or memory its engine does not have."""
+
+    def __init__(self, field: str, reason: str):
+        self.field = field
+        super().__init__(reason)
+
+
 def topology(name: str, ncpu: int, mem_total: int, probe_out: str | None, *,
              cores: Sequence[int] | None = None, memory_mb: int | None = None,
              numa: Sequence[Sequence[int]] | None = None) -> CpuNode:
@@ -152,6 +160,14 @@ def topology(name: str, ncpu: int, mem_total: int, probe_out: str | None, *,
     found_cores, found_numa = parse_probe(probe_out or "")
     if cores is None or not list(cores):
         cores = found_cores or list(range(ncpu))
+    else:  # the config's cores must exist there
+        there = set(found_cores) or set(range(ncpu))
+        missing = sorted(set(cores) - there)
+        if there and missing:
+            raise NotOnEngine("cores", f"cores {missing[:8]} do not exist on that engine "
+                              f"(it has {format_cpulist(sorted(there))})")
+    if memory_mb and mem_total and memory_mb > int(mem_total) // (1 << 20):
+        raise NotOnEngine("memory_mb", f"{memory_mb} MB requested, that engine has {int(mem_total) // (1 << 20)} MB")
     usable = set(cores)
     if numa is None or not list(numa):
         doms = [[c for c in d if c in usable] for d in found_numa]

@@ -20,6 +20,11 @@ log = logging.getLogger("tangram.service")
 
 async def build_runtime(cfg: ClusterConfig) -> Runtime:
     """Managers, executors and the engine of ``cfg`` (call on the loop that will drive it)."""
+    import asyncio
+
+    from tangram.service.auto import resolve_auto
+
+    cfg = await asyncio.to_thread(resolve_auto, cfg)
     profiles: dict[str, Any] = {}
     for i, path in enumerate(cfg.profiles):
         try:

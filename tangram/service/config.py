@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class CpuNodeConfig:
     name: str
-    executor: str = "local"  # local | docker
+    executor: str = "local"  # local | docker | auto (this machine's Docker Engine if one answers, else local)
     endpoint: str | None = None  # docker: unix:// tcp:// ssh://
     cores: tuple[int, ...] = ()  # core ids this node may hand out
     memory_mb: int = 0
@@ -72,6 +72,8 @@ class ServiceConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     token: str | None = None
+    # where the token lives; a file that does not exist yet is created (0600) by `tangram serve`
+    token_file: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     header_timeout_s: float = 10.0  # a connection must send a complete request head within this
     body_timeout_s: float = 30.0  # and its body within this once the head arrived
@@ -110,7 +112,7 @@ def load_config(path: str | Path | None) -> ClusterConfig:
         raise ConfigError(str(p), f"cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), f"not valid YAML: {exc}") from None
-    cfg = parse_config(doc if doc is not None else {})
+    cfg = parse_config(doc if doc is not None else {}, base_dir=p.parent)
     # relative profile paths are relative to the config file
     profiles = tuple(str((p.parent / q).resolve()) if not os.path.isabs(q) else q for q in cfg.profiles)
     return _replace(cfg, profiles=profiles)
@@ -120,10 +122,11 @@ def default_config() -> ClusterConfig:
     return parse_config({})
 
 
-def parse_config(doc: Any) -> ClusterConfig:
+def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConfig:
+    """Validate a config document; relative file paths in it are relative to ``base_dir``."""
     root = _mapping(doc, "<root>")
     _known(root, "<root>", {"service", "scheduler", "cpu_nodes", "gpu_nodes", "api_pools", "profiles", "scaleout"})
-    service = _service(root.get("service", {}), "service")
+    service = _service(root.get("service", {}), "service", base_dir)
     sched = _mapping(root.get("scheduler", {}), "scheduler")
     _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s"})
     depth = _int(sched.get("depth", 2), "scheduler.depth", lo=1)
@@ -167,17 +170,20 @@ def parse_config(doc: Any) -> ClusterConfig:
                          scaleout=scaleout)
 
 
-def _service(raw: Any, where: str) -> ServiceConfig:
+def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> ServiceConfig:
     m = _mapping(raw, where)
     _known(m, where, {"host", "port", "token", "token_file", "max_body_bytes", "header_timeout_s", "body_timeout_s",
                       "tls_cert", "tls_key"})
     token = m.get("token")
     if token is not None:
         token = _str(token, f"{where}.token")
+    token_file = None
     if m.get("token_file") is not None:
         if token is not None:
             raise ConfigError(f"{where}.token_file", "give either token or token_file")
-        token = read_token_file(_str(m["token_file"], f"{where}.token_file"), f"{where}.token_file")
+        token_file = token_path(_str(m["token_file"], f"{where}.token_file"), base_dir)
+        if os.path.exists(token_file):  # else `tangram serve` creates it
+            token = read_token_file(token_file, f"{where}.token_file")
     tls = tuple(_str(m[k], f"{where}.{k}") if m.get(k) is not None else None for k in ("tls_cert", "tls_key"))
     if (tls[0] is None) != (tls[1] is None):
         raise ConfigError(f"{where}.{'tls_key' if tls[1] is None else 'tls_cert'}", "TLS needs both tls_cert and tls_key")
@@ -188,12 +194,21 @@ def _service(raw: Any, where: str) -> ServiceConfig:
         host=_str(m.get("host", DEFAULT_HOST), f"{where}.host"),
         port=_int(m.get("port", DEFAULT_PORT), f"{where}.port", lo=0, hi=65535),
         token=token,
+        token_file=token_file,
         max_body_bytes=_int(m.get("max_body_bytes", DEFAULT_MAX_BODY), f"{where}.max_body_bytes", lo=1024),
         header_timeout_s=_number(m.get("header_timeout_s", 10.0), f"{where}.header_timeout_s"),
         body_timeout_s=_number(m.get("body_timeout_s", 30.0), f"{where}.body_timeout_s"),
         tls_cert=tls[0],
         tls_key=tls[1],
     )
+
+
+def token_path(path: str, base_dir: str | Path | None = None) -> str:
+    """``~`` expanded; a relative path is relative to ``base_dir`` (the config file's folder)."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = Path(base_dir) / p
+    return str(p.resolve())
 
 
 def read_token_file(path: str, where: str = "token_file") -> str:
@@ -210,20 +225,24 @@ def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
     m = _mapping(raw, where)
     _known(m, where, {"name", "executor", "endpoint", "cores", "memory_mb", "numa", "image", "workdir"})
     executor = m.get("executor", "local")
-    if executor not in ("local", "docker"):
-        raise ConfigError(f"{where}.executor", f"must be 'local' or 'docker', got {executor!r}")
-    name = _str(m.get("name", "local" if executor == "local" else None), f"{where}.name")
+    if executor not in ("local", "docker", "auto"):
+        raise ConfigError(f"{where}.executor", f"must be 'local', 'docker' or 'auto', got {executor!r}")
+    name = _str(m.get("name", "local" if executor in ("local", "auto") else None), f"{where}.name")
     endpoint = None
-    if executor == "docker":
+    if executor in ("docker", "auto"):  # auto: this machine's engine, so its default socket
         endpoint = _str(m.get("endpoint", "unix:///var/run/docker.sock"), f"{where}.endpoint")
         if not endpoint.startswith(("unix://", "tcp://", "ssh://", "http://", "https://", "npipe://")):
             raise ConfigError(f"{where}.endpoint", f"must be a Docker endpoint URL (unix://, tcp://, ssh://), got {endpoint!r}")
+        if executor == "auto" and not endpoint.startswith("unix://"):
+            raise ConfigError(f"{where}.endpoint", f"an auto node is this machine: a unix:// socket, got {endpoint!r}")
     elif "endpoint" in m:
         raise ConfigError(f"{where}.endpoint", "only docker nodes have an endpoint")
-    if executor == "local":
+    if executor in ("local", "auto"):  # this machine: checked against what it has
         local = _local_node()
         cores = _cores(m["cores"], f"{where}.cores", available=local.cores) if "cores" in m else local.cores
         memory_mb = _int(m.get("memory_mb", local.memory_mb), f"{where}.memory_mb", lo=0)
+        if local.memory_mb and memory_mb > local.memory_mb:
+            raise ConfigError(f"{where}.memory_mb", f"{memory_mb} MB requested, this machine has {local.memory_mb} MB")
     else:
         # scale-out hook: left out, cores (empty) and memory (0) are discovered from the engine
         # (tangram/scaleout/docker_nodes.py: docker info + a probe container)
