@@ -45,6 +45,8 @@ log = logging.getLogger("tangram.runtime")
 KINDS = ("exec", "http", "model")
 # the executor is trusted to honour timeout_s itself; past this much more the runtime cancels it
 TIMEOUT_GRACE_S = 2.0
+# an http action without timeout_s is re-queued after upstream 429s until this long after it was received
+HTTP_429_DEADLINE_S = 600.0
 _RECENT = 10_000  # samples kept per class for percentiles
 
 
@@ -127,7 +129,7 @@ class _Job:
     """Runtime-side state of one submitted action."""
 
     __slots__ = ("action", "kind", "received_at", "enqueued_at", "task", "done", "outcome",
-                 "env", "timed_out")
+                 "env", "timed_out", "requeues")
 
     def __init__(self, action: Action, kind: str, received_at: float, env: Environment | None):
         self.action = action
@@ -139,6 +141,7 @@ class _Job:
         self.outcome: ActionOutcome | None = None
         self.env = env
         self.timed_out = False
+        self.requeues = 0  # upstream 429s absorbed for this action
 
 
 # ---------------------------------------------------------------------------- #
@@ -186,6 +189,7 @@ class Runtime:
         self._act: dict[str, deque[float]] = {}
         self._overhead: deque[float] = deque(maxlen=_RECENT)
         self.counts: dict[tuple[str, str], int] = {}  # (kind, status) -> n
+        self.upstream_429s_absorbed: dict[str, int] = {}  # API pool -> 429s re-queued instead of returned
         self.listeners: list[Callable[[_Job, ActionOutcome], None]] = []
 
     @classmethod
@@ -388,8 +392,8 @@ class Runtime:
 
     def _task_done(self, job: _Job, task: asyncio.Task) -> None:
         # A task cancelled before its first step never ran its body: complete it here,
-        # so no grant outlives it.
-        if job.outcome is None:
+        # so no grant outlives it. (A task whose call was re-queued is no longer the job's.)
+        if job.outcome is None and job.task is task:
             self._complete(job, ExecResult(status=CANCELLED, error="cancelled before it started"), None, 0.0)
             if job.env is not None and job.env.oneshot:
                 self._background(self._drop_oneshot(job.env))
@@ -418,6 +422,8 @@ class Runtime:
         except Exception as exc:  # an executor crash is a failed action, never a leak
             log.warning("action %s: executor failed: %r", a.id, exc)
             result = ExecResult(status=FAILED, error=f"{type(exc).__name__}: {exc}")
+        if job.kind == "http" and self._upstream_answer(job, s, result):
+            return
         if job.env is not None and job.env.oneshot:
             try:
                 await asyncio.shield(self._drop_oneshot(job.env))
@@ -454,6 +460,40 @@ class Runtime:
         except TimeoutError:
             job.timed_out = True
             raise
+
+    def _upstream_answer(self, job: _Job, s: Started, result: ExecResult) -> bool:
+        """Hand the upstream's answer to its pool's manager; True if a 429 was re-queued instead of returned.
+
+        The manager pauses the pool for the advertised delay; the action goes
+        back to the head of the queue unless that delay would pass its
+        deadline (``timeout_s`` after it was received, else ``HTTP_429_DEADLINE_S``).
+        """
+        out = result.output if isinstance(result.output, Mapping) else {}
+        status = out.get("status")
+        headers = (result.details or {}).get("headers") or {}
+        delay = None
+        pool = None
+        for name in s.grants:
+            observe = getattr(self.engine.manager_of(name), "observe_response", None)
+            if name.startswith("api:") and observe is not None:
+                d = observe(name, status, headers)
+                if d is not None and (delay is None or d > delay):
+                    delay, pool = d, name
+        if status != 429 or delay is None or job.outcome is not None:
+            return False
+        budget = job.action.timeout_s if job.action.timeout_s is not None else HTTP_429_DEADLINE_S
+        if self.clock() + delay >= job.received_at + budget:
+            return False
+        job.requeues += 1
+        self.upstream_429s_absorbed[pool] = self.upstream_429s_absorbed.get(pool, 0) + 1
+        log.info("action %s: upstream 429 on %s, re-queued (pause %.3g s)", job.action.id, pool, delay)
+        try:
+            started = self.engine.requeue(job.action.id)
+        except UnknownActionError:  # cancelled meanwhile (close, delete_environment)
+            return False
+        job.task = None
+        self._launch(started)
+        return True
 
     async def _prepare(self, job: _Job, placement: Placement) -> None:
         """Make sure an exec action's environment exists on its node (a one-shot one is made now)."""

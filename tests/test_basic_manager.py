@@ -74,6 +74,8 @@ def api_action(i: int, name: str = "svc", units: int = 1, **payload) -> Action:
     ({"svc": {"quota": 5, "period_s": 1, "window": "tumbling"}}, "limits['svc'].window"),
     ({"svc": {"conc": 2}}, "limits['svc']: unknown keys ['conc']"),
     ({"svc": 3}, "limits['svc']: expected an ApiLimit"),
+    ({"svc": {"quota": 5, "period_s": 1, "arrival_margin_s": -1}}, "limits['svc'].arrival_margin_s"),
+    ({"svc": {"quota": 5, "period_s": 1, "arrival_margin_s": float("inf")}}, "limits['svc'].arrival_margin_s"),
 ])
 def test_bad_config_names_field(limits, field):
     with pytest.raises(ValueError) as e:
@@ -141,6 +143,8 @@ def test_fixed_window_refills_whole_quota_at_boundary():
     m = BasicManager({"svc": {"quota": 2, "period_s": 1.0, "window": "fixed"}}, clock=clock)
     clock.t = 0.9
     m.allocate("api:svc", 2, "a")
+    clock.t = 0.95
+    m.release("api:svc", "a")  # answered: it surely arrived in this window
     assert next(iter(m.pool_states())).free == 0
     assert m.next_wakeup(clock()) == pytest.approx(1.0)
     clock.t = 1.0  # new window: everything back though the grant was only 0.1 s ago
@@ -148,6 +152,106 @@ def test_fixed_window_refills_whole_quota_at_boundary():
     clock.t = 3.5
     m.allocate("api:svc", 1, "b")
     assert m.next_wakeup(clock()) == pytest.approx(4.0)  # windows stay aligned to the origin
+    m.check_invariants()
+
+
+def test_sliding_unit_counts_until_a_period_after_the_answer():
+    # the upstream may receive the call as late as its answer: the window runs from there
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 1, "period_s": 1.0}}, clock=clock)
+    m.allocate("api:svc", 1, "a")
+    clock.t = 3.0  # a slow call: still in flight three periods later
+    assert next(iter(m.pool_states())).free == 0
+    assert m.next_wakeup(clock()) is None  # only the answer can start the countdown
+    clock.t = 3.5
+    m.release("api:svc", "a")
+    assert m.next_wakeup(clock()) == pytest.approx(4.5)
+    clock.t = 4.49
+    assert next(iter(m.pool_states())).free == 0
+    clock.t = 4.5
+    assert next(iter(m.pool_states())).free == 1
+    m.check_invariants()
+
+
+def test_arrival_margin_bounds_the_count():
+    # with a known margin the unit leaves at dispatch + margin + period, even while still in flight
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 1, "period_s": 1.0, "arrival_margin_s": 0.2}}, clock=clock)
+    m.allocate("api:svc", 1, "a")
+    assert m.next_wakeup(clock()) == pytest.approx(1.2)
+    clock.t = 1.2
+    assert next(iter(m.pool_states())).free == 1
+    m.allocate("api:svc", 1, "b")
+    m.release("api:svc", "a")  # a's late answer gives nothing back twice
+    clock.t = 1.3
+    m.release("api:svc", "b")  # answered before its margin: the answer bounds the arrival
+    assert m.next_wakeup(clock()) == pytest.approx(2.3)
+    m.check_invariants()
+
+
+def test_fixed_window_counts_a_call_in_flight_at_the_boundary_in_both_windows():
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 2, "period_s": 1.0, "window": "fixed"}}, clock=clock)
+    clock.t = 0.9
+    m.allocate("api:svc", 1, "a")  # may arrive after 1.0: counts in window [1, 2) too
+    m.allocate("api:svc", 1, "b")
+    m.release("api:svc", "b")  # answered at 0.9: arrived in [0, 1)
+    clock.t = 1.0
+    assert next(iter(m.pool_states())).free == 1
+    clock.t = 1.5
+    m.release("api:svc", "a")
+    clock.t = 2.0  # answered in [1, 2): never arrives in [2, 3)
+    assert next(iter(m.pool_states())).free == 2
+    m.check_invariants()
+
+
+def test_upstream_429_pauses_the_pool_for_retry_after():
+    clock = Clock(10.0)
+    m = BasicManager({"svc": {"concurrency": 3, "quota": 6, "period_s": 2.0}}, clock=clock)
+    m.allocate("api:svc", 1, "a")
+    m.release("api:svc", "a")
+    assert m.observe_response("api:svc", 200, {"Content-Type": "text/plain"}) is None
+    assert m.observe_response("api:svc", 429, {"Retry-After": "1.5"}) == pytest.approx(1.5)
+    assert next(iter(m.pool_states())).free == 0
+    assert m.next_wakeup(clock()) == pytest.approx(11.5)
+    with pytest.raises(AllocationError, match="upstream pause until 11.5"):
+        m.allocate("api:svc", 1, "b")
+    clock.t = 11.5
+    assert next(iter(m.pool_states())).free == 3
+    assert m.upstream_429s() == {"api:svc": 1}
+    # no Retry-After: the reset header, else one quota period
+    assert m.observe_response("api:svc", 429, {"X-RateLimit-Reset": "0.25"}) == pytest.approx(0.25)
+    assert m.observe_response("api:svc", 429, {}) == pytest.approx(2.0)
+    assert m.observe_response("api:svc", 429, {"Retry-After": "soon"}) == pytest.approx(2.0)
+    assert m.observe_response("api:nope", 429, {"Retry-After": "1"}) is None
+    m.check_invariants()
+
+
+def test_retry_after_as_http_date():
+    import email.utils
+    import time
+
+    m = BasicManager({"svc": {"concurrency": 1}})
+    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 28 <= m.observe_response("api:svc", 429, {"retry-after": when}) <= 31
+
+
+def test_fixed_window_moves_onto_the_upstream_boundary():
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 5, "period_s": 2.0, "window": "fixed"}}, clock=clock)
+    clock.t = 0.5
+    m.allocate("api:svc", 1, "a")
+    m.release("api:svc", "a")
+    # the upstream's window ends 0.3 s from now (ours at 2.0), and it counted 3 calls (someone shares the key)
+    m.observe_response("api:svc", 200, {"X-RateLimit-Reset": "0.3", "X-RateLimit-Remaining": "2"})
+    (p,) = m.pool_states()
+    assert p.free == 2
+    assert m.next_wakeup(clock()) == pytest.approx(0.8)
+    clock.t = 0.8
+    assert next(iter(m.pool_states())).free == 5
+    clock.t = 2.8
+    m.allocate("api:svc", 1, "b")
+    assert m.next_wakeup(clock()) == pytest.approx(4.8)  # aligned from now on
     m.check_invariants()
 
 

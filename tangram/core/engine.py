@@ -121,6 +121,9 @@ class Engine:
         self.managers.append(manager)
         self._refresh_owners()
 
+    def manager_of(self, pool: str) -> ResourceManager | None:
+        return self._owner.get(pool)
+
     def pool_states(self) -> dict[str, PoolState]:
         return {p.name: p for m in self.managers for p in m.pool_states()}
 
@@ -165,6 +168,24 @@ class Engine:
                 return []
             raise UnknownActionError(f"action {action_id!r} is unknown")
         self._finish(rec, "cancelled")
+        return self.schedule()
+
+    def requeue(self, action_id: str) -> list[Started]:
+        """Put a running action back at the head of the queue, its grants given back.
+
+        For a call the upstream refused (a 429): it keeps its submit time and
+        goes first again once its pool has capacity.
+        """
+        rec = self.running.pop(action_id, None)
+        if rec is None:
+            raise UnknownActionError(f"action {action_id!r} is not running")
+        self._release_grants(rec)
+        rec.state = WAITING
+        rec.started_at = None
+        rec.dispatch = None
+        rec.grants = {}
+        rec.estimated_end = 0.0
+        self.waiting = {action_id: rec, **self.waiting}  # rare: rebuilding the order is fine
         return self.schedule()
 
     def close_trajectory(self, trajectory: str) -> list[Started]:
@@ -244,6 +265,12 @@ class Engine:
     def _finish(self, rec: ActionRecord, status: str) -> None:
         rec.state = status
         rec.finished_at = self.clock()
+        self._release_grants(rec)
+        self.finished[rec.action.id] = rec
+        if len(self.finished) > self._keep_finished:
+            self.finished.pop(next(iter(self.finished)))
+
+    def _release_grants(self, rec: ActionRecord) -> None:
         for pname in rec.grants:
             self._owner[pname].release(pname, rec.action.id)
         if rec.dispatch is not None:
@@ -253,9 +280,6 @@ class Engine:
                     del self._running_by_pool[pname]
         if rec.action.trajectory is None:
             self._release_mem(rec.action.id)  # a one-shot action's memory lives with it
-        self.finished[rec.action.id] = rec
-        if len(self.finished) > self._keep_finished:
-            self.finished.pop(next(iter(self.finished)))
 
     def _release_mem(self, holder: str) -> None:
         placed = self._placed_mem.pop(holder, None)

@@ -3,7 +3,10 @@
 Dumb on purpose: the basic manager already decided that the call may go out
 now (a concurrency slot and quota are held), so this only sends the request
 and reports ``output = {"status", "body", "latency_s"}``; a non-2xx answer is
-``status="failed"``. ``aiohttp`` is imported lazily (the core never imports it).
+``status="failed"``. The upstream's rate-limit headers (``Retry-After``,
+``X-RateLimit-*``, ``RateLimit-*``) go back in ``details["headers"]``: the
+runtime hands them to the basic manager, which aligns its books (and re-queues
+a call answered 429). ``aiohttp`` is imported lazily (the core never imports it).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import Any, Mapping
 from tangram.executors.base import FAILED, SUCCEEDED, TIMEOUT, ExecResult
 
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+_RATE_HEADERS = ("retry-after", "x-ratelimit-", "ratelimit-")
 
 
 class HttpExecutor:
@@ -71,12 +75,14 @@ class HttpExecutor:
         t0 = time.perf_counter()
         details: dict[str, Any] = {"method": m, "url": url}
 
-        async def send() -> tuple[int, bytes, str]:
+        async def send() -> tuple[int, bytes, str, dict[str, str]]:
             async with session.request(m, url, headers=dict(headers or {}), json=json, data=body) as resp:
-                return resp.status, await resp.content.read(self.max_body_bytes), resp.headers.get("Content-Type", "")
+                rate = {k: v for k, v in resp.headers.items() if k.lower().startswith(_RATE_HEADERS)}
+                raw = await resp.content.read(self.max_body_bytes)
+                return resp.status, raw, resp.headers.get("Content-Type", ""), rate
 
         try:
-            status, raw, ctype = await asyncio.wait_for(send(), timeout)
+            status, raw, ctype, rate = await asyncio.wait_for(send(), timeout)
         except asyncio.TimeoutError:
             latency = time.perf_counter() - t0
             return ExecResult(status=TIMEOUT, output={"status": None, "body": None, "latency_s": latency},
@@ -88,6 +94,8 @@ class HttpExecutor:
             return ExecResult(status=FAILED, output={"status": None, "body": None, "latency_s": latency},
                               error=f"{type(e).__name__}: {e}", details=details)
         latency = time.perf_counter() - t0
+        if rate:
+            details["headers"] = rate
         out = {"status": status, "body": _decode(raw, ctype), "latency_s": latency}
         ok = 200 <= status < 300
         return ExecResult(status=SUCCEEDED if ok else FAILED, exit_code=None, output=out,

@@ -4,36 +4,43 @@ Each pool ``api:<name>`` may have
 
 * a **concurrency** limit: at most ``concurrency`` units in flight; a unit is
   taken at grant and given back at release (the call returned);
-* a **quota**: at most ``quota`` units granted per ``period_s``. A granted
-  unit stays *consumed* after release until its window has passed, so
-  release never gives quota back. Two window kinds:
+* a **quota**: at most ``quota`` calls per ``period_s`` *as the upstream
+  counts them*. The upstream counts a call when it arrives, somewhere between
+  our dispatch and its answer, on its own clock; so the books are
+  conservative: a call counts from its dispatch until the upstream's window
+  has surely forgotten it. Its latest possible arrival is its answer (release),
+  or ``dispatch + arrival_margin_s`` when a margin is configured. Two kinds:
 
-  - ``sliding`` (default): any interval of length ``period_s`` contains at
-    most ``quota`` grants; a unit granted at ``t`` is usable again at
-    ``t + period_s``. This is the stricter kind: it also satisfies a server
-    that counts in fixed windows (and one that counts sliding windows, up to
-    network jitter: give the manager a ``period_s`` slightly longer than the
-    server's).
-  - ``fixed``: windows ``[origin + k*period, origin + (k+1)*period)``; the
-    whole quota refills at each boundary (``origin`` is the manager's
-    creation time on its clock).
+  - ``sliding`` (default): any interval of length ``period_s`` holds at most
+    ``quota`` arrivals; a unit comes back at latest arrival + ``period_s``.
+    This also satisfies an upstream counting fixed windows of any alignment.
+  - ``fixed``: windows ``[origin + k*period, origin + (k+1)*period)``; a call
+    counts in every window its possible arrival times touch, so one still in
+    flight at a boundary also counts in the next window. ``origin`` is the
+    manager's creation, moved onto the upstream's boundary as soon as an
+    answer reports it (``X-RateLimit-Reset`` / ``RateLimit-Reset``).
+
+:meth:`BasicManager.observe_response` reads what the upstream says about its
+own books: a 429 pauses the pool for ``Retry-After`` (the runtime re-queues
+the call), a reported ``Remaining`` below ours raises the count.
 
 The policy sees each pool's ``free = min(concurrency free, quota left)``
-and ``capacity = min(concurrency, quota)`` (the most it can ever grant at
-once); :meth:`BasicManager.next_wakeup` says when consumed quota comes back,
-so the engine waits for capacity instead of letting a call fail with a 429.
+(0 while paused) and ``capacity = min(concurrency, quota)``;
+:meth:`BasicManager.next_wakeup` says when quota comes back, so the engine
+waits for capacity instead of letting a call fail with a 429.
 
 Books (checked by :meth:`check_invariants`): ``slots_free + in_flight ==
-concurrency`` and ``quota_left + consumed_in_window == quota``.
+concurrency`` and ``quota_left + consumed == quota``.
 
 The clock is injected (``time.monotonic`` by default) so the simulator can
 drive the very same manager with a virtual clock.
 """
 from __future__ import annotations
 
+import email.utils
+import heapq
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -42,6 +49,8 @@ from tangram.managers.base import AllocationError, ResourceManager
 from tangram.policy.snapshot import PoolState
 
 SLIDING, FIXED = "sliding", "fixed"
+DEFAULT_429_PAUSE_S = 1.0  # a 429 without Retry-After on a pool without a quota period
+MAX_429_PAUSE_S = 3600.0  # a bogus Retry-After never parks a pool longer than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,8 @@ class ApiLimit:
     quota: int | None = None
     period_s: float | None = None
     window: str = SLIDING
+    # how late after dispatch the upstream can receive a call; None: any time before its answer
+    arrival_margin_s: float | None = None
 
     def validate(self, field: str) -> None:
         for name in ("concurrency", "quota"):
@@ -68,16 +79,19 @@ class ApiLimit:
             raise ValueError(f"{field}.period_s: given without a quota")
         if self.window not in (SLIDING, FIXED):
             raise ValueError(f"{field}.window: must be 'sliding' or 'fixed', got {self.window!r}")
+        m = self.arrival_margin_s
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not (0 <= m < math.inf)):
+            raise ValueError(f"{field}.arrival_margin_s: must be a non-negative finite number of seconds, got {m!r}")
 
     @classmethod
     def parse(cls, raw: "ApiLimit | Mapping[str, Any]", field: str) -> "ApiLimit":
         if isinstance(raw, ApiLimit):
             lim = raw
         elif isinstance(raw, Mapping):
-            unknown = set(raw) - {"concurrency", "quota", "period_s", "window"}
+            unknown = set(raw) - {"concurrency", "quota", "period_s", "window", "arrival_margin_s"}
             if unknown:
                 raise ValueError(f"{field}: unknown keys {sorted(unknown)} "
-                                 "(expected concurrency, quota, period_s, window)")
+                                 "(expected concurrency, quota, period_s, window, arrival_margin_s)")
             lim = cls(**raw)
         else:
             raise ValueError(f"{field}: expected an ApiLimit or a mapping, got {type(raw).__name__}")
@@ -85,37 +99,74 @@ class ApiLimit:
         return lim
 
 
+class _Grant:
+    """One grant's times: when it was dispatched and released (None while in flight)."""
+
+    __slots__ = ("dispatched", "released", "units", "expires")
+
+    def __init__(self, dispatched: float, units: int):
+        self.dispatched = dispatched
+        self.released: float | None = None
+        self.units = units
+        self.expires = math.inf  # sliding windows: when the unit leaves the upstream's window
+
+
 class _Pool:
     """Books of one API pool."""
 
-    __slots__ = ("name", "limit", "holders", "in_flight", "grants", "consumed", "window_start")
+    __slots__ = ("name", "limit", "holders", "in_flight", "live", "grants", "expiry", "consumed",
+                 "window_start", "blocked_until", "upstream_429s")
 
     def __init__(self, name: str, limit: ApiLimit, origin: float):
         self.name = name
         self.limit = limit
         self.holders: dict[str, int] = {}
         self.in_flight = 0
-        self.grants: deque[tuple[float, int]] = deque()  # sliding: (granted at, units)
-        self.consumed = 0  # quota units consumed in the current window
+        self.live: dict[str, tuple[int, _Grant]] = {}  # holder -> its in-flight grant
+        self.grants: dict[int, _Grant] = {}  # seq -> grant still counted against the quota
+        self.expiry: list[tuple[float, int, _Grant]] = []  # sliding: heap of (expires, seq, grant)
+        self.consumed = 0  # quota units counted now (sliding) or in the current window (fixed)
         self.window_start = origin  # fixed windows only
+        self.blocked_until = -math.inf  # the upstream asked us to wait (429 + Retry-After)
+        self.upstream_429s = 0
 
     @property
     def capacity(self) -> int:
         caps = [c for c in (self.limit.concurrency, self.limit.quota) if c is not None]
         return min(caps)
 
+    def latest_arrival(self, g: _Grant) -> float:
+        """The latest the upstream can have received ``g``: before its answer, and within the margin."""
+        margin = self.limit.arrival_margin_s
+        bound = math.inf if g.released is None else g.released
+        return bound if margin is None else min(bound, g.dispatched + margin)
+
+    def schedule_expiry(self, seq: int, g: _Grant) -> None:
+        if self.limit.window != SLIDING or self.grants.get(seq) is not g:
+            return
+        expires = self.latest_arrival(g) + float(self.limit.period_s)
+        if expires < g.expires:  # the stale heap entry is skipped when popped
+            g.expires = expires
+            heapq.heappush(self.expiry, (expires, seq, g))
+
     def refresh(self, now: float) -> None:
-        """Return to the quota what has left its window by ``now``."""
+        """Return to the quota what the upstream no longer counts at ``now``."""
         lim = self.limit
         if lim.quota is None:
             return
         period = float(lim.period_s)
         if lim.window == SLIDING:
-            while self.grants and self.grants[0][0] + period <= now:
-                self.consumed -= self.grants.popleft()[1]
+            while self.expiry and self.expiry[0][0] <= now:
+                expires, seq, g = heapq.heappop(self.expiry)
+                if g.expires == expires and self.grants.get(seq) is g:
+                    del self.grants[seq]
+                    self.consumed -= g.units
         elif now >= self.window_start + period:
-            self.window_start += math.floor((now - self.window_start) / period) * period
-            self.consumed = 0
+            # at least one whole period (float division can round just below a boundary)
+            self.window_start += max(1, math.floor((now - self.window_start) / period)) * period
+            # a call that may still arrive in this window counts in it too
+            self.grants = {h: g for h, g in self.grants.items() if self.latest_arrival(g) >= self.window_start}
+            self.consumed = min(sum(g.units for g in self.grants.values()), lim.quota)
 
     def quota_left(self) -> int | None:
         return None if self.limit.quota is None else self.limit.quota - self.consumed
@@ -123,18 +174,21 @@ class _Pool:
     def slots_free(self) -> int | None:
         return None if self.limit.concurrency is None else self.limit.concurrency - self.in_flight
 
-    def free(self) -> int:
+    def free(self, now: float) -> int:
+        if now < self.blocked_until:
+            return 0
         vals = [v for v in (self.slots_free(), self.quota_left()) if v is not None]
         return max(min(vals), 0)
 
-    def refill_at(self) -> float | None:
-        """When consumed quota next comes back (None if nothing is consumed)."""
+    def refill_at(self, now: float) -> float | None:
+        """When the pool next gains units on its own (None if only a release can free them)."""
+        if now < self.blocked_until:
+            return self.blocked_until
         if self.limit.quota is None or self.consumed == 0:
             return None
-        period = float(self.limit.period_s)
         if self.limit.window == SLIDING:
-            return self.grants[0][0] + period
-        return self.window_start + period
+            return self.expiry[0][0] if self.expiry else None
+        return self.window_start + float(self.limit.period_s)
 
 
 class BasicManager(ResourceManager):
@@ -145,6 +199,7 @@ class BasicManager(ResourceManager):
         self.clock = clock
         origin = clock()
         self._pools: dict[str, _Pool] = {}
+        self._seq = 0
         for key, raw in limits.items():
             if not isinstance(key, str) or not key:
                 raise ValueError(f"limits: pool names must be non-empty strings, got {key!r}")
@@ -167,7 +222,7 @@ class BasicManager(ResourceManager):
         now = self.clock()
         for p in self._pools.values():
             p.refresh(now)
-            yield PoolState(name=p.name, rtype=p.name, node=None, capacity=p.capacity, free=p.free())
+            yield PoolState(name=p.name, rtype=p.name, node=None, capacity=p.capacity, free=p.free(now))
 
     def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> int:
         p = self._pool(pool)
@@ -177,16 +232,19 @@ class BasicManager(ResourceManager):
             raise AllocationError(f"{pool}: {holder!r} already holds {p.holders[holder]} units")
         now = self.clock()
         p.refresh(now)
-        free = p.free()
+        free = p.free(now)
         if units > free:
-            raise AllocationError(f"{pool}: {units} units requested, {free} free "
-                                  f"(slots free {p.slots_free()}, quota left {p.quota_left()})")
+            raise AllocationError(f"{pool}: {units} units requested, {free} free (slots free {p.slots_free()}, "
+                                  f"quota left {p.quota_left()}, upstream pause until {p.blocked_until:g})")
         p.holders[holder] = units
         p.in_flight += units
         if p.limit.quota is not None:
+            self._seq += 1
+            g = _Grant(now, units)
+            p.live[holder] = (self._seq, g)
+            p.grants[self._seq] = g
             p.consumed += units
-            if p.limit.window == SLIDING:
-                p.grants.append((now, units))
+            p.schedule_expiry(self._seq, g)  # only with a margin: in flight, it expires at dispatch + margin + period
         return units
 
     def release(self, pool: str, holder: str) -> bool:
@@ -196,17 +254,70 @@ class BasicManager(ResourceManager):
         units = p.holders.pop(holder, None)
         if units is None:
             return False
-        p.in_flight -= units  # quota stays consumed until its window passes
+        p.in_flight -= units
+        live = p.live.pop(holder, None)
+        if live is not None:  # the quota unit stays counted until the upstream's window forgets the call
+            seq, g = live
+            g.released = self.clock()
+            p.schedule_expiry(seq, g)
         return True
 
     def next_wakeup(self, now: float) -> float | None:
         times = []
         for p in self._pools.values():
             p.refresh(now)
-            t = p.refill_at()
+            t = p.refill_at(now)
             if t is not None:
                 times.append(t)
         return min(times) if times else None
+
+    # ------------------------------------------------------------------ #
+    # what the upstream said about its own books
+
+    def observe_response(self, pool: str, status: int | None, headers: Mapping[str, str] | None) -> float | None:
+        """Align the books with an upstream answer; for a 429, the seconds to wait before calling again.
+
+        ``Retry-After`` pauses the whole pool (no grant until it passes);
+        ``X-RateLimit-Remaining`` / ``RateLimit-Remaining`` raise the units
+        counted in the current window when the upstream counted more (another
+        client shares the key); ``X-RateLimit-Reset`` / ``RateLimit-Reset``
+        move a fixed window's boundary onto the upstream's.
+        """
+        p = self._pools.get(pool)
+        if p is None:
+            return None
+        now = self.clock()
+        p.refresh(now)
+        h = {k.lower(): v for k, v in (headers or {}).items()}
+        reset = _reset_after(h)
+        remaining = _first_int(h, ("x-ratelimit-remaining", "ratelimit-remaining"))
+        lim = p.limit
+        if lim.quota is not None and lim.window == FIXED and reset is not None:
+            period = float(lim.period_s)
+            if 0 < reset <= period:
+                # the upstream's window ends at now + reset; keep what we counted (never refill on a move)
+                p.window_start = now + reset - period
+        if lim.quota is not None and remaining is not None and (lim.window == FIXED or remaining == 0):
+            p.consumed = max(p.consumed, lim.quota - max(0, min(remaining, lim.quota)))
+            if lim.window == SLIDING and p.consumed == lim.quota and reset is not None:
+                p.blocked_until = max(p.blocked_until, now + reset)
+        if status != 429:
+            return None
+        p.upstream_429s += 1
+        delay = _retry_after(h)
+        if delay is None:
+            delay = reset
+        if delay is None:  # no hint: a full period for a quota, else a short pause
+            delay = float(lim.period_s) if lim.quota is not None else DEFAULT_429_PAUSE_S
+        delay = min(max(delay, 0.0), MAX_429_PAUSE_S)
+        p.blocked_until = max(p.blocked_until, now + delay)
+        return delay
+
+    def upstream_429s(self) -> Mapping[str, int]:
+        """429 answers the upstream gave per pool (each one absorbed or returned by the runtime)."""
+        return {name: p.upstream_429s for name, p in self._pools.items()}
+
+    # ------------------------------------------------------------------ #
 
     def check_invariants(self) -> None:
         for p in self._pools.values():
@@ -219,11 +330,54 @@ class BasicManager(ResourceManager):
             if lim.quota is not None:
                 assert 0 <= p.consumed <= lim.quota, f"{p.name}: consumed {p.consumed} of quota {lim.quota}"
                 assert p.quota_left() + p.consumed == lim.quota, f"{p.name}: quota books"
+                assert set(p.live) == set(p.holders), f"{p.name}: in-flight grants disagree with holders"
                 if lim.window == SLIDING:
-                    assert sum(u for _, u in p.grants) == p.consumed, f"{p.name}: window grants disagree"
+                    counted = sum(g.units for g in p.grants.values())
+                    assert counted == p.consumed, f"{p.name}: window grants {counted}, consumed {p.consumed}"
 
     def held(self) -> Mapping[str, Mapping[str, Any]]:
         return {name: dict(p.holders) for name, p in self._pools.items()}
 
     def limits(self) -> Mapping[str, ApiLimit]:
         return {name: p.limit for name, p in self._pools.items()}
+
+
+def _first_int(h: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    for n in names:
+        v = h.get(n)
+        if v is not None:
+            try:
+                return int(float(v.split(",")[0].strip()))
+            except ValueError:
+                return None
+    return None
+
+
+def _seconds(value: str | None) -> float | None:
+    """A delay in seconds; an HTTP date or a Unix time becomes the delay until it."""
+    if value is None:
+        return None
+    try:
+        v = float(value.strip())
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        return when.timestamp() - time.time()
+    if not math.isfinite(v) or v < 0:
+        return None
+    return v - time.time() if v > 1e9 else v  # a Unix time (GitHub style) vs delta seconds
+
+
+def _retry_after(h: Mapping[str, str]) -> float | None:
+    d = _seconds(h.get("retry-after"))
+    return None if d is None else max(d, 0.0)
+
+
+def _reset_after(h: Mapping[str, str]) -> float | None:
+    for n in ("x-ratelimit-reset", "ratelimit-reset"):
+        d = _seconds(h.get(n))
+        if d is not None:
+            return max(d, 0.0)
+    return None

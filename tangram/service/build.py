@@ -67,7 +67,8 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         from tangram.managers.basic import ApiLimit, BasicManager
 
         managers.append(BasicManager({
-            p.name: ApiLimit(concurrency=p.concurrency, quota=p.quota, period_s=p.period_s, window=p.window)
+            p.name: ApiLimit(concurrency=p.concurrency, quota=p.quota, period_s=p.period_s, window=p.window,
+                             arrival_margin_s=p.arrival_margin_s)
             for p in cfg.api_pools
         }))
         http_executor = HttpExecutor()

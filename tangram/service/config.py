@@ -65,6 +65,7 @@ class ApiPoolConfig:
     quota: int | None = None
     period_s: float | None = None
     window: str = "sliding"
+    arrival_margin_s: float | None = None  # see tangram.managers.basic
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +300,7 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
 
 def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
     m = _mapping(raw, where)
-    _known(m, where, {"name", "concurrency", "quota", "period_s", "window"})
+    _known(m, where, {"name", "concurrency", "quota", "period_s", "window", "arrival_margin_s"})
     name = _str(m.get("name"), f"{where}.name")
     if name.startswith("api:"):
         name = name[4:]
@@ -317,7 +318,13 @@ def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
     window = m.get("window", "sliding")
     if window not in ("sliding", "fixed"):
         raise ConfigError(f"{where}.window", f"must be 'sliding' or 'fixed', got {window!r}")
-    return ApiPoolConfig(name=name, concurrency=conc, quota=quota, period_s=period, window=window)
+    margin = m.get("arrival_margin_s")
+    if margin is not None:
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (0 <= margin < math.inf):
+            raise ConfigError(f"{where}.arrival_margin_s", f"must be a non-negative finite number, got {margin!r}")
+        margin = float(margin)
+    return ApiPoolConfig(name=name, concurrency=conc, quota=quota, period_s=period, window=window,
+                         arrival_margin_s=margin)
 
 
 # ---------------------------------------------------------------------------- #

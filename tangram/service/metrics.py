@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _ACT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -25,6 +25,11 @@ class _PoolCollector:
             free.add_metric([p.name, p.rtype], p.free)
         yield cap
         yield free
+        absorbed = CounterMetricFamily("tangram_api_upstream_429s_absorbed",
+                                       "Upstream 429 answers re-queued instead of returned", labels=["pool"])
+        for pool, n in self.runtime.upstream_429s_absorbed.items():
+            absorbed.add_metric([pool], n)
+        yield absorbed
         yield GaugeMetricFamily("tangram_queue_length", "Actions waiting for resources", value=len(eng.waiting))
         yield GaugeMetricFamily("tangram_running_actions", "Actions running now", value=len(eng.running))
         yield GaugeMetricFamily("tangram_environments", "Live environments",

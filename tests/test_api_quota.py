@@ -1,0 +1,145 @@
+"""API pools against a strict upstream: limits counted at arrival on the upstream's clock,
+429 + Retry-After over them (tangram.demo.upstream_limits). Our own traffic must never
+trip it; a 429 caused by another client sharing the key is absorbed, not returned."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from aiohttp import web
+
+from tangram.demo.upstream_limits import UpstreamLimits, limits_middleware
+from tests.service_helpers import assert_whole, config, running_service
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class StrictApi:
+    """A loopback API with hosted-API limits and a latency drawn per call."""
+
+    def __init__(self, limits: UpstreamLimits, latency_s: tuple[float, float] = (0.01, 0.12), seed: int = 0):
+        self.limits = limits
+        self.latency_s = latency_s
+        self.rng = random.Random(seed)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.rng.uniform(*self.latency_s))
+        return web.json_response({"ok": True})
+
+    async def __aenter__(self) -> "StrictApi":
+        app = web.Application(middlewares=[limits_middleware(self.limits)])
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/search"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.runner.cleanup()
+
+
+def max_in_any_window(arrivals: list[float], period: float) -> int:
+    arrivals = sorted(arrivals)
+    best, j = 0, 0
+    for i, t in enumerate(arrivals):
+        while arrivals[j] <= t - period:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+# ---------------------------------------------------------------------- #
+# the limiter itself
+
+def test_strict_limits_answer_429_with_retry_after():
+    t = [0.0]
+    lim = UpstreamLimits(concurrency=2, quota=3, period_s=2.0, clock=lambda: t[0])
+    assert lim.enter()[0] and lim.enter()[0]
+    ok, h = lim.enter()
+    assert not ok and h["Retry-After"] == "1" and lim.stats.refused_concurrency == 1
+    lim.leave()
+    t[0] = 0.5
+    ok, h = lim.enter()
+    assert ok and h["X-RateLimit-Remaining"] == "0" and h["X-RateLimit-Reset"] == "1.500"
+    lim.leave()
+    lim.leave()
+    ok, h = lim.enter()  # over quota: the oldest arrival leaves the window at 2.0
+    assert not ok and h["Retry-After"] == "2" and lim.stats.refused_quota == 1
+    t[0] = 2.0
+    assert lim.enter()[0]
+    with pytest.raises(ValueError, match="window"):
+        UpstreamLimits(quota=1, period_s=1, window="tumbling")
+
+
+def test_fixed_window_refills_at_its_own_boundary():
+    t = [10.0]
+    lim = UpstreamLimits(quota=2, period_s=1.0, window="fixed", clock=lambda: t[0])
+    t[0] = 10.9
+    assert lim.enter()[0] and lim.enter()[0]
+    ok, h = lim.enter()
+    assert not ok and float(h["X-RateLimit-Reset"]) == pytest.approx(0.1)
+    t[0] = 11.0
+    assert lim.enter()[0]
+
+
+# ---------------------------------------------------------------------- #
+# through the service: zero 429s from our own traffic, at the limit and over it
+
+@pytest.mark.parametrize("window", ["sliding", "fixed"])
+async def test_forty_callers_through_the_service_see_no_429(window):
+    # the measured case, on a shorter period: 3 concurrent, 6 per period, 40 concurrent callers
+    period = 0.5
+    async with StrictApi(UpstreamLimits(concurrency=3, quota=6, period_s=period, window=window)) as api:
+        cfg = config(api_pools={"search": {"concurrency": 3, "quota": 6, "period_s": period, "window": window}})
+        async with running_service(cfg) as svc, svc.client() as c:
+            body = {"kind": "http", "url": api.url, "resources": {"api": "search"}}
+            results = await asyncio.gather(*(c.run_action(body) for _ in range(40)))
+            assert [r.status for r in results] == ["succeeded"] * 40, [r.error for r in results if not r.ok]
+            assert all(r.output["status"] == 200 for r in results)
+            assert api.limits.stats.refused == 0, api.limits.stats.as_dict()  # the upstream never said 429
+            assert api.limits.stats.peak_concurrency <= 3
+            arrivals = api.limits.stats.arrivals
+            if window == "sliding":
+                assert max_in_any_window(arrivals, period) <= 6
+            else:  # per upstream window (its own origin, not the manager's)
+                per = [int((t - api.limits.origin) // period) for t in arrivals]
+                assert max(per.count(k) for k in set(per)) <= 6
+            assert svc.runtime.upstream_429s_absorbed == {}
+            assert_whole(svc.runtime)
+
+
+async def test_a_shared_key_429_is_absorbed_and_counted():
+    # another client spends the same quota: the upstream refuses some of our calls;
+    # each is re-queued after Retry-After and every caller still gets its answer
+    period = 1.0
+    limits = UpstreamLimits(quota=4, period_s=period)
+    async with StrictApi(limits, latency_s=(0.005, 0.02)) as api:
+        for _ in range(3):  # the other client, before us
+            assert limits.enter()[0]
+            limits.leave()
+        cfg = config(api_pools={"search": {"quota": 4, "period_s": period}})
+        async with running_service(cfg) as svc, svc.client() as c:
+            body = {"kind": "http", "url": api.url, "resources": {"api": "search"}}
+            results = await asyncio.gather(*(c.run_action(body) for _ in range(6)))
+            assert [r.status for r in results] == ["succeeded"] * 6
+            assert limits.stats.refused >= 1  # the shared key did bite
+            absorbed = svc.runtime.upstream_429s_absorbed.get("api:search", 0)
+            assert absorbed == limits.stats.refused
+            metrics = await (await c._sess().get(f"{svc.url}/metrics")).text()
+            assert f'tangram_api_upstream_429s_absorbed_total{{pool="api:search"}} {float(absorbed)}' in metrics
+            assert_whole(svc.runtime)
+
+
+async def test_a_429_past_the_deadline_reaches_the_caller():
+    limits = UpstreamLimits(quota=1, period_s=30.0)
+    async with StrictApi(limits, latency_s=(0.0, 0.001)) as api:
+        assert limits.enter()[0]  # someone else took the whole quota for 30 s
+        limits.leave()
+        cfg = config(api_pools={"search": {"concurrency": 2}})
+        async with running_service(cfg) as svc, svc.client() as c:
+            r = await c.run_action({"kind": "http", "url": api.url, "resources": {"api": "search"}, "timeout_s": 5})
+            assert r.status == "failed" and r.output["status"] == 429 and r.error == "HTTP 429"
+            assert svc.runtime.upstream_429s_absorbed == {}
+            assert_whole(svc.runtime)
