@@ -441,8 +441,10 @@ class Runtime:
         if kind == "exec":
             executor = self.env_executors[placement.node]
             env = job.env
+            extra = {"stdin": p["stdin"]} if p.get("stdin") is not None else {}  # only executors that take input
             coro = executor.exec(env.id, render_command(p["command"], placement.dop), placement,
-                                 timeout_s=timeout_s, env={"TANGRAM_DOP": str(placement.dop), **p.get("env", {})})
+                                 timeout_s=timeout_s, env={"TANGRAM_DOP": str(placement.dop), **p.get("env", {})},
+                                 **extra)
         elif kind == "http":
             req = {k: p[k] for k in ("url", "method", "headers", "json", "body") if k in p}
             coro = self.http_executor.run(req, timeout_s=timeout_s)

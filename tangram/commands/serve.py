@@ -17,6 +17,8 @@ def register(sub) -> None:
     p.add_argument("--check", action="store_true",
                    help="validate the config (fields, cores and memory of this machine, profile stores) and exit "
                         "without starting or reaching any node")
+    p.add_argument("--sandbox-key-file", help="file holding the key of the SandboxFusion-compatible endpoint "
+                   "POST /sandbox/<key>/run_code (a secret: it is part of the URL; opens that route only)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -29,7 +31,9 @@ def _run(args) -> int:
     import signal
     import sys
 
+    from tangram.core.errors import DemandError
     from tangram.service.config import ConfigError, load_config, read_token_file, token_path
+    from tangram.service.sandbox_protocol import read_key_file
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -43,7 +47,16 @@ def _run(args) -> int:
             path = token_path(args.token_file)
             token = read_token_file(path, "--token-file") if os.path.exists(path) else None
             svc = dataclasses.replace(svc, token=token, token_file=path)
-        cfg = dataclasses.replace(cfg, service=svc)
+        sandbox = cfg.sandbox_fusion
+        if args.sandbox_key_file:
+            try:
+                sandbox = dataclasses.replace(sandbox, key=read_key_file(token_path(args.sandbox_key_file),
+                                                                         "--sandbox-key-file"))
+            except DemandError as exc:
+                raise ConfigError(exc.field, exc.reason) from None
+        if sandbox.key is not None and sandbox.key == svc.token:
+            raise ConfigError("--sandbox-key-file", "the sandbox key must differ from the service token")
+        cfg = dataclasses.replace(cfg, service=svc, sandbox_fusion=sandbox)
         if args.check:
             print(check_summary(cfg))
             return 0

@@ -57,8 +57,9 @@ class EnvironmentExecutor(ABC):
 
     @abstractmethod
     async def exec(self, env_id: str, command: str, placement: Placement, *, timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
-        """Run ``command`` (``${parallel_num}`` already rendered) pinned to ``placement``."""
+                   env: Mapping[str, str] | None = None, stdin: bytes | None = None) -> ExecResult:
+        """Run ``command`` (``${parallel_num}`` already rendered) pinned to ``placement``;
+        ``stdin``: bytes fed to the command's standard input (None: no input)."""
 
     async def close(self) -> None:
         """Release every environment; idempotent."""

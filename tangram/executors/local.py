@@ -454,7 +454,7 @@ class LocalExecutor(EnvironmentExecutor):
         return cores
 
     async def exec(self, env_id: str, command: str, placement: Placement, *, timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
+                   env: Mapping[str, str] | None = None, stdin: bytes | None = None) -> ExecResult:
         cwd = self.env_dir(env_id)
         if not isinstance(command, str):
             raise ValueError(f"command: must be a string, got {type(command).__name__}")
@@ -484,7 +484,8 @@ class LocalExecutor(EnvironmentExecutor):
             details["cfs_quota"] = cfs is not None
             script = group.join_prefix() + command
         try:
-            transport, proto = await self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None)
+            transport, proto = await self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None,
+                                                 stdin)
         except BaseException:
             if group is not None:
                 self._remove_group(group)
@@ -521,20 +522,27 @@ class LocalExecutor(EnvironmentExecutor):
         return ExecResult(status=status, exit_code=rc, stdout=proto.out.decode(errors="replace"),
                           stderr=proto.err.decode(errors="replace"), error=error, details=details)
 
-    async def _spawn(self, script: str, cwd: str, env: dict, affinity: list[int] | None):
+    async def _spawn(self, script: str, cwd: str, env: dict, affinity: list[int] | None,
+                     stdin: bytes | None = None):
         loop = asyncio.get_running_loop()
-        kw = dict(cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                  stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        kw = dict(cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
         factory = lambda: _Collector(self.max_output_bytes)  # noqa: E731
         if affinity is None:
-            return await loop.subprocess_exec(factory, "bash", "-c", script, **kw)
-        async with self._spawn_lock:  # the loop thread's affinity is borrowed for the fork
-            saved = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, affinity)
-            try:
-                return await loop.subprocess_exec(factory, "bash", "-c", script, **kw)
-            finally:
-                os.sched_setaffinity(0, saved)
+            spawned = await loop.subprocess_exec(factory, "bash", "-c", script, **kw)
+        else:
+            async with self._spawn_lock:  # the loop thread's affinity is borrowed for the fork
+                saved = os.sched_getaffinity(0)
+                os.sched_setaffinity(0, affinity)
+                try:
+                    spawned = await loop.subprocess_exec(factory, "bash", "-c", script, **kw)
+                finally:
+                    os.sched_setaffinity(0, saved)
+        if stdin is not None:  # the loop writes it as the command reads; EOF after the last byte
+            pipe = spawned[0].get_pipe_transport(0)
+            pipe.write(stdin)
+            pipe.write_eof()
+        return spawned
 
     # ------------------------------------------------------------------ #
     # killing

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from tangram.core.errors import DemandError, UnknownActionError, UnschedulableError
 from tangram.runtime import ExecutorFailedError, ExecutorMissingError, Runtime, UnknownEnvironmentError
-from tangram.service import wire
+from tangram.service import sandbox_fusion, wire
 from tangram.service.config import ClusterConfig, default_config
 from tangram.service.edge import GuardedSite, HeadDeadline, disarm_on_request, tls_context
 from tangram.service.metrics import ServiceMetrics
@@ -66,6 +66,7 @@ def create_app(config: ClusterConfig | None = None, *, runtime_factory: RuntimeF
     app.router.add_delete("/v1/actions/{id}", cancel_action)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/metrics", metrics)
+    sandbox_fusion.register(app, config.sandbox_fusion, token=config.service.token)
     return app
 
 
@@ -166,7 +167,9 @@ def _auth_middleware(token: str | None):
 
     @web.middleware
     async def auth(request: web.Request, handler) -> web.StreamResponse:
-        if expected is not None and request.path not in PUBLIC_PATHS:
+        # /sandbox/ routes check their own narrowly scoped key (clients there send no headers)
+        if expected is not None and request.path not in PUBLIC_PATHS and not request.path.startswith(
+                sandbox_fusion.PREFIX):
             # aiohttp keeps undecodable header bytes as surrogates: encode them back, never fail
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, expected):  # constant time

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from tangram.core.errors import DemandError
+from tangram.service.sandbox_protocol import SandboxFusionConfig, check_key, parse_languages, read_key_file
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8471
 DEFAULT_MAX_BODY = 1 << 20
@@ -94,6 +97,7 @@ class ClusterConfig:
     default_duration_s: float = 1.0
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray
     scaleout: Mapping[str, Any] | None = None
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
 
 # ---------------------------------------------------------------------------- #
@@ -126,7 +130,8 @@ def default_config() -> ClusterConfig:
 def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConfig:
     """Validate a config document; relative file paths in it are relative to ``base_dir``."""
     root = _mapping(doc, "<root>")
-    _known(root, "<root>", {"service", "scheduler", "cpu_nodes", "gpu_nodes", "api_pools", "profiles", "scaleout"})
+    _known(root, "<root>", {"service", "scheduler", "cpu_nodes", "gpu_nodes", "api_pools", "profiles", "scaleout",
+                            "sandbox_fusion"})
     service = _service(root.get("service", {}), "service", base_dir)
     sched = _mapping(root.get("scheduler", {}), "scheduler")
     _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s"})
@@ -166,9 +171,12 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
 
         parse_scaleout(root["scaleout"])
         scaleout = dict(root["scaleout"])
+    sandbox = _sandbox_fusion(root.get("sandbox_fusion", {}), "sandbox_fusion", base_dir)
+    if sandbox.key is not None and sandbox.key == service.token:
+        raise ConfigError("sandbox_fusion.key", "must differ from the service token (it goes into URLs)")
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
                          profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt,
-                         scaleout=scaleout)
+                         scaleout=scaleout, sandbox_fusion=sandbox)
 
 
 def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> ServiceConfig:
@@ -210,6 +218,37 @@ def token_path(path: str, base_dir: str | Path | None = None) -> str:
     if not p.is_absolute() and base_dir is not None:
         p = Path(base_dir) / p
     return str(p.resolve())
+
+
+def _sandbox_fusion(raw: Any, where: str, base_dir: str | Path | None = None) -> SandboxFusionConfig:
+    """The SandboxFusion-compatible endpoint: its key, demand, limits and language toolchains."""
+    m = _mapping(raw, where)
+    _known(m, where, {"key", "key_file", "cpu", "max_body_bytes", "max_output_bytes", "languages", "runner_python"})
+    kw: dict[str, Any] = {}
+    try:
+        if m.get("key") is not None and m.get("key_file") is not None:
+            raise ConfigError(f"{where}.key_file", "give either key or key_file")
+        if m.get("key") is not None:
+            kw["key"] = check_key(_str(m["key"], f"{where}.key"), f"{where}.key")
+        if m.get("key_file") is not None:
+            kw["key"] = read_key_file(token_path(_str(m["key_file"], f"{where}.key_file"), base_dir),
+                                      f"{where}.key_file")
+        if "languages" in m:
+            kw["languages"] = parse_languages(m["languages"], f"{where}.languages")
+    except DemandError as exc:
+        raise ConfigError(exc.field, exc.reason) from None
+    if "cpu" in m:
+        kw["cpu"] = _int(m["cpu"], f"{where}.cpu", lo=1)
+    if "max_body_bytes" in m:
+        kw["max_body_bytes"] = _int(m["max_body_bytes"], f"{where}.max_body_bytes", lo=1024)
+    if "max_output_bytes" in m:
+        kw["max_output_bytes"] = _int(m["max_output_bytes"], f"{where}.max_output_bytes", lo=1024)
+    if "runner_python" in m:
+        py = _str(m["runner_python"], f"{where}.runner_python")
+        if not os.path.isabs(py):
+            raise ConfigError(f"{where}.runner_python", f"must be an absolute path, got {py!r}")
+        kw["runner_python"] = py
+    return SandboxFusionConfig(**kw)
 
 
 def read_token_file(path: str, where: str = "token_file") -> str:
