@@ -303,7 +303,8 @@ def make_executor(kind: str, spec: ClassSpec | None = None):
             from profiling.executor import PinnedSubprocessExecutor
 
             return PinnedSubprocessExecutor()
-        return LocalExecutor()
+        # the user's own command in the user's own directory, run from their shell: no sandbox to cross
+        return LocalExecutor(sandbox="none")
     if kind == "docker":
         from tangram.executors.docker import DockerExecutor  # type: ignore[import-not-found]
 

@@ -24,7 +24,7 @@ LAST = CORES[-1]
 
 
 def _cgroup_writable() -> bool:
-    ex = LocalExecutor(isolation="auto")
+    ex = LocalExecutor(isolation="auto", sandbox="none")
     try:
         return ex.isolation in (CGROUP_V1, CGROUP_V2)
     finally:
@@ -36,7 +36,7 @@ CGROUPS = _cgroup_writable()
 
 @pytest.fixture
 async def local(tmp_path):
-    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.2)
+    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.2, sandbox="none")  # pinning, read back from /sys
     await ex.create_environment("traj")
     yield ex
     await ex.close()
@@ -45,7 +45,7 @@ async def local(tmp_path):
 @pytest.fixture(params=["auto", "affinity"])
 async def either(tmp_path, request):
     """The executor with cgroups (when writable) and with the forced affinity fallback."""
-    ex = LocalExecutor(str(tmp_path / "envs"), isolation=request.param, kill_grace_s=0.2)
+    ex = LocalExecutor(str(tmp_path / "envs"), isolation=request.param, kill_grace_s=0.2, sandbox="none")
     await ex.create_environment("traj")
     yield ex
     await ex.close()
@@ -53,7 +53,7 @@ async def either(tmp_path, request):
 
 @pytest.fixture
 async def affinity(tmp_path):
-    ex = LocalExecutor(str(tmp_path / "envs"), isolation="affinity", kill_grace_s=0.2)
+    ex = LocalExecutor(str(tmp_path / "envs"), isolation="affinity", kill_grace_s=0.2, sandbox="none")
     await ex.create_environment("traj")
     yield ex
     await ex.close()
@@ -103,7 +103,7 @@ async def test_cgroup_cores_and_quota_read_back_from_inside(local):
     assert lines["quota"] == "50000 period 100000"  # 0.5 CPU of CFS quota
     assert lines["cpuset"] == str(LAST)
     assert lines["dop"] == "3"
-    assert r.details["isolation"] == local.isolation
+    assert r.details["pinning"] == local.isolation
     # the per-action groups are gone afterwards
     assert all(not os.path.exists(d) for d in r.details["cgroup"])
 
@@ -128,7 +128,7 @@ async def test_affinity_fallback_pins_cores(affinity):
                             "grep Cpus_allowed_list /proc/self/status & wait",
                             Placement("act-3", "local", dop=1, cores=(LAST,)))
     assert r.status == SUCCEEDED, r
-    assert r.details["isolation"] == AFFINITY
+    assert r.details["pinning"] == AFFINITY
     assert [line.split()[-1] for line in r.stdout.strip().splitlines()] == [str(LAST), str(LAST)]
     # the event loop thread got its own affinity back
     assert sorted(os.sched_getaffinity(0)) == CORES
@@ -145,7 +145,7 @@ async def test_affinity_concurrent_spawns_do_not_mix(affinity):
 
 async def test_no_cores_means_no_isolation(local):
     r = await local.exec("traj", "echo $TANGRAM_DOP", Placement("a", None, dop=1))
-    assert (r.status, r.stdout, r.details["isolation"]) == (SUCCEEDED, "1\n", "none")
+    assert (r.status, r.stdout, r.details["pinning"]) == (SUCCEEDED, "1\n", "none")
 
 
 # ---------------------------------------------------------------------- #

@@ -91,12 +91,13 @@ async def _main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     console.print(f"[bold]ARL-Tangram demo[/]: {spec.trajectories} trajectories x ({spec.turns} shell actions + "
                   f"1 test-suite reward) on {len(cores)} cores {cores}")
+    isolation = _isolation(console)
     summaries: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="tangram-demo-") as tmp:
-        r = await _tangram_phase(spec, cores, profile, Path(tmp) / "tangram", console)
+        r = await _tangram_phase(spec, cores, profile, Path(tmp) / "tangram", console, isolation)
         summaries["tangram"] = summarize(r, len(cores))
         if not args.skip_baseline:
-            r = await _static_phase(spec, cores, Path(tmp) / "static", console)
+            r = await _static_phase(spec, cores, Path(tmp) / "static", console, isolation)
             summaries["trajectory"] = summarize(r, len(cores))
     rat = ratios(summaries["tangram"], summaries["trajectory"]) if "trajectory" in summaries else None
     print_table(Console(width=max(120, Console().width)), summaries, rat)
@@ -122,17 +123,30 @@ def _progress(console, label: str, total: int):
     return prog, (lambda: prog.advance(task))
 
 
-async def _tangram_phase(spec, cores, profile: str, workdir: Path, console):
+def _isolation(console) -> str:
+    """The demo's commands are the project's own, trusted: sandboxed when this machine can, else not (said)."""
+    from tangram.executors.sandbox import probe
+
+    ok, why = probe()
+    if ok:
+        return "sandbox"
+    console.print(f"[yellow]this machine cannot sandbox commands ({why}): the demo runs its own trusted commands "
+                  "with isolation none; tangram serve would refuse to start in this state[/]")
+    return "none"
+
+
+async def _tangram_phase(spec, cores, profile: str, workdir: Path, console, isolation: str):
     from aiohttp import web
 
     from tangram.client import TangramClient
-    from tangram.demo.rollout import run_with_service
+    from tangram.demo.rollout import PROJECT_DIR, run_with_service
     from tangram.service.app import create_app
     from tangram.service.config import parse_config
 
     cfg = parse_config({
         "service": {"host": "127.0.0.1", "port": 0},
-        "cpu_nodes": [{"name": "local", "executor": "local", "cores": list(cores), "workdir": str(workdir)}],
+        "cpu_nodes": [{"name": "local", "executor": "local", "cores": list(cores), "workdir": str(workdir),
+                       "isolation": isolation, "readonly": [str(PROJECT_DIR)]}],
         "gpu_nodes": [],
         "profiles": [profile],
     })
@@ -150,11 +164,11 @@ async def _tangram_phase(spec, cores, profile: str, workdir: Path, console):
         await runner.cleanup()
 
 
-async def _static_phase(spec, cores, workdir: Path, console):
-    from tangram.demo.rollout import run_static
+async def _static_phase(spec, cores, workdir: Path, console, isolation: str):
+    from tangram.demo.rollout import PROJECT_DIR, run_static
     from tangram.executors.local import LocalExecutor
 
-    executor = LocalExecutor(str(workdir))
+    executor = LocalExecutor(str(workdir), sandbox=isolation, readonly=(str(PROJECT_DIR),))
     prog, tick = _progress(console, "trajectory ", spec.trajectories * (spec.turns + 1))
     try:
         with prog:

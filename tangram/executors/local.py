@@ -4,7 +4,18 @@
   default) that persists across the actions of its trajectory.
 * Every action is one ``bash -c <command>`` process in its own session and
   process group, ``cwd`` = the environment directory, ``TANGRAM_DOP`` = its DoP.
-* Isolation, chosen once (``details["isolation"]`` says which was used):
+* Sandbox (``details["isolation"]``: ``sandbox`` or ``none``): by default every
+  command runs confined by bubblewrap (:mod:`tangram.executors.sandbox`): an
+  unprivileged uid, no network but loopback (unless the executor allows it and
+  the environment asks), a read-only toolchain, its environment directory and
+  a private ``/tmp`` writable, nothing else of the host visible; memory
+  (the environment's ``memory_mb``, else ``default_memory_mb``) and pids
+  limits in cgroups of its own. ``sandbox="none"`` runs commands as the
+  service's own user on the host: only for trusted code. A machine that
+  cannot sandbox makes the constructor raise :class:`SandboxUnavailable`.
+* Output is capped at ``max_output_bytes`` per stream while it streams;
+  ``details["truncated"]`` says whether anything was dropped.
+* CPU pinning, chosen once (``details["pinning"]`` says which was used):
 
   - ``cgroup-v1`` / ``cgroup-v2``: when the hierarchy is writable, a cpuset
     group (the action's cores) and a cpu group (CFS quota) per action under a
@@ -34,13 +45,14 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import itertools
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from typing import Any, Mapping
@@ -54,33 +66,23 @@ from tangram.executors.base import (
     ExecResult,
     Placement,
 )
+from tangram.executors import sandbox as sbx
+from tangram.executors.cgroups import (
+    CGROUP_V1,
+    CGROUP_V2,
+    JOIN_FAILED,
+    _CgroupV1,
+    _CgroupV2,
+    _cpulist,
+    _Group,
+)
 
 log = logging.getLogger(__name__)
 
-CGROUP_V1, CGROUP_V2, AFFINITY, NONE = "cgroup-v1", "cgroup-v2", "affinity", "none"
+AFFINITY, NONE = "affinity", "none"
 _ISOLATIONS = ("auto", "cgroup", AFFINITY, NONE)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
-_JOIN_FAILED = 125  # exit code of the prefix when the process cannot join its group
 _INSTANCES = itertools.count(1)  # unique group names per executor of this process
-
-
-def _write(path: str, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
-
-
-def _cpulist(cores) -> str:
-    from tangram.managers.cpu import format_cpulist
-
-    return format_cpulist(cores)
 
 
 def _proc_state(pid: int) -> tuple[str, int] | None:
@@ -136,118 +138,6 @@ def _alive(pgid: int, group: "_Group | None", token: bytes = b"") -> bool:
 
 
 # ---------------------------------------------------------------------- #
-# cgroup backends: create a group with cores + quota, join prefix, pids, remove
-
-class _Group:
-    __slots__ = ("dirs", "procs_files")
-
-    def __init__(self, dirs: list[str]):
-        self.dirs = dirs
-        self.procs_files = [os.path.join(d, "cgroup.procs") for d in dirs]
-
-    def join_prefix(self) -> str:
-        writes = " && ".join(f"echo $$ > {f}" for f in self.procs_files)
-        return (f"{{ {writes}; }} 2>/dev/null || {{ echo 'tangram: cannot join the action cgroup' >&2; "
-                f"exit {_JOIN_FAILED}; }}\n")
-
-    def pids(self) -> list[int]:
-        out: set[int] = set()
-        for f in self.procs_files:
-            try:
-                out.update(int(x) for x in _read(f).split())
-            except (OSError, ValueError):
-                pass
-        return sorted(out)
-
-
-class _CgroupV1:
-    kind = CGROUP_V1
-
-    def __init__(self, parent: str, period_us: int):
-        self.period_us = period_us
-        cpu_root = next((p for p in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct")
-                         if os.path.exists(os.path.join(p, "cpu.cfs_quota_us"))), None)
-        cpuset_root = "/sys/fs/cgroup/cpuset"
-        if cpu_root is None or not os.path.exists(os.path.join(cpuset_root, "cpuset.cpus")):
-            raise OSError(errno.ENOENT, "no cgroup v1 cpuset and cpu hierarchies")
-        self.cpuset = os.path.join(cpuset_root, parent)
-        self.cpu = os.path.join(cpu_root, parent)
-        self.parents = (self.cpuset, self.cpu)
-        os.makedirs(self.cpuset, exist_ok=True)
-        os.makedirs(self.cpu, exist_ok=True)
-        # a v1 cpuset child starts empty: give the parent the root's cpus and mems
-        _write(os.path.join(self.cpuset, "cpuset.cpus"), _read(os.path.join(cpuset_root, "cpuset.cpus")))
-        self.mems = _read(os.path.join(cpuset_root, "cpuset.mems"))
-        _write(os.path.join(self.cpuset, "cpuset.mems"), self.mems)
-
-    def create(self, name: str, cores, quota_cpus: float | None) -> _Group:
-        """A cpuset group, plus a cpu group only when there is a quota to enforce.
-
-        Joining a v1 hierarchy costs a task migration (~0.1-0.5 ms for cpuset,
-        ~1-2 ms for cpu under load): a CFS quota of at least the number of
-        exclusive cores limits nothing the cpuset does not, so the caller
-        passes None then and the process stays in the root cpu group.
-        """
-        s = os.path.join(self.cpuset, name)
-        c = os.path.join(self.cpu, name) if quota_cpus is not None else None
-        group = _Group([s] + ([c] if c else []))
-        os.mkdir(s)
-        try:
-            _write(os.path.join(s, "cpuset.mems"), self.mems)  # mems before cpus/tasks
-            _write(os.path.join(s, "cpuset.cpus"), _cpulist(cores))
-            if c is not None:
-                os.mkdir(c)
-                _write(os.path.join(c, "cpu.cfs_period_us"), str(self.period_us))
-                _write(os.path.join(c, "cpu.cfs_quota_us"), str(max(int(quota_cpus * self.period_us), 1000)))
-        except BaseException:
-            self.remove(group)
-            raise
-        return group
-
-    @staticmethod
-    def remove(group: _Group) -> bool:
-        ok = True
-        for d in group.dirs:
-            try:
-                os.rmdir(d)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                ok = False
-        return ok
-
-
-class _CgroupV2:
-    kind = CGROUP_V2
-
-    def __init__(self, parent: str, period_us: int, root: str = "/sys/fs/cgroup"):
-        self.period_us = period_us
-        ctrls = _read(os.path.join(root, "cgroup.controllers")).split()
-        if "cpuset" not in ctrls or "cpu" not in ctrls:
-            raise OSError(errno.ENOENT, f"cgroup v2 at {root} lacks cpuset/cpu controllers ({ctrls})")
-        _write(os.path.join(root, "cgroup.subtree_control"), "+cpuset +cpu")
-        self.parent = os.path.join(root, parent)
-        self.parents = (self.parent,)
-        os.makedirs(self.parent, exist_ok=True)
-        _write(os.path.join(self.parent, "cgroup.subtree_control"), "+cpuset +cpu")
-
-    def create(self, name: str, cores, quota_cpus: float | None) -> _Group:
-        d = os.path.join(self.parent, name)
-        group = _Group([d])
-        os.mkdir(d)
-        try:
-            _write(os.path.join(d, "cpuset.cpus"), _cpulist(cores))
-            if quota_cpus is not None:
-                _write(os.path.join(d, "cpu.max"), f"{max(int(quota_cpus * self.period_us), 1000)} {self.period_us}")
-        except BaseException:
-            self.remove(group)
-            raise
-        return group
-
-    remove = staticmethod(_CgroupV1.remove)
-
-
-# ---------------------------------------------------------------------- #
 
 class _Tracker:
     """The processes of one action: its process group, its cgroup, its token."""
@@ -282,6 +172,10 @@ class _Tracker:
         return _alive(self.pgid, self.group, self.token)
 
 
+class SandboxUnavailable(RuntimeError):
+    """This machine cannot run commands in the sandbox (no bwrap, no namespaces)."""
+
+
 class _Collector(asyncio.SubprocessProtocol):
     """Output buffers (capped) and two futures: the leader exited, the pipes closed.
 
@@ -295,6 +189,7 @@ class _Collector(asyncio.SubprocessProtocol):
         self.limit = limit
         self.out = bytearray()
         self.err = bytearray()
+        self.truncated = False
         self.exited = loop.create_future()
         self.pipes_closed = loop.create_future()
         self._open = {1, 2}
@@ -302,6 +197,8 @@ class _Collector(asyncio.SubprocessProtocol):
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         buf = self.out if fd == 1 else self.err
         room = self.limit - len(buf)
+        if len(data) > room:
+            self.truncated = True
         if room > 0:
             buf += data[:room]
 
@@ -327,7 +224,15 @@ class LocalExecutor(EnvironmentExecutor):
 
     def __init__(self, root: str | None = None, *, isolation: str = "auto", cgroup_parent: str = "tangram",
                  kill_grace_s: float = 0.5, cfs_period_us: int = 100_000, max_output_bytes: int = 8 << 20,
-                 base_env: Mapping[str, str] | None = None):
+                 base_env: Mapping[str, str] | None = None, sandbox: str = sbx.SANDBOX,
+                 allow_network: bool = False, readonly: tuple[str, ...] = (), default_memory_mb: int = 4096,
+                 pids_max: int = sbx.DEFAULT_PIDS_MAX):
+        if sandbox not in (sbx.SANDBOX, sbx.NONE):
+            raise ValueError(f"sandbox: must be {sbx.SANDBOX!r} or {sbx.NONE!r}, got {sandbox!r}")
+        if sandbox == sbx.SANDBOX:
+            ok, why = sbx.probe()
+            if not ok:
+                raise SandboxUnavailable(f"this machine cannot sandbox commands: {why}")
         if isolation not in _ISOLATIONS:
             raise ValueError(f"isolation: must be one of {_ISOLATIONS}, got {isolation!r}")
         if not kill_grace_s >= 0:
@@ -344,7 +249,26 @@ class LocalExecutor(EnvironmentExecutor):
         self.kill_grace_s = float(kill_grace_s)
         self.cfs_period_us = int(cfs_period_us)
         self.max_output_bytes = int(max_output_bytes)
-        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.sandbox = sandbox
+        self.allow_network = bool(allow_network)
+        self.default_memory_mb = int(default_memory_mb)
+        self.pids_max = int(pids_max)
+        if sandbox == sbx.SANDBOX:
+            # nothing of the service's own environment (tokens, keys) reaches a sandboxed command
+            self.base_env = dict({"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
+                                  "LANG": "C.UTF-8"} if base_env is None else base_env)
+            self._etc = tempfile.mkdtemp(prefix="tangram-sandbox-etc-")
+            self._sandbox = sbx.Sandbox(readonly=tuple(readonly), etc_dir=sbx.prepare_etc(self._etc))
+            try:
+                self._limits: sbx.Limits | None = sbx.Limits(f"{cgroup_parent}-limits")
+                self._sweep_dead_groups(self._limits.parents)
+            except OSError as exc:
+                self._limits = None
+                log.warning("local executor: no memory/pids limits (cgroups not writable: %s)", exc)
+        else:
+            self.base_env = dict(os.environ if base_env is None else base_env)
+            self._etc, self._sandbox, self._limits = None, None, None
+        self._env_info: dict[str, tuple[int, bool]] = {}  # env id -> (memory_mb, network)
         self.allowed_cores = frozenset(os.sched_getaffinity(0))
         self._envs: dict[str, str] = {}
         self._cg: _CgroupV1 | _CgroupV2 | None = None
@@ -390,9 +314,9 @@ class LocalExecutor(EnvironmentExecutor):
 
     _GROUP_NAME = re.compile(r"^p(\d+)-")
 
-    def _sweep_dead_groups(self) -> None:
+    def _sweep_dead_groups(self, parents=None) -> None:
         """Remove the action groups of executors whose process died without cleaning up (kill -9)."""
-        for parent in self._cg.parents:
+        for parent in self._cg.parents if parents is None else parents:
             try:
                 names = os.listdir(parent)
             except OSError:
@@ -403,7 +327,7 @@ class LocalExecutor(EnvironmentExecutor):
                     continue
                 g = _Group([os.path.join(parent, name)])
                 _Tracker(0, g, b"").signal(signal.SIGKILL, scan=False)
-                if self._cg.remove(g):
+                if _CgroupV1.remove(g):
                     log.info("local executor: removed the stale cgroup %s", g.dirs[0])
 
     # ------------------------------------------------------------------ #
@@ -416,17 +340,24 @@ class LocalExecutor(EnvironmentExecutor):
         return d
 
     async def create_environment(self, env_id: str, *, image: str | None = None, memory_mb: int = 0,
-                                 labels: Mapping[str, str] | None = None) -> None:
+                                 labels: Mapping[str, str] | None = None, network: bool = False) -> None:
+        """``network``: the environment asks for a network (granted only if the executor allows it)."""
         if not isinstance(env_id, str) or not env_id or env_id in (".", "..") or _SAFE.search(env_id):
             raise ValueError(f"env_id: must be a non-empty name of [A-Za-z0-9_.-], got {env_id!r}")
+        if network and not self.allow_network and self.sandbox == sbx.SANDBOX:
+            raise ValueError("network: this node does not allow environments a network (allow_network)")
         if env_id in self._envs:
             return
         d = os.path.join(self.root, env_id)
         os.makedirs(d, exist_ok=True)
+        if self._sandbox is not None:
+            self._sandbox.prepare_workdir(d)
         self._envs[env_id] = d
+        self._env_info[env_id] = (int(memory_mb or 0), bool(network))
 
     async def destroy_environment(self, env_id: str) -> None:
         d = self._envs.pop(env_id, None)
+        self._env_info.pop(env_id, None)
         if d is not None:
             await asyncio.to_thread(shutil.rmtree, d, True)
 
@@ -435,10 +366,12 @@ class LocalExecutor(EnvironmentExecutor):
             await self.destroy_environment(env_id)
         for g in list(self._stale):
             _Tracker(0, g, b"").signal(signal.SIGKILL, scan=False)
-            if self._cg is not None and self._cg.remove(g):
+            if _CgroupV1.remove(g):
                 self._stale.remove(g)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._etc is not None:
+            shutil.rmtree(self._etc, ignore_errors=True)
 
     # ------------------------------------------------------------------ #
     # exec
@@ -470,19 +403,36 @@ class LocalExecutor(EnvironmentExecutor):
         token = f"{self._tag}-{self._seq}"
         penv["TANGRAM_ACTION_TOKEN"] = token
         isolation = self.isolation if cores else NONE
-        details: dict[str, Any] = {"isolation": isolation, "cores": cores, "cpu_quota": quota, "dop": placement.dop}
+        details: dict[str, Any] = {"isolation": self.sandbox, "pinning": isolation, "cores": cores,
+                                   "cpu_quota": quota, "dop": placement.dop}
 
         t0 = time.perf_counter()
         group: _Group | None = None
         script = command
+        name = f"{token}-{_SAFE.sub('_', placement.action_id)[:40]}"
         if isolation in (CGROUP_V1, CGROUP_V2):
-            name = f"{token}-{_SAFE.sub('_', placement.action_id)[:40]}"
             # a quota >= the exclusive cores adds nothing to the cpuset: no cpu group (one migration less)
             cfs = quota if quota is not None and quota < len(cores) else None
             group = self._cg.create(name, cores, cfs)
             details["cgroup"] = group.dirs
             details["cfs_quota"] = cfs is not None
-            script = group.join_prefix() + command
+        memory_mb = 0
+        if self._sandbox is not None:
+            env_mem, network = self._env_info.get(env_id, (0, False))
+            if self._limits is not None:
+                memory_mb = env_mem or self.default_memory_mb
+                try:
+                    limit_dirs = self._limits.create(name, memory_mb, self.pids_max)
+                except BaseException:
+                    if group is not None:
+                        self._remove_group(group)
+                    raise
+                group = _Group((group.dirs if group is not None else []) + limit_dirs)
+                details["memory_mb"], details["pids_max"] = memory_mb, self.pids_max
+            inner = self._sandbox.argv(cwd, ["bash", "-c", command], network=network and self.allow_network)
+            script = "exec " + shlex.join(inner)
+        if group is not None:
+            script = group.join_prefix() + script
         try:
             transport, proto = await self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None,
                                                  stdin)
@@ -513,12 +463,20 @@ class LocalExecutor(EnvironmentExecutor):
                 await self._terminate(track, proto)
             finally:
                 await self._cleanup(track, transport, proto)
+                if group is not None:
+                    self._remove_group(group)
             raise
         await self._cleanup(track, transport, proto)
         details["duration_s"] = time.perf_counter() - t0
         rc = transport.get_returncode()
-        if group is not None and rc == _JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
+        if group is not None and rc == JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
             status, error = FAILED, "could not join the action's cgroup"
+        if memory_mb and status == FAILED and sbx.Limits.oom_killed(group.dirs if group else []):
+            details["oom_killed"] = True
+            error = f"{error}: killed at the memory limit ({memory_mb} MiB)"
+        details["truncated"] = proto.truncated
+        if group is not None:
+            self._remove_group(group)
         return ExecResult(status=status, exit_code=rc, stdout=proto.out.decode(errors="replace"),
                           stderr=proto.err.decode(errors="replace"), error=error, details=details)
 
@@ -580,12 +538,10 @@ class LocalExecutor(EnvironmentExecutor):
         except asyncio.TimeoutError:
             log.warning("local executor: output pipes of pid %d still open after the kill", track.pgid)
         transport.close()
-        if track.group is not None:
-            self._remove_group(track.group)
 
     def _remove_group(self, group: _Group) -> None:
-        if self._cg is not None and not self._cg.remove(group):
+        if not _CgroupV1.remove(group):
             _Tracker(0, group, b"").signal(signal.SIGKILL, scan=False)
-            if not self._cg.remove(group):
+            if not _CgroupV1.remove(group):
                 log.warning("local executor: cgroup %s still busy, retried at close", group.dirs)
                 self._stale.append(group)

@@ -203,8 +203,10 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
 
 async def healthz(request: web.Request) -> web.Response:
     rt = request.app.get(RUNTIME_KEY)
+    # how each CPU node confines commands: sandbox | none (local), container (docker)
+    isolation = {node: getattr(ex, "sandbox", None) or "container" for node, ex in (rt.env_executors if rt else {}).items()}
     return web.json_response({"status": "ok", "running": len(rt.engine.running) if rt else 0,
-                              "queue_length": len(rt.engine.waiting) if rt else 0})
+                              "queue_length": len(rt.engine.waiting) if rt else 0, "isolation": isolation})
 
 
 async def create_environment(request: web.Request) -> web.Response:

@@ -49,8 +49,9 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         nodes = [await scale.cpu_node(n) if docker and n.executor == "docker" else _cpu_node(n)
                  for n in cfg.cpu_nodes]
         managers.append(CpuManager(nodes))
-        for n in cfg.cpu_nodes:
-            env_executors[n.name] = scale.env_executor(n) if docker and n.executor == "docker" else _env_executor(n)
+        for i, n in enumerate(cfg.cpu_nodes):
+            env_executors[n.name] = (scale.env_executor(n) if docker and n.executor == "docker"
+                                     else _env_executor(n, f"cpu_nodes[{i}]"))
     model_executors: dict[str, Any] | None = None
     models: set[str] | None = None
     if cfg.gpu_nodes and scale is not None and scale.gpu_host is not None:
@@ -99,11 +100,19 @@ def _cpu_node(n: CpuNodeConfig):
                    memory_mb=n.memory_mb)
 
 
-def _env_executor(n: CpuNodeConfig) -> Any:
+def _env_executor(n: CpuNodeConfig, where: str = "cpu_nodes[0]") -> Any:
     if n.executor == "local":
-        from tangram.executors.local import LocalExecutor
+        from tangram.executors.local import LocalExecutor, SandboxUnavailable
 
-        return LocalExecutor(root=n.workdir) if n.workdir else LocalExecutor()
+        if n.isolation == "none":
+            log.warning("node %r: isolation none - commands run unsandboxed as this service's user, with its "
+                        "files, network and secrets in reach; only for trusted code", n.name)
+        try:
+            return LocalExecutor(root=n.workdir, sandbox=n.isolation, allow_network=n.allow_network,
+                                 readonly=n.readonly)
+        except SandboxUnavailable as exc:
+            raise ConfigError(f"{where}.isolation", f"{exc}; to run commands unsandboxed (trusted code only), "
+                                                    "set isolation: none on this node") from None
     from tangram.executors.docker import DockerExecutor
 
     kw = {"image": n.image} if n.image else {}

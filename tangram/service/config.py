@@ -39,6 +39,9 @@ class CpuNodeConfig:
     numa: tuple[tuple[int, ...], ...] = ()  # core ids per NUMA node (discovered when empty)
     image: str | None = None  # docker: default image of environments
     workdir: str | None = None  # local: where environment directories live
+    isolation: str = "sandbox"  # local: sandbox (bubblewrap) | none (trusted code only; warned at every start)
+    allow_network: bool = False  # local sandbox: environments that ask for a network may have one
+    readonly: tuple[str, ...] = ()  # local sandbox: extra read-only paths (toolchains) commands may use
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +266,8 @@ def read_token_file(path: str, where: str = "token_file") -> str:
 
 def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
     m = _mapping(raw, where)
-    _known(m, where, {"name", "executor", "endpoint", "cores", "memory_mb", "numa", "image", "workdir"})
+    _known(m, where, {"name", "executor", "endpoint", "cores", "memory_mb", "numa", "image", "workdir", "isolation",
+                      "allow_network", "readonly"})
     executor = m.get("executor", "local")
     if executor not in ("local", "docker", "auto"):
         raise ConfigError(f"{where}.executor", f"must be 'local', 'docker' or 'auto', got {executor!r}")
@@ -300,8 +304,21 @@ def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
             raise ConfigError(f"{where}.numa", f"cores {sorted(missing)[:8]} belong to no NUMA node")
     image = _str(m["image"], f"{where}.image") if m.get("image") is not None else None
     workdir = _str(m["workdir"], f"{where}.workdir") if m.get("workdir") is not None else None
+    isolation = m.get("isolation", "sandbox")
+    if isolation not in ("sandbox", "none"):
+        raise ConfigError(f"{where}.isolation", f"must be 'sandbox' or 'none', got {isolation!r}")
+    if executor == "docker" and isolation != "sandbox":
+        raise ConfigError(f"{where}.isolation", "docker nodes always isolate commands in containers")
+    allow_network = m.get("allow_network", False)
+    if not isinstance(allow_network, bool):
+        raise ConfigError(f"{where}.allow_network", f"must be true or false, got {allow_network!r}")
+    readonly = tuple(_str(p, f"{where}.readonly[{i}]") for i, p in enumerate(_list(m.get("readonly", []), f"{where}.readonly")))
+    for i, p in enumerate(readonly):
+        if not os.path.isabs(p):
+            raise ConfigError(f"{where}.readonly[{i}]", f"must be an absolute path, got {p!r}")
     return CpuNodeConfig(name=name, executor=executor, endpoint=endpoint, cores=cores, memory_mb=memory_mb,
-                         numa=numa, image=image, workdir=workdir)
+                         numa=numa, image=image, workdir=workdir, isolation=isolation,
+                         allow_network=allow_network, readonly=readonly)
 
 
 def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:

@@ -1,0 +1,127 @@
+"""The local executor's sandbox against the attacks an LLM-written command could try, through the real
+service (real HTTP, real bubblewrap, real cgroups): nothing of the host, of the service or of another
+environment is in reach, memory and process counts are bounded, and nothing outlives its action."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from tangram.executors import sandbox as sbx
+from tests.service_helpers import assert_whole, config, find_pids, running_service
+
+CAN_SANDBOX, WHY = sbx.probe()
+pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not CAN_SANDBOX, reason=f"cannot sandbox here: {WHY}")]
+try:
+    sbx.Limits("tangram-limits")  # the parent the local executor uses
+    HAS_LIMITS = True
+except OSError:
+    HAS_LIMITS = False
+
+
+async def test_host_secrets_and_the_token_are_out_of_reach(tmp_path, monkeypatch):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    token_file.chmod(0o600)
+    monkeypatch.setenv("TANGRAM_TOKEN", "s3cret-token")  # the service's own environment must not leak
+    cfg = config(service={"token_file": str(token_file)})
+    async with running_service(cfg) as svc, svc.client(token="s3cret-token") as c:
+        env = await c.create_environment()
+        r = await c.exec(env, f"cat /etc/shadow; cat {token_file}; echo \"tok=$TANGRAM_TOKEN\"; id -u; "
+                              f"ls /root /home /var 2>&1; touch /usr/x /x 2>&1; echo mine > own.txt && cat own.txt")
+        assert r.allocation["isolation"] == "sandbox"
+        assert "s3cret" not in r.stdout + r.stderr
+        assert "root:x:" not in r.stdout and "root:$" not in r.stdout  # no shadow/passwd line of the host
+        assert "tok=\n" in r.stdout and "mine\n" in r.stdout
+        if os.geteuid() == 0:
+            assert "\n65534\n" in f"\n{r.stdout}"  # an unprivileged uid on the host
+        assert not os.path.exists("/usr/x") and not os.path.exists("/x")
+        # a nested action with the stolen token is impossible: the service's port is not reachable either
+        r = await c.exec(env, f"exec 3<>/dev/tcp/127.0.0.1/{svc.port} && echo connected")
+        assert r.status == "failed" and "connected" not in r.stdout
+        await c.delete_environment(env)
+
+
+async def test_another_environment_is_invisible():
+    async with running_service() as svc, svc.client() as c:
+        a, b = await c.create_environment(), await c.create_environment()
+        assert (await c.exec(a, "echo top-secret > secret.txt")).ok
+        r = await c.exec(b, "cat ../*/secret.txt; ls .. ; cat $HOME/../*/secret.txt")
+        assert "top-secret" not in r.stdout
+        assert (await c.exec(a, "cat secret.txt")).stdout == "top-secret\n"  # the owner still has it
+        for e in (a, b):
+            await c.delete_environment(e)
+
+
+@pytest.mark.skipif(not HAS_LIMITS, reason="no writable memory/pids cgroups")
+async def test_memory_is_bounded_by_the_environment():
+    async with running_service() as svc, svc.client() as c:
+        env = await c.create_environment(memory_mb=256)
+        r = await c.exec(env, "python3 -c 'b = bytearray(3 << 30); print(len(b))'", timeout_s=60)
+        assert r.status == "failed" and r.exit_code == 137, r
+        assert "memory limit (256 MiB)" in (r.error or ""), r.error
+        ok = await c.exec(env, "python3 -c 'b = bytearray(64 << 20); print(len(b))'")
+        assert ok.ok and ok.stdout.strip() == str(64 << 20)
+        await c.delete_environment(env)
+        assert_whole(svc.runtime)
+
+
+@pytest.mark.skipif(not HAS_LIMITS, reason="no writable memory/pids cgroups")
+async def test_process_count_is_bounded_and_nothing_outlives_the_action():
+    forker = ("import os, time\n"
+              "n = 0\n"
+              "while n < 5000:\n"
+              "    try:\n"
+              "        pid = os.fork()\n"
+              "    except OSError:\n"
+              "        break\n"
+              "    if pid == 0:\n"
+              "        time.sleep(3600)\n"
+              "        os._exit(0)\n"
+              "    n += 1\n"
+              "print(n, flush=True)\n")
+    async with running_service() as svc, svc.client() as c:
+        env = await c.create_environment()
+        await c.exec(env, f"cat > forker.py <<'EOF'\n{forker}EOF")
+        r = await c.exec(env, "python3 forker.py", timeout_s=60)
+        assert r.ok, r
+        assert int(r.stdout) < sbx.DEFAULT_PIDS_MAX, r.stdout  # stopped by pids.max, not by the loop bound
+        assert find_pids("forker.py") == []
+        # the service kept serving
+        assert (await c.exec(env, "echo alive")).stdout == "alive\n"
+        await c.delete_environment(env)
+        assert_whole(svc.runtime)
+
+
+async def test_no_way_out_of_the_action_cgroup():
+    async with running_service() as svc, svc.client() as c:
+        env = await c.create_environment()
+        r = await c.exec(env, "echo $BASHPID > /sys/fs/cgroup/cpuset/cgroup.procs; ls /sys/fs/cgroup 2>&1; "
+                              "setsid sleep 61 & echo started")
+        assert "started" in r.stdout
+        await asyncio.sleep(0.2)
+        assert find_pids("sleep 61") == []  # killed with its action
+        with open("/sys/fs/cgroup/cpuset/cgroup.procs") as f:
+            root_members = set(f.read().split())
+        assert not any(int(p) in root_members for p in find_pids("sleep 61"))
+        await c.delete_environment(env)
+
+
+async def test_healthz_and_allocation_report_the_isolation():
+    async with running_service() as svc, svc.client() as c:
+        r = await c.exec(None, "true")
+        assert r.allocation["isolation"] == "sandbox"
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s, s.get(f"{svc.url}/healthz") as h:
+            assert (await h.json())["isolation"] == {"local": "sandbox"}
+
+
+async def test_isolation_none_is_explicit_and_warned(caplog):
+    cfg = config(cpu_nodes=[{"name": "local", "executor": "local", "cores": 1, "memory_mb": 1024,
+                             "isolation": "none"}])
+    async with running_service(cfg) as svc, svc.client() as c:
+        r = await c.exec(None, "id -u")
+        assert r.allocation["isolation"] == "none" and r.stdout.strip() == str(os.geteuid())
+    assert any("isolation none" in rec.getMessage() for rec in caplog.records)
