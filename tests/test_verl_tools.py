@@ -166,6 +166,27 @@ async def test_api_tool_goes_through_the_api_pool(tools, service, search_api):
     await close_clients()
 
 
+async def test_api_tool_searches_the_offline_wikipedia_through_the_pool(tools, service):
+    # the demo's search service (BM25 over real Wikipedia summaries, a hosted API's limits)
+    pytest.importorskip("bm25s")
+    from tangram.demo.search import SearchIndex, SearchService, load_corpus
+    from tangram.demo.upstream_limits import UpstreamLimits
+
+    limits = UpstreamLimits(concurrency=1)  # the service's pool allows exactly one call at once
+    async with SearchService(SearchIndex(load_corpus()), limits, latency_s=(0.05, 0.05)) as search:
+        api = tools["search"]
+        api.config["endpoint"] = search.url
+        traj = SimpleNamespace(request_id="req-wiki")
+        queries = ["Who painted the Mona Lisa?", "Louvre museum in Paris", "Mona Lisa"]
+        outs = await asyncio.gather(*[_call(api, {"query": q}, traj) for q in queries])
+    for resp, _, metrics in outs:
+        assert metrics["status"] == "succeeded"
+        assert json.loads(resp.text)["results"][0]["title"] in ("Mona Lisa", "Louvre")
+    assert limits.stats.refused == 0 and limits.stats.admitted == 3
+    await REGISTRY.release("req-wiki")
+    await close_clients()
+
+
 async def test_bad_arguments_do_not_reach_the_service(tools):
     resp, _, metrics = await _call(tools["run_shell"], {"cmd": "ls"}, None)
     assert "must be a non-empty string" in resp.text and metrics["status"] == "invalid"

@@ -30,6 +30,13 @@ def register(sub) -> None:
                    help="first measure the reward suite's elasticity on this machine (tangram profile) and use it")
     p.add_argument("--skip-baseline", action="store_true", help="run only the tangram rollout")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    p.add_argument("--workload", choices=("coding", "deepsearch", "mopd"), default="coding",
+                   help="coding (default): shell actions + a test-suite reward; deepsearch: a quota-limited search "
+                        "API; mopd: teacher models sharing devices")
+    p.add_argument("--repeats", type=int, default=1, help="deepsearch/mopd: runs of each policy (default 1)")
+    p.add_argument("--max-searches", type=int, default=8, help="deepsearch: searches per trajectory (default 8)")
+    p.add_argument("--api-limits", default="3,6,2",
+                   help="deepsearch: the search API's CONCURRENCY,QUOTA,PERIOD_S (default 3,6,2)")
     p.set_defaults(func=_run)
 
 
@@ -40,6 +47,11 @@ def _positive(name: str, value, minimum=1):
 
 def _run(args: argparse.Namespace) -> int:
     import asyncio
+
+    if args.workload != "coding":
+        from tangram.demo.workload_cli import run_workload
+
+        return run_workload(args)
 
     for name in ("trajectories", "turns", "cores", "pod_cores"):
         _positive(name.replace("_", "-"), getattr(args, name))

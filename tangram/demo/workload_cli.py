@@ -1,0 +1,130 @@
+"""``tangram demo --workload deepsearch|mopd``: run, print the table, write the summary."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def _fail(msg: str) -> int:
+    raise SystemExit(f"tangram demo: {msg}")
+
+
+def _machine() -> dict[str, Any]:
+    return {"cores": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(), "machine": platform.machine(),
+            "processor": platform.processor() or None}
+
+
+def _progress(console, label: str, total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                    transient=True)
+    task = prog.add_task(label, total=total)
+    prog.start()
+
+    def tick() -> None:
+        prog.advance(task)
+        if prog.finished:
+            prog.stop()
+
+    return tick
+
+
+def _table(console, title: str, doc: dict, extra: list[tuple[str, str, str]]) -> None:
+    from rich.table import Table
+
+    t = Table(title=title)
+    cols = [("mean ACT (s)", "mean_act_s", "{:.3f}"), ("p50 ACT (s)", "p50_act_s", "{:.3f}"),
+            ("p99 ACT (s)", "p99_act_s", "{:.3f}"), ("step time (s)", "step_time_s", "{:.2f}"), *extra]
+    t.add_column("policy")
+    for name, _, _ in cols:
+        t.add_column(name, justify="right")
+    for policy, s in doc["policies"].items():
+        t.add_row(policy, *("-" if s.get(k) is None else fmt.format(s[k]) for _, k, fmt in cols))
+    console.print(t)
+
+
+def run_workload(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    if args.repeats < 1:
+        _fail(f"--repeats must be >= 1, got {args.repeats}")
+    if args.trajectories < 1:
+        _fail(f"--trajectories must be >= 1, got {args.trajectories}")
+    if args.gap_s < 0:
+        _fail(f"--gap-s must be >= 0, got {args.gap_s}")
+    console = Console(stderr=True)
+    try:
+        if args.workload == "deepsearch":
+            doc = asyncio.run(_deepsearch(args, console))
+        else:
+            doc = asyncio.run(_mopd(args, console))
+    except KeyboardInterrupt:
+        return 130
+    doc["machine"] = _machine()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{args.workload}-summary.json"
+    path.write_text(json.dumps(doc, indent=2))
+    console.print(f"summary: {path}")
+    for note in doc.get("notes", ()):
+        console.print(f"note: {note}")
+    if args.json:
+        print(json.dumps(doc))
+    failed = doc["policies"]["tangram"]["failed"]
+    if failed:
+        console.print(f"[red]{failed} tangram actions failed[/]")
+    return 1 if failed else 0
+
+
+async def _deepsearch(args: argparse.Namespace, console) -> dict:
+    from tangram.demo.deepsearch import ApiSpec, DeepSearchSpec, demo
+    from tangram.demo.search import MissingDataError
+
+    try:
+        conc, quota, period = args.api_limits.split(",")
+        api = ApiSpec(concurrency=int(conc), quota=int(quota), period_s=float(period))
+    except ValueError:
+        _fail(f"--api-limits: expected CONCURRENCY,QUOTA,PERIOD_S (e.g. 3,6,2), got {args.api_limits!r}")
+    if api.concurrency < 1 or api.quota < 1 or not api.period_s > 0:
+        _fail(f"--api-limits: need concurrency >= 1, quota >= 1, period > 0, got {args.api_limits!r}")
+    if args.max_searches < 1:
+        _fail(f"--max-searches must be >= 1, got {args.max_searches}")
+    spec = DeepSearchSpec(trajectories=args.trajectories, max_searches=args.max_searches, gap_s=args.gap_s,
+                          seed=args.seed)
+    console.print(f"[bold]ARL-Tangram demo, DeepSearch[/]: {spec.trajectories} FanOutQA questions, up to "
+                  f"{spec.max_searches} searches each, on a search API allowing {api.concurrency} concurrent and "
+                  f"{api.quota} per {api.period_s:g} s")
+    try:
+        doc = await demo(spec, api, repeats=args.repeats, baseline=not args.skip_baseline,
+                         progress=lambda label, total: _progress(console, label, total))
+    except MissingDataError as e:
+        _fail(str(e))
+    _table(_wide_console(), "DeepSearch rollout (same search API, same questions)", doc,
+           [("429s seen", "caller_429s", "{}"), ("retries", "retries", "{}"), ("failed for good", "failed", "{}")])
+    return doc
+
+
+async def _mopd(args: argparse.Namespace, console) -> dict:
+    from tangram.demo.mopd import MopdSpec, demo
+
+    spec = MopdSpec(trajectories=args.trajectories, gap_s=args.gap_s, seed=args.seed)
+    console.print(f"[bold]ARL-Tangram demo, MOPD[/]: {spec.trajectories} trajectories, every one scored by "
+                  f"{len(spec.teachers)} teacher models")
+    doc = await demo(spec, repeats=args.repeats, baseline=not args.skip_baseline,
+                     progress=lambda label, total: _progress(console, label, total))
+    _table(_wide_console(), "MOPD teacher scoring (same trajectories, same models)", doc,
+           [("restores", "restores", "{}"), ("restore share", "restore_share", "{:.1%}"),
+            ("peak device MiB", "peak_device_mb", "{:.0f}")])
+    return doc
+
+
+def _wide_console():
+    from rich.console import Console
+
+    return Console(stderr=True, width=max(120, Console().width))

@@ -1,0 +1,48 @@
+"""``tangram demo --workload deepsearch|mopd`` end to end at a small size: real search
+service over the offline corpus, real teacher models, the shared demo JSON shape."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SHAPE = ("mean_act_s", "p50_act_s", "p99_act_s", "step_time_s", "runs")
+
+
+def run_demo(tmp_path, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "tangram.cli", "demo", *args, "--out", str(tmp_path), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_deepsearch_demo_through_the_pool_sees_no_429(tmp_path):
+    pytest.importorskip("bm25s", reason="pip install -r scripts/test-requirements.txt")
+    doc = run_demo(tmp_path, "--workload", "deepsearch", "--trajectories", "3", "--max-searches", "4",
+                   "--gap-s", "0.05", "--api-limits", "2,4,0.5", "--repeats", "2")
+    assert doc["workload"] == "deepsearch" and set(doc) >= {"policies", "ratios", "projection", "machine"}
+    pols = doc["policies"]
+    assert set(pols) == {"tangram", "naive-retry", "naive-persistent"}
+    for name, p in pols.items():
+        assert all(k in p for k in SHAPE), name
+        assert len(p["runs"]) == 2 and p["searches"] == sum(r["searches"] for r in p["runs"]) == 2 * 3 * 4
+        assert 0 < p["p50_act_s"] <= p["p99_act_s"] and p["step_time_s"] > 0
+    t = pols["tangram"]
+    assert t["caller_429s"] == 0 and t["failed"] == 0 and t["retries"] == 0
+    assert t["upstream_429s_sent"] == 0  # the search service never had to refuse us
+    # 12 searches per run on 4 per 0.5 s: the naive callers do collide with the limits
+    assert pols["naive-retry"]["caller_429s"] == pols["naive-retry"]["upstream_429s_sent"] > 0
+    assert set(doc["ratios"]) == {"naive-retry", "naive-persistent"}
+    assert json.loads((tmp_path / "deepsearch-summary.json").read_text())["policies"]["tangram"]["searches"] == 24
+
+
+def test_workload_flags_are_checked(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tangram.cli", "demo", "--workload", "deepsearch",
+                           "--api-limits", "3,x,2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "--api-limits" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "tangram.cli", "demo", "--workload", "nope"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "--workload" in proc.stderr
