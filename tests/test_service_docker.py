@@ -29,3 +29,18 @@ async def test_docker_node_runs_actions_in_containers(docker_client):
         assert_whole(svc.runtime)
     left = docker_client.containers.list(all=True, filters={"label": "suite=docker-test"})
     assert left == []
+
+
+async def test_docker_node_refuses_images_and_labels_a_caller_may_not_choose(docker_client):
+    from tangram.client import TangramHTTPError
+
+    endpoint = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    cfg = config(cpu_nodes=[{"name": "d0", "executor": "docker", "endpoint": endpoint,
+                             "cores": N_CORES, "memory_mb": 2048}])
+    async with running_service(cfg) as svc, svc.client() as c:
+        for kw, field, status in (({"image": "alpine:latest"}, "image", 422),
+                                  ({"labels": {"org.arl-tangram.env": "x"}}, "labels.org.arl-tangram.env", 400)):
+            with pytest.raises(TangramHTTPError) as e:
+                await c.create_environment(**kw)
+            assert (e.value.status, e.value.field) == (status, field)
+        assert svc.runtime.environments() == []

@@ -21,6 +21,13 @@
   running on cores that are free again.
 * PID 1 of the container is a bash loop that reaps orphans (the image has no
   init): killed processes do not pile up as zombies.
+* Hardened by default: no network, a memory limit (the environment's
+  ``memory_mb``, else ``default_memory_mb``; no swap past it), a pids limit,
+  ``no-new-privileges``, every capability dropped, images from
+  ``allowed_images`` only (never a registry pull of a caller-chosen name), and
+  the executor's own labels always win over a caller's. Output is read as a
+  stream and capped at ``max_output_bytes`` per stream while it arrives
+  (``details["truncated"]``); the rest is drained and dropped.
 
 ``docker`` is imported lazily; the core never imports it.
 """
@@ -48,6 +55,8 @@ from tangram.executors.docker_image import SANDBOX_IMAGE, SANDBOX_LABEL, ensure_
 log = logging.getLogger(__name__)
 
 ENV_LABEL = "org.arl-tangram.env"
+RESERVED_LABEL_PREFIXES = ("org.arl-tangram.", "tangram.")  # the service's own: no caller may set them
+DEFAULT_PIDS_MAX = 512
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 # Every process of an action carries TANGRAM_ACTION_TOKEN=<token> in its
@@ -94,7 +103,9 @@ class DockerExecutor(EnvironmentExecutor):
 
     def __init__(self, client: Any = None, *, base_url: str | None = None, image: str = SANDBOX_IMAGE,
                  kill_grace_s: float = 0.5, max_pool_size: int = 64, max_output_bytes: int = 8 << 20,
-                 name_prefix: str = "tangram-", run_kwargs: Mapping[str, Any] | None = None):
+                 name_prefix: str = "tangram-", run_kwargs: Mapping[str, Any] | None = None,
+                 allowed_images: tuple[str, ...] | None = None, default_memory_mb: int = 4096,
+                 pids_max: int = DEFAULT_PIDS_MAX):
         if not kill_grace_s >= 0:
             raise ValueError(f"kill_grace_s: must be >= 0, got {kill_grace_s!r}")
         if not isinstance(image, str) or not image:
@@ -108,6 +119,9 @@ class DockerExecutor(EnvironmentExecutor):
         self.max_output_bytes = int(max_output_bytes)
         self.name_prefix = name_prefix
         self.run_kwargs = dict(run_kwargs or {})
+        self.allowed_images = tuple(allowed_images) if allowed_images is not None else (image,)
+        self.default_memory_mb = int(default_memory_mb)
+        self.pids_max = int(pids_max)
         self._envs: dict[str, str] = {}  # env id -> container id
         self._cpus: dict[str, tuple[str, int]] = {}  # container id -> (cpuset, nano cpus) last set
         self._images_checked: set[str] = set()
@@ -152,9 +166,15 @@ class DockerExecutor(EnvironmentExecutor):
             raise ValueError(f"env_id: must be a non-empty name of [A-Za-z0-9_.-], got {env_id!r}")
         if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 0:
             raise ValueError(f"memory_mb: must be a non-negative integer, got {memory_mb!r}")
+        image = image or self.image
+        if image not in self.allowed_images:
+            raise ValueError(f"image: {image!r} is not an allowed image (allowed: {list(self.allowed_images)})")
+        for k in labels or {}:
+            if k.startswith(RESERVED_LABEL_PREFIXES):
+                raise ValueError(f"labels.{k}: the prefix is reserved for the service's own labels")
         if env_id in self._envs:
             return
-        cid = await self._ctl(self._create, env_id, image or self.image, memory_mb, dict(labels or {}))
+        cid = await self._ctl(self._create, env_id, image, memory_mb, dict(labels or {}))
         self._envs[env_id] = cid
 
     def _create(self, env_id: str, image: str, memory_mb: int, labels: dict[str, str]) -> str:
@@ -162,11 +182,11 @@ class DockerExecutor(EnvironmentExecutor):
         if image == SANDBOX_IMAGE and image not in self._images_checked:
             ensure_image(client, image)
             self._images_checked.add(image)
-        kw = {"command": REAPER, **self.run_kwargs}
+        mem = memory_mb or self.default_memory_mb
+        kw = {"command": REAPER, "mem_limit": f"{mem}m", "memswap_limit": f"{mem}m", "pids_limit": self.pids_max,
+              "security_opt": ["no-new-privileges:true"], "cap_drop": ["ALL"], **self.run_kwargs}
         kw.update(image=image, name=f"{self.name_prefix}{env_id}-{uuid.uuid4().hex[:8]}",
-                  labels={SANDBOX_LABEL: "1", ENV_LABEL: env_id, **labels})
-        if memory_mb:
-            kw["mem_limit"] = f"{memory_mb}m"
+                  labels={**labels, SANDBOX_LABEL: "1", ENV_LABEL: env_id})  # ours last: they win
         container = client.containers.run(**sandbox_run_kwargs(**kw))
         return container.id
 
@@ -212,7 +232,7 @@ class DockerExecutor(EnvironmentExecutor):
         if placement.cpu_quota is not None and not placement.cpu_quota > 0:
             raise ValueError(f"placement.cpu_quota: must be positive, got {placement.cpu_quota!r}")
         quota = placement.cpu_quota if placement.cpu_quota is not None else (len(cores) or None)
-        details: dict[str, Any] = {"isolation": "docker-cpuset" if cores else "none", "container": cid[:12],
+        details: dict[str, Any] = {"isolation": "docker-cpuset" if cores else "docker", "container": cid[:12],
                                    "cores": cores, "cpu_quota": quota, "dop": placement.dop}
         t0 = time.perf_counter()
         if cores:
@@ -249,21 +269,30 @@ class DockerExecutor(EnvironmentExecutor):
         if not run.done():
             return ExecResult(status=status or FAILED, error=f"{error}; the exec did not end after the kill",
                               details=details)
-        out, err, rc, exec_id = run.result()
+        out, err, rc, exec_id, truncated = run.result()
         details["exec_id"] = exec_id
+        details["truncated"] = truncated
         if status is None:
             status = SUCCEEDED if rc == 0 else FAILED
             error = None if rc == 0 else f"exit code {rc}"
         return ExecResult(status=status, exit_code=rc, stdout=out, stderr=err, error=error, details=details)
 
-    def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str]) -> tuple[str, str, int | None, str]:
+    def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str]) -> tuple[str, str, int | None, str, bool]:
         api = self.client.api
         ex = api.exec_create(cid, argv, environment=envd, workdir="/work", stdout=True, stderr=True)
-        out, err = api.exec_start(ex["Id"], demux=True)
-        rc = api.exec_inspect(ex["Id"]).get("ExitCode")
         lim = self.max_output_bytes
-        return ((out or b"")[:lim].decode(errors="replace"), (err or b"")[:lim].decode(errors="replace"),
-                rc, ex["Id"])
+        out, err, truncated = bytearray(), bytearray(), False
+        # streamed: memory stays bounded by the cap whatever the command prints; the rest is drained
+        for o, e in api.exec_start(ex["Id"], stream=True, demux=True):
+            for chunk, buf in ((o, out), (e, err)):
+                if chunk:
+                    room = lim - len(buf)
+                    if len(chunk) > room:
+                        truncated = True
+                    if room > 0:
+                        buf += chunk[:room]
+        rc = api.exec_inspect(ex["Id"]).get("ExitCode")
+        return out.decode(errors="replace"), err.decode(errors="replace"), rc, ex["Id"], truncated
 
     def _signal(self, cid: str, token: str, sig: str) -> None:
         api = self.client.api

@@ -76,7 +76,7 @@ class Scaleout:
         o = self._docker(n.name)
         client = LazyClient(lambda: make_client(n.endpoint, tls=o.tls, timeout=120.0))
         self._closers.append(_closer(client))
-        return DockerExecutor(client, image=n.image or SANDBOX_IMAGE)
+        return DockerExecutor(client, image=n.image or SANDBOX_IMAGE, allowed_images=n.allowed_images())
 
     async def build_gpu(self, nodes: Sequence[Any]) -> tuple[Any, dict[str, Any], set[str]]:
         from tangram.scaleout.ray_gpu import GpuHosts, build_remote_gpu

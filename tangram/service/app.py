@@ -212,6 +212,11 @@ async def healthz(request: web.Request) -> web.Response:
 async def create_environment(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME_KEY]
     kwargs = wire.parse_environment(await _json_body(request, optional=True))
+    docker_nodes = [n for n in request.app[CONFIG_KEY].cpu_nodes if n.executor == "docker"]
+    if kwargs.get("image") is not None and docker_nodes:
+        allowed = sorted({i for n in docker_nodes for i in n.allowed_images()})
+        if kwargs["image"] not in allowed:  # never a registry pull of a name a caller chose
+            raise UnschedulableError("image", f"{kwargs['image']!r} is not an allowed image (allowed: {allowed})")
     env_id = await rt.create_environment(**kwargs)
     return web.json_response({"id": env_id}, status=201)
 

@@ -116,4 +116,4 @@ def _env_executor(n: CpuNodeConfig, where: str = "cpu_nodes[0]") -> Any:
     from tangram.executors.docker import DockerExecutor
 
     kw = {"image": n.image} if n.image else {}
-    return DockerExecutor(base_url=n.endpoint, **kw)
+    return DockerExecutor(base_url=n.endpoint, allowed_images=n.allowed_images(), **kw)

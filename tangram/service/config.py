@@ -42,6 +42,12 @@ class CpuNodeConfig:
     isolation: str = "sandbox"  # local: sandbox (bubblewrap) | none (trusted code only; warned at every start)
     allow_network: bool = False  # local sandbox: environments that ask for a network may have one
     readonly: tuple[str, ...] = ()  # local sandbox: extra read-only paths (toolchains) commands may use
+    images: tuple[str, ...] = ()  # docker: images environments may ask for (empty: only the default image)
+
+    def allowed_images(self) -> tuple[str, ...]:
+        from tangram.executors.docker_image import SANDBOX_IMAGE  # no docker SDK import
+
+        return self.images or (self.image or SANDBOX_IMAGE,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +273,7 @@ def read_token_file(path: str, where: str = "token_file") -> str:
 def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
     m = _mapping(raw, where)
     _known(m, where, {"name", "executor", "endpoint", "cores", "memory_mb", "numa", "image", "workdir", "isolation",
-                      "allow_network", "readonly"})
+                      "allow_network", "readonly", "images"})
     executor = m.get("executor", "local")
     if executor not in ("local", "docker", "auto"):
         raise ConfigError(f"{where}.executor", f"must be 'local', 'docker' or 'auto', got {executor!r}")
@@ -316,9 +322,14 @@ def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
     for i, p in enumerate(readonly):
         if not os.path.isabs(p):
             raise ConfigError(f"{where}.readonly[{i}]", f"must be an absolute path, got {p!r}")
+    images = tuple(_str(x, f"{where}.images[{i}]") for i, x in enumerate(_list(m.get("images", []), f"{where}.images")))
+    if images and executor != "docker":
+        raise ConfigError(f"{where}.images", "only docker nodes run images")
+    if images and image is not None and image not in images:
+        images = (image, *images)
     return CpuNodeConfig(name=name, executor=executor, endpoint=endpoint, cores=cores, memory_mb=memory_mb,
                          numa=numa, image=image, workdir=workdir, isolation=isolation,
-                         allow_network=allow_network, readonly=readonly)
+                         allow_network=allow_network, readonly=readonly, images=images)
 
 
 def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:

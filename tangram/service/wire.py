@@ -40,7 +40,7 @@ LIMITS = {
     "url": 8192,
     "header_value": 8192,
 }
-RESERVED_LABEL_PREFIX = "tangram."  # the executors' own labels: a caller may not set or overwrite them
+RESERVED_LABEL_PREFIXES = ("tangram.", "org.arl-tangram.")  # the executors' own labels: no caller sets them
 
 
 def check_tree(body: Any, root: str = "body") -> None:
@@ -178,8 +178,8 @@ def parse_environment(body: Any) -> dict[str, Any]:
             raise DemandError("labels", f"at most {LIMITS['labels']} labels, got {len(labels)}")
         for k, v in labels.items():
             _string(k, "labels.<key>", limit=LIMITS["label_key"], nul=False)
-            if k.startswith(RESERVED_LABEL_PREFIX):
-                raise DemandError(f"labels.{k}", f"the prefix {RESERVED_LABEL_PREFIX!r} is reserved for the service")
+            if k.startswith(RESERVED_LABEL_PREFIXES):
+                raise DemandError(f"labels.{k}", f"the prefixes {list(RESERVED_LABEL_PREFIXES)} are reserved for the service")
             if not isinstance(v, str):
                 raise DemandError(f"labels.{k}", f"must be a string, got {_tname(v)}")
             _string(v, f"labels.{k}", limit=LIMITS["label_value"], nul=False, allow_empty=True)
