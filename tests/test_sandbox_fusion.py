@@ -236,6 +236,34 @@ def test_concurrent_calls_are_scheduled_actions(served):
     assert m and float(m.group(1)) >= 48
 
 
+def test_code_runs_sandboxed(served):
+    """The node's sandbox confines the program: another uid, no host secrets, no network to the service."""
+    url, run_url = served
+    port = url.rsplit(":", 1)[1]
+    code = (f"id -u; test -r /etc/shadow && echo shadow-readable; ls /root/.ssh >/dev/null 2>&1 && echo ssh-visible; "
+            f"(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo service-reachable; echo end")
+    resp, err = call_sandbox_api(run_url, code, None, 10, 10, 256, "bash")
+    assert err is None and resp["status"] == "Success", resp
+    lines = resp["run_result"]["stdout"].split()
+    assert lines[-1] == "end" and lines[0] != "0" and len(lines) == 2, lines
+
+
+def test_client_hanging_up_cancels_its_call(served):
+    url, run_url = served
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(run_url, json={"code": "import time; time.sleep(60)", "language": "python", "run_timeout": 90},
+                      timeout=1.5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = _admin(url, "/v1/stats")
+        if stats["running"] == 0 and stats["pools"]["cpu@here"]["free"] == 2:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the call kept running after its client left: {stats}")
+    assert stats["actions"].get("exec:cancelled", 0) >= 1
+
+
 def test_key_opens_this_route_only(served):
     url, run_url = served
     body = {"code": "print(1)", "language": "python"}
@@ -378,3 +406,32 @@ async def test_local_executor_feeds_stdin(tmp_path):
         assert r.stdout.strip() == "0"
     finally:
         await ex.close()
+
+
+async def test_docker_node_runs_calls_in_containers(docker_client):
+    """On a Docker node each call runs in a one-shot container: the request reaches the runner on the
+    exec's stdin (a hijacked connection, half-closed after the last byte)."""
+    import os
+    import socket
+
+    import aiohttp
+
+    from tests.service_helpers import N_CORES
+
+    endpoint = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    cfg = config(cpu_nodes=[{"name": "d0", "executor": "docker", "endpoint": endpoint, "cores": N_CORES,
+                             "memory_mb": 2048}])
+    data = "".join(f"{i}\n" for i in range(100_000))
+    async with running_service(cfg) as svc, aiohttp.ClientSession() as s:
+        calls = [{"code": "import socket, sys\nprint(socket.gethostname(), sum(map(int, sys.stdin.read().split())))",
+                  "language": "python", "stdin": data},
+                 {"code": CPP_SUM, "language": "cpp", "stdin": "20 22"}]
+        async with s.post(svc.url + "/sandbox/run_code", json=calls[0]) as r:
+            body = await r.json()
+        assert body["status"] == "Success", body
+        host, total = body["run_result"]["stdout"].split()
+        assert host != socket.gethostname() and int(total) == sum(range(100_000))
+        async with s.post(svc.url + "/sandbox/run_code", json=calls[1]) as r:
+            body = await r.json()
+        assert body["status"] == "Success" and body["run_result"]["stdout"] == "42\n", body
+        assert_whole(svc.runtime)

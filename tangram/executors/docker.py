@@ -37,6 +37,7 @@ import asyncio
 import functools
 import logging
 import re
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -220,7 +221,7 @@ class DockerExecutor(EnvironmentExecutor):
     # exec
 
     async def exec(self, env_id: str, command: str, placement: Placement, *, timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
+                   env: Mapping[str, str] | None = None, stdin: bytes | None = None) -> ExecResult:
         cid = self.container_id(env_id)
         if not isinstance(command, str):
             raise ValueError(f"command: must be a string, got {type(command).__name__}")
@@ -252,7 +253,7 @@ class DockerExecutor(EnvironmentExecutor):
         envd["TANGRAM_DOP"] = str(placement.dop)
         envd["TANGRAM_ACTION_TOKEN"] = token + ".w"
         argv = ["bash", "-c", WRAPPER, command, token]
-        run = self._start_exec(self._run_exec, cid, argv, envd)
+        run = self._start_exec(self._run_exec, cid, argv, envd, None if stdin is None else bytes(stdin))
         status, error = None, None
         try:
             await asyncio.wait_for(asyncio.shield(run), timeout_s)
@@ -277,20 +278,36 @@ class DockerExecutor(EnvironmentExecutor):
             error = None if rc == 0 else f"exit code {rc}"
         return ExecResult(status=status, exit_code=rc, stdout=out, stderr=err, error=error, details=details)
 
-    def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str]) -> tuple[str, str, int | None, str, bool]:
+    def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str],
+                  stdin: bytes | None = None) -> tuple[str, str, int | None, str, bool]:
         api = self.client.api
-        ex = api.exec_create(cid, argv, environment=envd, workdir="/work", stdout=True, stderr=True)
+        ex = api.exec_create(cid, argv, environment=envd, workdir="/work", stdout=True, stderr=True,
+                             stdin=stdin is not None)
         lim = self.max_output_bytes
         out, err, truncated = bytearray(), bytearray(), False
-        # streamed: memory stays bounded by the cap whatever the command prints; the rest is drained
-        for o, e in api.exec_start(ex["Id"], stream=True, demux=True):
-            for chunk, buf in ((o, out), (e, err)):
-                if chunk:
-                    room = lim - len(buf)
-                    if len(chunk) > room:
-                        truncated = True
-                    if room > 0:
-                        buf += chunk[:room]
+        sock = None
+        if stdin is None:
+            frames = api.exec_start(ex["Id"], stream=True, demux=True)
+        else:  # the hijacked connection: stdin written by a thread (the command may print before reading), then EOF
+            from docker.utils.socket import demux_adaptor, frames_iter
+
+            sock = api.exec_start(ex["Id"], socket=True)
+            threading.Thread(target=_send_and_close, args=(getattr(sock, "_sock", sock), stdin), daemon=True,
+                             name="tangram-docker-stdin").start()
+            frames = (demux_adaptor(*f) for f in frames_iter(sock, tty=False))
+        try:
+            # streamed: memory stays bounded by the cap whatever the command prints; the rest is drained
+            for o, e in frames:
+                for chunk, buf in ((o, out), (e, err)):
+                    if chunk:
+                        room = lim - len(buf)
+                        if len(chunk) > room:
+                            truncated = True
+                        if room > 0:
+                            buf += chunk[:room]
+        finally:
+            if sock is not None:
+                sock.close()
         rc = api.exec_inspect(ex["Id"]).get("ExitCode")
         return out.decode(errors="replace"), err.decode(errors="replace"), rc, ex["Id"], truncated
 
@@ -326,6 +343,17 @@ class DockerExecutor(EnvironmentExecutor):
             except Exception:
                 return
         log.error("docker executor: exec in %s did not end after SIGKILL", cid[:12])
+
+
+def _send_and_close(sock: Any, data: bytes) -> None:
+    """Write an exec's stdin, then half-close: the command reads EOF, its output keeps flowing back."""
+    import socket
+
+    try:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the command ended or closed its stdin first: what it read is what it gets
 
 
 def _why(e: BaseException) -> str:

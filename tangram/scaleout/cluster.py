@@ -147,8 +147,10 @@ class GuardedEnvExecutor(EnvironmentExecutor):
         await self.inner.destroy_environment(env_id)
 
     async def exec(self, env_id: str, command: str, placement: Placement, *, timeout_s: float | None = None,
-                   env: Mapping[str, str] | None = None) -> ExecResult:
-        return await self.guard.race(lambda: self.inner.exec(env_id, command, placement, timeout_s=timeout_s, env=env))
+                   env: Mapping[str, str] | None = None, stdin: bytes | None = None) -> ExecResult:
+        extra = {} if stdin is None else {"stdin": stdin}
+        return await self.guard.race(lambda: self.inner.exec(env_id, command, placement, timeout_s=timeout_s, env=env,
+                                                             **extra))
 
     async def cleanup_orphans(self) -> None:
         for env_id in list(self.orphans):

@@ -14,6 +14,7 @@ from tangram.policy.snapshot import PolicyParams
 from tangram.profiles import load_profiles
 from tangram.runtime import Runtime
 from tangram.service.config import ClusterConfig, ConfigError, CpuNodeConfig
+from tangram.service.sandbox_protocol import toolchain_paths
 
 log = logging.getLogger("tangram.service")
 
@@ -51,7 +52,8 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         managers.append(CpuManager(nodes))
         for i, n in enumerate(cfg.cpu_nodes):
             env_executors[n.name] = (scale.env_executor(n) if docker and n.executor == "docker"
-                                     else _env_executor(n, f"cpu_nodes[{i}]"))
+                                     else _env_executor(n, f"cpu_nodes[{i}]",
+                                                        toolchains=toolchain_paths(cfg.sandbox_fusion)))
     model_executors: dict[str, Any] | None = None
     models: set[str] | None = None
     if cfg.gpu_nodes and scale is not None and scale.gpu_host is not None:
@@ -100,7 +102,7 @@ def _cpu_node(n: CpuNodeConfig):
                    memory_mb=n.memory_mb)
 
 
-def _env_executor(n: CpuNodeConfig, where: str = "cpu_nodes[0]") -> Any:
+def _env_executor(n: CpuNodeConfig, where: str = "cpu_nodes[0]", toolchains: tuple[str, ...] = ()) -> Any:
     if n.executor == "local":
         from tangram.executors.local import LocalExecutor, SandboxUnavailable
 
@@ -108,8 +110,10 @@ def _env_executor(n: CpuNodeConfig, where: str = "cpu_nodes[0]") -> Any:
             log.warning("node %r: isolation none - commands run unsandboxed as this service's user, with its "
                         "files, network and secrets in reach; only for trusted code", n.name)
         try:
+            # the node's own read-only paths and the toolchains of the SandboxFusion endpoint's languages
+            readonly = tuple(dict.fromkeys(n.readonly + toolchains))
             return LocalExecutor(root=n.workdir, sandbox=n.isolation, allow_network=n.allow_network,
-                                 readonly=n.readonly)
+                                 readonly=readonly)
         except SandboxUnavailable as exc:
             raise ConfigError(f"{where}.isolation", f"{exc}; to run commands unsandboxed (trusted code only), "
                                                     "set isolation: none on this node") from None

@@ -62,13 +62,6 @@ class SandboxFusionEndpoint:
         # one string shared by every action (kept with finished results, so not copied per call)
         self.command = f"exec {shlex.quote(cfg.runner_python)} -I -S -c {shlex.quote(source)}"
 
-    def toolchain_paths(self) -> list[str]:
-        """What a sandbox must expose read-only for the configured languages and the runner."""
-        paths = {os.path.dirname(self.cfg.runner_python)}
-        for lang in self.languages.values():
-            paths.update(lang.paths)
-        return sorted(paths)
-
     async def run_code(self, request: web.Request) -> web.Response:
         from tangram.service.app import RUNTIME_KEY, WAITERS_KEY  # the app module registers this one
 

@@ -126,6 +126,14 @@ class SandboxFusionConfig:
     runner_python: str = field(default_factory=lambda: os.path.realpath(sys.executable))
 
 
+def toolchain_paths(cfg: SandboxFusionConfig) -> tuple[str, ...]:
+    """What a sandbox must expose read-only for the configured languages and the runner's interpreter."""
+    paths = [os.path.dirname(cfg.runner_python), os.path.realpath(sys.base_prefix)]
+    for lang in cfg.languages.values():
+        paths.extend(lang.paths)
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths))
+
+
 def check_key(key: str, where: str) -> str:
     """A sandbox key: URL-safe and long enough; raises DemandError naming ``where``."""
     if not KEY_CHARS.match(key):
