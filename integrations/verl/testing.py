@@ -137,6 +137,8 @@ def serve(*, token: str | None = None, tmp: str | os.PathLike | None = None, con
         tf = Path(tmp or ".") / "tangram-token"
         tf.write_text(token)
         cmd += ["--token-file", str(tf)]
+    else:
+        cmd += ["--no-auth"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = None
     lines: list[str] = []

@@ -14,6 +14,9 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, help="port (default 8471, or the config's; 0 picks a free one)")
     p.add_argument("--token-file", help="file holding the bearer token every route but /healthz requires "
                                         "(created with a fresh token, mode 0600, if it does not exist)")
+    p.add_argument("--no-auth", action="store_true",
+                   help="serve without a bearer token (anyone who can reach the port runs commands); by default a "
+                        "token is read from, or created in, $TANGRAM_TOKEN_FILE or ~/.config/tangram/token")
     p.add_argument("--check", action="store_true",
                    help="validate the config (fields, cores and memory of this machine, profile stores) and exit "
                         "without starting or reaching any node")
@@ -32,7 +35,7 @@ def _run(args) -> int:
     import sys
 
     from tangram.core.errors import DemandError
-    from tangram.service.config import ConfigError, load_config, read_token_file, token_path
+    from tangram.service.config import ConfigError, default_token_file, load_config, read_token_file, token_path
     from tangram.service.sandbox_protocol import read_key_file
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -46,6 +49,13 @@ def _run(args) -> int:
         if args.token_file:
             path = token_path(args.token_file)
             token = read_token_file(path, "--token-file") if os.path.exists(path) else None
+            svc = dataclasses.replace(svc, token=token, token_file=path)
+        if args.no_auth:
+            if svc.token or svc.token_file:
+                raise ConfigError("--no-auth", "a token is configured (service.token / token_file / --token-file)")
+        elif svc.token is None and svc.token_file is None:  # a token by default: the default file, made if new
+            path = default_token_file()
+            token = read_token_file(path, "token file") if os.path.exists(path) else None
             svc = dataclasses.replace(svc, token=token, token_file=path)
         sandbox = cfg.sandbox_fusion
         if args.sandbox_key_file:
@@ -77,11 +87,16 @@ def _run(args) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         # one parseable line: tests and scripts started with --port 0 read the port from it
-        print(f"tangram serve: listening on http://{svc.host}:{port}", flush=True)
+        print(f"tangram serve: listening on {'https' if svc.tls_cert else 'http'}://{svc.host}:{port}", flush=True)
         if svc.token_file:
             print(f"tangram serve: bearer token in {svc.token_file}", flush=True)
-        if svc.host not in ("127.0.0.1", "localhost", "::1") and not svc.token:
-            logging.getLogger("tangram.service").warning("listening on %s without a token", svc.host)
+        log = logging.getLogger("tangram.service")
+        if not svc.token:
+            log.warning("--no-auth: no bearer token - anyone who can reach %s:%d can run commands here",
+                        svc.host, port)
+        if svc.host not in ("127.0.0.1", "localhost", "::1") and not svc.tls_cert:
+            log.warning("listening on %s without TLS: the token crosses the network in clear "
+                        "(set service.tls_cert and service.tls_key)", svc.host)
         try:
             await stop.wait()
         finally:

@@ -221,6 +221,26 @@ def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> Servic
     )
 
 
+DEFAULT_TOKEN_FILE = "~/.config/tangram/token"
+
+
+def default_token_file() -> str:
+    """Where ``tangram serve`` keeps its token when none is configured, and where clients look for it:
+    ``$TANGRAM_TOKEN_FILE``, else ``~/.config/tangram/token``."""
+    return token_path(os.environ.get("TANGRAM_TOKEN_FILE") or DEFAULT_TOKEN_FILE)
+
+
+def client_token() -> str | None:
+    """The token a client on this machine uses: ``$TANGRAM_TOKEN``, else the default token file if readable."""
+    tok = os.environ.get("TANGRAM_TOKEN")
+    if tok:
+        return tok.strip()
+    try:
+        return Path(default_token_file()).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def token_path(path: str, base_dir: str | Path | None = None) -> str:
     """``~`` expanded; a relative path is relative to ``base_dir`` (the config file's folder)."""
     p = Path(path).expanduser()
