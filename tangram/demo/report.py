@@ -1,22 +1,19 @@
-"""Summaries, the comparison table and the chart of the demo."""
+"""Per-run summaries, the comparison table and the chart of the demo."""
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Any, Mapping
 
+from tangram.demo.results import HEADLINE, percentile, verdict
 from tangram.demo.rollout import RolloutResult
 
-
-def percentile(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100])."""
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    k = max(0, min(len(s) - 1, int(round(q / 100.0 * len(s) + 0.5)) - 1))
-    return s[k]
+LABELS = {"tangram": "tangram", "ray-tasks": "Ray tasks", "trajectory": "pods (trajectory)"}
+COLORS = {"tangram": "tab:blue", "ray-tasks": "tab:orange", "trajectory": "tab:green"}
 
 
 def summarize(r: RolloutResult, cores: int) -> dict:
+    """One run's numbers (the ``runs`` entries of the JSON shape)."""
     acts = [s.act_s for s in r.samples]
     busy = sum(s.exec_s * s.dop for s in r.samples)
     out = {
@@ -39,59 +36,101 @@ def summarize(r: RolloutResult, cores: int) -> dict:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def ratios(tangram: dict, baseline: dict) -> dict:
-    def ratio(key: str) -> float | None:
-        return round(baseline[key] / tangram[key], 3) if tangram.get(key) else None
-
-    return {
-        "mean_act": ratio("mean_act_s"),
-        "p99_act": ratio("p99_act_s"),
-        "step_time": ratio("step_time_s"),
-    }
-
-
-def print_table(console, summaries: dict[str, dict], rat: dict | None) -> None:
+def print_table(console, policies: Mapping[str, Mapping[str, Any]], ratios: Mapping[str, Any],
+                reference: str = "tangram") -> None:
     from rich.table import Table
 
-    t = Table(title="Agentic-coding rollout on this machine")
-    cols = [("mean ACT", "mean_act_s"), ("p50 ACT", "p50_act_s"), ("p99 ACT", "p99_act_s"),
-            ("mean queue", "mean_queue_s"), ("mean exec", "mean_exec_s"), ("step time", "step_time_s")]
+    runs = max(len(p["runs"]) for p in policies.values())
+    t = Table(title=f"Agentic-coding rollout on this machine: medians of {runs} interleaved runs [min..max]")
     t.add_column("policy")
-    for name, _ in cols:
+    for key, name in (("mean_act_s", "mean ACT"), ("p50_act_s", "p50 ACT"), ("p99_act_s", "p99 ACT"),
+                      ("step_time_s", "step time")):
         t.add_column(f"{name} (s)", justify="right")
+    t.add_column("mean queue (s)", justify="right")
     t.add_column("core util", justify="right")
     t.add_column("reward DoP", justify="right")
-    for policy, s in summaries.items():
-        t.add_row(policy, *(f"{s[k]:.2f}" for _, k in cols), f"{100 * s['core_utilisation']:.0f}%",
-                  f"{s.get('reward_mean_dop', 0):.1f}")
+    for name, p in policies.items():
+        cells = [f"{p[k]:.2f} [{p['spread'][k][0]:.2f}..{p['spread'][k][1]:.2f}]" for k in HEADLINE]
+        t.add_row(LABELS.get(name, name), *cells, f"{p['mean_queue_s']:.2f}", f"{100 * p['core_utilisation']:.0f}%",
+                  f"{p.get('reward_mean_dop', 0):.1f}")
     console.print(t)
-    if rat:
-        console.print(
-            f"trajectory / tangram: mean ACT {rat['mean_act']}x, p99 ACT {rat['p99_act']}x, "
-            f"step time {rat['step_time']}x"
-        )
+    console.print("ratios are baseline / tangram (> 1: tangram lower, i.e. better; every metric: lower is better)")
+    for name, r in ratios.items():
+        console.print("  " + verdict(LABELS.get(name, name), r, reference))
 
 
-def write_chart(path: Path, summaries: dict[str, dict]) -> Path:
+def print_projection(console, proj: Mapping[str, Any]) -> None:
+    from rich.table import Table
+
+    inp = proj["inputs"]
+    t = Table(title=f"SIMULATED projection: {proj['trajectories']} trajectories on {proj['cores']} cores "
+                    f"({proj['cpu_nodes']} nodes), the measured actions on the simulator")
+    t.add_column("policy (simulated as)")
+    for name in ("mean ACT (s)", "p99 ACT (s)", "step time (s)", "ratio mean ACT", "ratio step time"):
+        t.add_column(name, justify="right")
+    for name, p in proj["policies"].items():
+        r = proj["ratios"].get(name, {})
+        t.add_row(f"{LABELS.get(name, name)} ({p['simulated_as']})", f"{p['mean_act_s']:.2f}",
+                  f"{p['p99_act_s']:.2f}", f"{p['step_time_s']:.2f}",
+                  f"{r['mean_act']:.2f}x" if r else "-", f"{r['step_time']:.2f}x" if r else "-")
+    console.print(t)
+    console.print(f"  inputs: shell actions {inp['shell_s']['mean']:.2f} s mean (cv {inp['shell_s']['cv']}, "
+                  f"{inp['shell_source']}); reward {inp['reward_t1_s']:.2f} s at DoP 1 ({inp['reward_t1_source']}); "
+                  f"Amdahl serial fraction {inp['serial_fraction']} ({inp['serial_fraction_source']})")
+    if inp["serial_fraction"] > 0.5:
+        console.print("  With this elasticity a reward gains nothing from more cores, so the projection shows "
+                      "pooling alone; measure the suite where cores scale (tangram demo --calibrate) or pass "
+                      "--project-serial-fraction to see elastic DoP at work.")
+
+
+def write_chart(path: Path, policies: Mapping[str, Mapping[str, Any]], ratios: Mapping[str, Any],
+                projection: Mapping[str, Any] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    policies = list(summaries)
-    metrics = [("mean ACT", "mean_act_s"), ("p99 ACT", "p99_act_s"), ("mean queue", "mean_queue_s"),
-               ("step time", "step_time_s")]
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
-    width = 0.8 / max(1, len(policies))
-    for i, p in enumerate(policies):
+    names = list(policies)
+    metrics = [("mean ACT", "mean_act_s", "mean_act"), ("p99 ACT", "p99_act_s", "p99_act"),
+               ("step time", "step_time_s", "step_time")]
+    ncols = 2 if projection else 1
+    fig, axes = plt.subplots(1, ncols, figsize=(7.5 * ncols, 4.6), squeeze=False)
+    ax = axes[0][0]
+    width = 0.8 / max(1, len(names))
+    for i, p in enumerate(names):
         xs = [j + i * width for j in range(len(metrics))]
-        bars = ax.bar(xs, [summaries[p][k] for _, k in metrics], width, label=p)
-        ax.bar_label(bars, fmt="%.1f", fontsize=8)
-    ax.set_xticks([j + width * (len(policies) - 1) / 2 for j in range(len(metrics))])
-    ax.set_xticklabels([m for m, _ in metrics])
-    ax.set_ylabel("seconds")
-    ax.set_title("ARL-Tangram demo: action-level vs trajectory-level allocation")
-    ax.legend()
+        med = [policies[p][k] for _, k, _ in metrics]
+        lo = [policies[p][k] - policies[p]["spread"][k][0] for _, k, _ in metrics]
+        hi = [policies[p]["spread"][k][1] - policies[p][k] for _, k, _ in metrics]
+        bars = ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=LABELS.get(p, p), color=COLORS.get(p))
+        labels = [f"{v:.1f}s" if p not in ratios else f"{v:.1f}s\n{ratios[p][r]:.2f}x"
+                  for v, (_, _, r) in zip(med, metrics)]
+        ax.bar_label(bars, labels=labels, fontsize=7, padding=2)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)  # room for the labels above the whiskers
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(metrics))])
+    ax.set_xticklabels([m for m, _, _ in metrics])
+    ax.set_ylabel("seconds (lower is better)")
+    ax.set_title("measured on this machine: median, bars = min..max over runs\n"
+                 "labels: seconds and baseline / tangram (> 1x: tangram better)", fontsize=9)
+    ax.legend(fontsize=8)
+    if projection:
+        ax2 = axes[0][1]
+        pn = list(projection["policies"])
+        for i, p in enumerate(pn):
+            xs = [j + i * width for j in range(len(metrics))]
+            vals = [projection["policies"][p][k] for _, k, _ in metrics]
+            bars = ax2.bar(xs, vals, width, label=LABELS.get(p, p), hatch="//", alpha=0.8, color=COLORS.get(p))
+            r = projection["ratios"].get(p)
+            ax2.bar_label(bars, labels=[f"{v:.1f}s" if not r else f"{v:.1f}s\n{r[m]:.2f}x"
+                                        for v, (_, _, m) in zip(vals, metrics)], fontsize=7, padding=2)
+        ax2.set_ylim(0, ax2.get_ylim()[1] * 1.15)
+        ax2.set_xticks([j + width * (len(pn) - 1) / 2 for j in range(len(metrics))])
+        ax2.set_xticklabels([m for m, _, _ in metrics])
+        ax2.set_ylabel("seconds (lower is better)")
+        ax2.set_title(f"SIMULATED: {projection['trajectories']} trajectories on {projection['cores']} cores\n"
+                      "the measured action durations and elasticity on the simulator", fontsize=9)
+        ax2.legend(fontsize=8)
+    fig.suptitle("ARL-Tangram demo: action-level (tangram) vs Ray tasks vs per-trajectory pods", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -6,10 +6,12 @@ separated by LLM-generation gaps (the LLM is the one fake: a sleep), and ends
 with a reward action that runs the project's pytest suite with an elastic
 ``pytest -n ${parallel_num}``.
 
-Two ways to run the same rollout:
+Three ways to run the same rollout:
 
 * ``tangram``: every action goes through the scheduler service (real HTTP,
   real local executor, cores pinned per action, elastic DoP for the reward).
+* ``ray-tasks`` (:mod:`.ray_tasks`): every action a Ray task with a fixed
+  ``num_cpus``, the reward at a fixed DoP.
 * ``trajectory``: trajectory-level static allocation, as a pod per
   trajectory: a trajectory first waits for a free slot of ``pod_cores``
   cores, then holds it for its whole life, running every action (reward
@@ -33,8 +35,8 @@ REWARD_PROFILE = "numkit-suite"
 
 @dataclass(frozen=True, slots=True)
 class RolloutSpec:
-    trajectories: int = 6
-    turns: int = 4
+    trajectories: int = 3
+    turns: int = 3
     gap_s: float = 1.0  # mean LLM generation time between actions
     seed: int = 0
     cores: int = 2
@@ -59,6 +61,7 @@ class RolloutResult:
     step_time_s: float
     samples: list[ActionSample] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    setup_s: list[float] = field(default_factory=list)  # creating an environment and copying the project in
 
 
 def _py() -> str:
@@ -104,11 +107,13 @@ async def run_with_service(client, spec: RolloutSpec, progress: Callable[[], Non
     t0 = time.perf_counter()
 
     async def one(i: int) -> None:
+        t = time.perf_counter()
         env = await client.create_environment(memory_mb=spec.memory_mb, labels={"trajectory": str(i)})
         try:
             setup = await client.exec(env, copy_command(), cpu=1, timeout_s=60)
             if not setup.ok:
                 raise RuntimeError(f"copying the project failed: {setup.stderr}")
+            result.setup_s.append(time.perf_counter() - t)
             g = gaps(spec, i)
             for gap, cmd in zip(g, shell_commands(spec.turns)):
                 await asyncio.sleep(gap)  # the LLM generates the next action
