@@ -47,8 +47,10 @@ def test_machine_measurement_is_real():
 
     cores = sorted(os.sched_getaffinity(0))[:2]
     m = measure(cores, work=300_000)
-    assert m["cores"] == len(cores) and 0 < m["parallel_speedup"] <= len(cores) * 1.5
-    assert 0.0 <= m["busy_before"] <= 1.0 and m["one_process_s"] > 0
+    # a busy machine makes the number noisy, never meaningless: n x (one alone) / (n together)
+    assert m["cores"] == len(cores) and m["one_process_s"] > 0 and m["all_processes_s"] > 0
+    assert abs(m["parallel_speedup"] - len(cores) * m["one_process_s"] / m["all_processes_s"]) < 0.05
+    assert 0.0 <= m["busy_before"] <= 1.0
     text = " ".join(explain(m))
     assert f"ideal {len(cores)}x" in text
 
