@@ -17,7 +17,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from tangram.core.errors import UnknownActionError, UnschedulableError
 from tangram.core.estimator import DurationEstimator
 from tangram.core.model import Action, Demand
+from tangram.core.queue import LaneKey, Lanes, lane_bound
 from tangram.managers.base import ResourceManager
+from tangram.policy.order import order_key
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
@@ -96,7 +98,15 @@ class Engine:
         self._keep_finished = keep_finished
         self._owner: dict[str, ResourceManager] = {}
         self._refresh_owners()
-        self.waiting: dict[str, ActionRecord] = {}  # insertion order is FCFS order
+        self.waiting: dict[str, ActionRecord] = {}  # insertion order is arrival order
+        self._lanes = Lanes()  # the same actions, in lanes sorted by the policy's order
+        self._waiting_cpu_of: dict[str, set[str]] = {}  # trajectory -> its waiting CPU actions
+        # what the last round could not start (Plan.unfit), minus the pools released since;
+        # None when something else changed (a cancel, a tick, a new manager)
+        self._unfit: dict[str, int] | None = None
+        self._tail_key = float("-inf")  # the largest order key waiting after the last round
+        self._nodes: tuple[str, ...] = ()
+        self.rounds_skipped = 0
         self.running: dict[str, ActionRecord] = {}
         self.finished: dict[str, ActionRecord] = {}
         self.placement: dict[str, str] = {}  # trajectory -> node
@@ -120,6 +130,7 @@ class Engine:
     def add_manager(self, manager: ResourceManager) -> None:
         self.managers.append(manager)
         self._refresh_owners()
+        self._unfit = None
 
     def manager_of(self, pool: str) -> ResourceManager | None:
         return self._owner.get(pool)
@@ -144,7 +155,14 @@ class Engine:
             raise UnschedulableError("id", f"action {action.id!r} was already submitted")
         self.check_feasible(action)
         action = self.cap_to_capacity(action)
-        self.waiting[action.id] = ActionRecord(action, submitted_at=self.clock())
+        rec = ActionRecord(action, submitted_at=self.clock())
+        key = self._enqueue(rec)
+        if key >= self._tail_key and self._cannot_start(action):
+            # it sorts behind every waiting action and the last round's leftovers
+            # already shut every pool it could use: that round's outcome stands
+            self._tail_key = key
+            self.rounds_skipped += 1
+            return []
         return self.schedule()
 
     def complete(self, action_id: str, status: str = "succeeded") -> list[Started]:
@@ -162,11 +180,12 @@ class Engine:
 
     def cancel(self, action_id: str) -> list[Started]:
         """Cancel a waiting or running action (the driver kills a running one)."""
-        rec = self.waiting.pop(action_id, None) or self.running.pop(action_id, None)
+        rec = self._unqueue(action_id) or self.running.pop(action_id, None)
         if rec is None:
             if action_id in self.finished:
                 return []
             raise UnknownActionError(f"action {action_id!r} is unknown")
+        self._unfit = None  # a waiting head that reserved pools may be gone
         self._finish(rec, "cancelled")
         return self.schedule()
 
@@ -186,16 +205,19 @@ class Engine:
         rec.grants = {}
         rec.estimated_end = 0.0
         self.waiting = {action_id: rec, **self.waiting}  # rare: rebuilding the order is fine
+        self._enqueue(rec, first=True)
         return self.schedule()
 
     def close_trajectory(self, trajectory: str) -> list[Started]:
         """The trajectory ended: its memory reservation and node pin go away."""
-        self.placement.pop(trajectory, None)
+        if self.placement.pop(trajectory, None) is not None:
+            self._relane(trajectory)
         self._release_mem(trajectory)
         return self.schedule()
 
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
+        self._unfit = None
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
@@ -208,10 +230,12 @@ class Engine:
 
     def snapshot(self) -> Snapshot:
         pools = self.pool_states()
+        nodes = self.nodes(pools)
+        extra = 1 + self.params.lookahead  # the blocked head, and what the ACT estimate looks at
         return Snapshot(
             pools=pools,
-            nodes=self.nodes(pools),
-            waiting=_WaitingView(self.waiting),
+            nodes=nodes,
+            waiting=self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra),
             running=_RunningView(self._running_by_pool, self.clock()),
             placement=dict(self.placement),
             class_estimates=self.estimator.class_estimates(),
@@ -220,9 +244,14 @@ class Engine:
 
     def schedule(self) -> list[Started]:
         if not self.waiting:
+            self._unfit, self._tail_key = None, float("-inf")
             return []
         self.rounds += 1
-        result = self.policy(self.snapshot())
+        snap = self.snapshot()
+        self._nodes = snap.nodes
+        result = self.policy(snap)
+        self._unfit = dict(result.unfit)
+        self._tail_key = self._lanes.max_key()
         # buddy chunks are placed largest first, which is what the policy's packing assumed
         ordered = sorted(result.dispatches, key=lambda d: -d.units.get("gpu", 0))
         started = [self._start(d) for d in ordered]
@@ -231,7 +260,7 @@ class Engine:
         return started
 
     def _start(self, d: Dispatch) -> Started:
-        rec = self.waiting.pop(d.action.id)
+        rec = self._unqueue(d.action.id)
         a = d.action
         grants: dict[str, Any] = {}
         try:
@@ -241,7 +270,8 @@ class Engine:
                 self._owner[mpool].allocate(mpool, d.place_mem_mb, holder, a)
                 self._placed_mem[holder] = (mpool, d.place_mem_mb)
             if a.trajectory is not None and "cpu" in a.demands and d.node is not None:
-                self.placement.setdefault(a.trajectory, d.node)
+                if self.placement.setdefault(a.trajectory, d.node) == d.node:
+                    self._relane(a.trajectory)
             for rtype, pname in d.pools.items():
                 grants[pname] = self._owner[pname].allocate(pname, d.units[rtype], a.id, a)
         except Exception:
@@ -250,6 +280,8 @@ class Engine:
             if d.place_mem_mb and a.trajectory is None:
                 self._release_mem(a.id)
             self.waiting[a.id] = rec
+            self._enqueue(rec)
+            self._unfit = None
             raise
         now = self.clock()
         rec.state = RUNNING
@@ -271,8 +303,11 @@ class Engine:
             self.finished.pop(next(iter(self.finished)))
 
     def _release_grants(self, rec: ActionRecord) -> None:
+        unfit = self._unfit
         for pname in rec.grants:
             self._owner[pname].release(pname, rec.action.id)
+            if unfit is not None:
+                unfit.pop(pname, None)
         if rec.dispatch is not None:
             for pname in rec.dispatch.pools.values():
                 held = self._running_by_pool.get(pname)
@@ -285,6 +320,66 @@ class Engine:
         placed = self._placed_mem.pop(holder, None)
         if placed is not None:
             self._owner[placed[0]].release(placed[0], holder)
+            if self._unfit is not None:
+                self._unfit.pop(placed[0], None)
+
+    # ------------------------------------------------------------------ #
+    # the waiting queue's lanes
+
+    def _lane(self, a: Action) -> LaneKey:
+        home, mem = None, 0
+        if "cpu" in a.demands:
+            home = self.placement.get(a.trajectory) if a.trajectory is not None else None
+            mem = a.mem_mb if home is None else 0
+        return home, mem, tuple(sorted(a.demands.items()))
+
+    def _enqueue(self, rec: ActionRecord, *, first: bool = False) -> float:
+        """Into its lane at its order key (``first``: ahead of everything); returns the key."""
+        a = rec.action
+        self.waiting.setdefault(a.id, rec)
+        p = self.params
+        key = float("-inf") if first else order_key(
+            a, rec.submitted_at, p.order, p.aging_k, self.estimator.class_estimates(), p.default_duration_s)
+        self._lanes.add(a, self._lane(a), key)
+        if a.trajectory is not None and "cpu" in a.demands:
+            self._waiting_cpu_of.setdefault(a.trajectory, set()).add(a.id)
+        return key
+
+    def _unqueue(self, action_id: str) -> ActionRecord | None:
+        rec = self.waiting.pop(action_id, None)
+        if rec is not None:
+            self._lanes.discard(action_id)
+            t = rec.action.trajectory
+            ids = self._waiting_cpu_of.get(t) if t is not None else None
+            if ids is not None:
+                ids.discard(action_id)
+                if not ids:
+                    del self._waiting_cpu_of[t]
+        return rec
+
+    def _relane(self, trajectory: str) -> None:
+        """The trajectory's node changed: its waiting CPU actions change lanes."""
+        for aid in self._waiting_cpu_of.get(trajectory, ()):
+            self._lanes.move(aid, self._lane(self.waiting[aid].action))
+
+    def _cannot_start(self, a: Action) -> bool:
+        """Whether the last round's leftovers shut every pool ``a`` could start in."""
+        unfit = self._unfit
+        if not unfit:
+            return False
+        big = 1 << 62
+        for rtype, d in a.demands.items():
+            if rtype != "cpu" and rtype != "gpu" and unfit.get(rtype, big) <= d.min:
+                return True
+        local = [(t, d.min) for t, d in a.demands.items() if t == "cpu" or t == "gpu"]
+        if not local:
+            return False
+        home, mem, _ = self._lanes.lane_of(a.id) or self._lane(a)
+        for node in ((home,) if home is not None else self._nodes):
+            if all(unfit.get(f"{t}@{node}", big) > u for t, u in local) and (
+                    not mem or unfit.get(f"mem@{node}", big) > mem):
+                return False
+        return True
 
     # ------------------------------------------------------------------ #
     # feasibility and checks
@@ -330,7 +425,7 @@ class Engine:
             if not caps:
                 continue
             c = d.capped(max(caps))
-            if c is not None and c is not d:
+            if c is not None and c.options != d.options:
                 capped[rtype] = c
         if not capped:
             return action
@@ -415,32 +510,3 @@ class _RunningView(Mapping[str, tuple[tuple[float, int], ...]]):
 
     def __len__(self) -> int:
         return len(self._by_pool)
-
-
-class _WaitingView:
-    """The waiting actions in FCFS order, read-only, without copying the queue.
-
-    A round usually looks at a short prefix of a long queue (it stops once
-    every pool has a blocked head), so copying the whole queue into a tuple
-    would make each round O(queue). The view is only read during the
-    synchronous policy call, while nothing mutates the queue.
-    """
-
-    __slots__ = ("_records",)
-
-    def __init__(self, records: Mapping[str, ActionRecord]):
-        self._records = records
-
-    def __iter__(self):
-        return (r.action for r in self._records.values())
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def __getitem__(self, i: int) -> Action:  # rare (tests, debugging): O(i)
-        if i < 0:
-            i += len(self._records)
-        for k, a in enumerate(self):
-            if k == i:
-                return a
-        raise IndexError(i)

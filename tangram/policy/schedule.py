@@ -55,11 +55,18 @@ def plan(snap: Snapshot) -> Plan:
     """Decide what starts now, where, and with how many units."""
     if not snap.waiting:
         return Plan()
-    cands, lookahead = _select_candidates(snap)
+    cands, lookahead, unfit = _select_candidates(snap)
     if not cands:
-        return Plan()
+        return Plan(unfit=MappingProxyType(unfit))
+    chosen = list(cands)
     _elastic_allocation(snap, cands, lookahead)
-    return Plan(tuple(
+    for c, kept in zip(chosen, cands):
+        if kept is None:  # evicted: the units it would have taken stay free
+            for pname in c.pools.values():
+                unfit.pop(pname, None)
+            if c.place_mem:
+                unfit.pop(pool_name("mem", c.node), None)
+    return Plan(unfit=MappingProxyType(unfit), dispatches=tuple(
         Dispatch(
             action=c.action,
             node=c.node,
@@ -92,6 +99,8 @@ def _select_candidates(snap: Snapshot):
     closed: set[str] = set()  # blocked, or too full for even one unit: nothing more starts there
     # free units only shrink within a round: once u units did not fit in a pool, nothing of u or more will
     failed_at: dict[str, int] = {}
+    mem_failed: dict[str, int] = {}  # mem pool -> the smallest reservation that did not fit
+    failed_shapes: dict[tuple, list[str]] = {}  # see _shape -> the pools it waits behind
 
     def fits(pname: str, units: int) -> bool:
         if units >= failed_at.get(pname, units + 1):
@@ -130,9 +139,19 @@ def _select_candidates(snap: Snapshot):
             if home is not None and all(pool_name(t, home) in closed for t in a.demands):
                 wait_behind(a, [pool_name(t, home) for t in a.demands])
                 continue
+        shape = None
+        if failed_shapes:
+            shape = _shape(a, snap, placed)
+            needed = failed_shapes.get(shape)
+            if needed is not None:
+                # fast path: one of the same shape could not start this round, and free
+                # units only shrink (a queue of unplaced trajectories waiting for memory)
+                wait_behind(a, needed)
+                continue
         units = _base_units(a, snap.params)
-        node, needed, place_mem = _place(a, units, snap, placed, free, fits, blocked)
+        node, needed, place_mem = _place(a, units, snap, placed, free, fits, blocked, mem_failed)
         if node is _NO_NODE:
+            failed_shapes[shape or _shape(a, snap, placed)] = needed
             blocked.update(needed)
             closed.update(needed)
             wait_behind(a, needed)
@@ -151,7 +170,22 @@ def _select_candidates(snap: Snapshot):
         if node is not None and "cpu" in a.demands and a.trajectory is not None:
             placed.setdefault(a.trajectory, node)
         cands.append(_Candidate(a, node, pools_of, units, place_mem))
-    return cands, lookahead
+    unfit = dict(failed_at)
+    unfit.update((pname, 0) for pname in closed)
+    for mname, need in mem_failed.items():
+        if unfit.get(mname, need + 1) > need:
+            unfit[mname] = need
+    return cands, lookahead, unfit
+
+
+def _shape(a: Action, snap: Snapshot, placed) -> tuple:
+    """What decides whether ``a`` fits: its demands, its home node, or the memory it must place."""
+    home, mem = None, 0
+    if "cpu" in a.demands:
+        if a.trajectory is not None:
+            home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
+        mem = a.mem_mb if home is None else 0
+    return home, mem, tuple(sorted(a.demands.items()))
 
 
 def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int) -> None:
@@ -177,7 +211,7 @@ def _needs_node(a: Action) -> bool:
     return "cpu" in a.demands or "gpu" in a.demands
 
 
-def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked):
+def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked, mem_failed):
     """Choose the node for ``a``: returns (node, pools it would block, memory to place).
 
     A trajectory stays on the node its first CPU action was placed on; an
@@ -210,6 +244,8 @@ def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits,
             mem = a.mem_mb
             mname = pool_name("mem", node)
             if mname not in snap.pools or mname in blocked or free[mname] < mem:
+                if mname in free and mem_failed.get(mname, mem + 1) > mem:
+                    mem_failed[mname] = mem
                 continue
         key = _node_preference(a, node, snap, free)
         if best_key is None or key > best_key:
@@ -222,7 +258,14 @@ def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits,
         targets = nodes if best is _NO_NODE else (best,)
         block = [pool_name(t, n) for n in targets for t in local if pool_name(t, n) in snap.pools]
         if bound is None and "cpu" in a.demands and a.mem_mb:
-            block += [pool_name("mem", n) for n in targets if pool_name("mem", n) in snap.pools]
+            mem_pools = [pool_name("mem", n) for n in targets if pool_name("mem", n) in snap.pools]
+            if best is not _NO_NODE and all(free[m] < a.mem_mb for m in mem_pools):
+                # A trajectory waiting for memory reserves the memory only: memory frees
+                # only as trajectories end, and the cores meanwhile serve the trajectories
+                # already placed there. Once the memory is there it reserves both.
+                block = mem_pools
+            else:
+                block += mem_pools
         return _NO_NODE, block + api_pools, 0
     mem = a.mem_mb if (bound is None and "cpu" in a.demands and a.mem_mb) else 0
     return best, [], mem

@@ -55,6 +55,9 @@ class PolicyParams:
     dop_caps: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     # ablation baseline: every elastic action gets exactly this many units (or its nearest option)
     fixed_dop: int | None = None
+    # queue order (tangram.policy.order): "fcfs" (the paper's) or "aging" (submitted + k * expected)
+    order: str = "fcfs"
+    aging_k: float = 4.0
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -63,6 +66,10 @@ class PolicyParams:
             raise ValueError(f"lookahead: must be >= 0, got {self.lookahead}")
         if not self.default_duration_s > 0:
             raise ValueError(f"default_duration_s: must be positive, got {self.default_duration_s}")
+        if self.order not in ("fcfs", "aging"):
+            raise ValueError(f"order: must be 'fcfs' or 'aging', got {self.order!r}")
+        if not (0 <= self.aging_k < float("inf")):
+            raise ValueError(f"aging_k: must be a finite number >= 0, got {self.aging_k}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,4 +112,13 @@ class Dispatch:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """What starts now; ``unfit`` says what could not start after it.
+
+    ``unfit[pool] = u``: after these dispatches no request of ``u`` or more
+    units of ``pool`` can start (0: a waiting head reserves the pool). Free
+    units only shrink until something is released, so the engine may skip
+    the round of a new action all of whose placements hit such a pool.
+    """
+
     dispatches: tuple[Dispatch, ...] = ()
+    unfit: Mapping[str, int] = field(default_factory=lambda: _EMPTY)

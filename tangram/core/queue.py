@@ -1,0 +1,146 @@
+"""The engine's waiting queue, in lanes of interchangeable actions.
+
+A lane holds the waiting actions that need the same pools in the same
+minimum amounts (same demands, same home node or none, same memory to
+place). Within a round, free units only shrink and blocked pools only grow,
+so once one action of a lane cannot start, none behind it in the same lane
+can. A round therefore needs, from each lane, at most as many actions as
+its pools' free units could start, one more (the blocked head, which
+reserves its pools) and the look-ahead of the ACT estimate: the view handed
+to the policy merges the lanes' sorted prefixes of that length, so a
+round's cost follows the free capacity and the look-ahead, not the queue.
+
+Each lane is kept sorted by the order key (:mod:`tangram.policy.order`),
+arrival breaking ties; the key is fixed per action, so sorting happens
+once, on insert.
+"""
+from __future__ import annotations
+
+import heapq
+from itertools import islice
+from typing import Callable, Iterator, Mapping
+
+from sortedcontainers import SortedList
+
+from tangram.core.model import Action
+
+# (home node or None, memory to place in MiB, demands as (rtype, Demand) pairs)
+LaneKey = tuple
+
+
+class Lanes:
+    """Waiting entries ``(order key, arrival seq, action)`` grouped by lane."""
+
+    __slots__ = ("_lanes", "_where", "_seq")
+
+    def __init__(self) -> None:
+        self._lanes: dict[LaneKey, SortedList] = {}
+        self._where: dict[str, tuple[LaneKey, tuple]] = {}
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, action_id: str) -> bool:
+        return action_id in self._where
+
+    def add(self, action: Action, lane: LaneKey, key: float) -> None:
+        self._seq += 1
+        entry = (key, self._seq, action)
+        self._lanes.setdefault(lane, SortedList(key=_sort_key)).add(entry)
+        self._where[action.id] = (lane, entry)
+
+    def discard(self, action_id: str) -> None:
+        hit = self._where.pop(action_id, None)
+        if hit is None:
+            return
+        lane, entry = hit
+        entries = self._lanes[lane]
+        entries.remove(entry)
+        if not entries:
+            del self._lanes[lane]
+
+    def move(self, action_id: str, lane: LaneKey) -> None:
+        """Put a waiting action in another lane, keeping its key and arrival."""
+        hit = self._where.get(action_id)
+        if hit is None or hit[0] == lane:
+            return
+        self.discard(action_id)
+        self._lanes.setdefault(lane, SortedList(key=_sort_key)).add(hit[1])
+        self._where[action_id] = (lane, hit[1])
+
+    def max_key(self) -> float:
+        """The largest order key waiting (-inf when empty)."""
+        return max((entries[-1][0] for entries in self._lanes.values()), default=float("-inf"))
+
+    def lane_of(self, action_id: str) -> LaneKey | None:
+        hit = self._where.get(action_id)
+        return None if hit is None else hit[0]
+
+    def items(self):
+        return self._lanes.items()
+
+    def view(self, take: Callable[[LaneKey], int]) -> "LanesView":
+        """The first ``take(lane)`` actions of every lane, merged in order."""
+        return LanesView(self, take)
+
+
+def _sort_key(entry: tuple) -> tuple:
+    return entry[0], entry[1]
+
+
+class LanesView:
+    """Read-only merged view for one policy call (nothing mutates during it)."""
+
+    __slots__ = ("_lanes", "_take", "_len")
+
+    def __init__(self, lanes: Lanes, take: Callable[[LaneKey], int]):
+        self._lanes = lanes
+        self._take = take
+        self._len = len(lanes)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __iter__(self) -> Iterator[Action]:
+        parts = []
+        for lane, entries in self._lanes.items():
+            n = self._take(lane)
+            if n > 0:
+                parts.append(islice(entries, n))
+        if len(parts) == 1:
+            return (e[2] for e in parts[0])
+        return (e[2] for e in heapq.merge(*parts, key=_sort_key))
+
+    def __getitem__(self, i: int) -> Action:  # rare (tests, debugging): O(i)
+        items = list(self)
+        return items[i]
+
+
+def lane_bound(lane: LaneKey, pools: Mapping, nodes: tuple[str, ...]) -> int:
+    """How many actions of ``lane`` the free units could start at most (an upper bound)."""
+    home, mem, demands = lane
+    bound = None
+    for rtype, demand in demands:
+        if rtype == "cpu" or rtype == "gpu":
+            names = (f"{rtype}@{home}",) if (home is not None and rtype == "cpu") else [f"{rtype}@{n}" for n in nodes]
+        else:
+            names = (rtype,)
+        free = 0
+        for name in names:
+            p = pools.get(name)
+            if p is not None and p.free > 0:
+                free += p.free
+        n = free // demand.min
+        bound = n if bound is None or n < bound else bound
+    if mem:
+        n = 0
+        for node in nodes:
+            p = pools.get(f"mem@{node}")
+            if p is not None:
+                n += p.free // mem
+        bound = n if bound is None or n < bound else bound
+    return bound or 0

@@ -1,0 +1,39 @@
+"""The order in which waiting actions are considered (DESIGN.md §4).
+
+A pure function of one action and the estimates at its submission: the key
+is fixed per action, so the engine keeps its queue sorted once, on insert,
+and a round reads a prefix of it (candidate selection stays O(candidates)).
+
+* ``fcfs``  — arrival order, the paper's Algorithm 1.
+* ``aging`` — ``submitted_at + aging_k * expected_s``: shortest-expected-first
+  among actions that arrived close together, FCFS across longer spans. An
+  action ``a`` can only be passed by actions submitted before
+  ``submitted_at(a) + aging_k * expected_s(a)``; any later arrival sorts
+  behind it. With a blocked head reserving its pools, ``a``'s wait is thus
+  bounded by the work submitted in a window of ``aging_k`` times its own
+  expected duration, which is what makes the order starvation-free.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from tangram.core.model import Action
+
+ORDERS = ("fcfs", "aging")
+
+
+def expected_s(a: Action, class_estimates: Mapping[str, float], default_s: float) -> float:
+    """Expected execution time of ``a`` at its minimum units (its profile, or its class's average)."""
+    if a.t1_s is not None:
+        if a.scalable:
+            return a.duration(a.demands[a.key].min)
+        return a.t1_s
+    return class_estimates.get(a.action_class, default_s)
+
+
+def order_key(a: Action, submitted_at: float, order: str, aging_k: float,
+              class_estimates: Mapping[str, float], default_s: float) -> float:
+    """Sort key of a waiting action (ties are broken by arrival by the caller)."""
+    if order == "fcfs":
+        return submitted_at
+    return submitted_at + aging_k * expected_s(a, class_estimates, default_s)
