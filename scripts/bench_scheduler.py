@@ -1,10 +1,20 @@
 #!/usr/bin/env python3
-"""Latency of one scheduling round (policy only, and snapshot + policy).
+"""Latency of scheduling rounds through the engine, and how it grows.
 
-Scenario (issue: foundation): one 256-core node, 64 waiting elastic
-candidates (each up to 32 DoP options, Amdahl elasticity), 2,000 queued
-actions in all, some cores busy; then the same at a larger size to show the
-growth. Prints one JSON object with ``--json``.
+Every size is a real :class:`Engine` holding a real queue (its lanes, its
+placements, its running set). Two measures per size, taken side by side
+(the sizes interleaved, so machine noise hits them alike):
+
+* ``round_*``: one full round, ``engine.snapshot()`` + the policy, in a state
+  where ``candidates`` actions can start and ``queued`` wait;
+* ``event_*``: a stream of completions and arrivals through the engine
+  (``complete()`` / ``submit()``, each with its round, or its skipped round).
+
+Sizes: 256 cores / 64 candidates / 2,000 queued (the contract's
+``round_median_ms``), 1,024 cores / 256 candidates / 8,000 queued, and a node
+whose memory is taken by placed trajectories with 2,000 and 20,000
+unplaced trajectories queued behind (heads blocked on memory).
+Prints one JSON object with ``--json``.
 """
 from __future__ import annotations
 
@@ -18,79 +28,176 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tangram.core.engine import Engine  # noqa: E402
 from tangram.core.model import Action, Elasticity  # noqa: E402
+from tangram.managers.base import CountingManager  # noqa: E402
 from tangram.policy.schedule import plan  # noqa: E402
-from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot  # noqa: E402
+from tangram.policy.snapshot import Plan, PolicyParams  # noqa: E402
+
+TRAJ_MEM_MB = 8192  # one sandbox's memory, as in the cpu-contended workload
 
 
-def build_snapshot(cores: int, candidates: int, queued: int, options: int, seed: int) -> Snapshot:
-    rng = random.Random(seed)
-    min_units = cores // candidates  # the candidates' minimums exactly fill the node
-    waiting = []
-    for i in range(queued):
-        lo = min_units
-        waiting.append(Action.build(
-            f"a{i}",
-            {"cpu": {"min": lo, "max": lo + options - 1}},
-            t1_s=rng.uniform(5.0, 120.0),
-            elasticity=Elasticity.amdahl(rng.uniform(0.01, 0.3)),
-            action_class=f"suite{i % 8}",
-        ))
-    running = tuple((rng.uniform(0.1, 30.0), 1) for _ in range(cores // 8))
-    pools = {
-        "cpu@n0": PoolState("cpu@n0", "cpu", "n0", cores + len(running), cores, running=running),
-        "mem@n0": PoolState("mem@n0", "mem", "n0", 1 << 20, 1 << 20),
-    }
-    return Snapshot(pools=pools, nodes=("n0",), waiting=tuple(waiting), params=PolicyParams())
+def _hold(_snap) -> Plan:
+    return Plan()  # set-up only: queue actions without starting them
 
 
-def measure(snap: Snapshot, repeats: int) -> dict:
-    samples = []
-    scheduled = 0
-    for _ in range(repeats):
+def _elastic(i: int, rng: random.Random, lo: int, options: int, **kw) -> Action:
+    return Action.build(
+        f"a{i}", {"cpu": {"min": lo, "max": lo + options - 1}},
+        t1_s=rng.uniform(5.0, 120.0), elasticity=Elasticity.amdahl(rng.uniform(0.01, 0.3)),
+        action_class=f"suite{i % 8}", **kw)
+
+
+class Size:
+    """One engine in a state where ``candidates`` can start and ``queued`` wait."""
+
+    def __init__(self, *, cores: int, nodes: int, candidates: int, queued: int, options: int, blocked: bool, seed: int):
+        self.spec = {"cores": cores, "nodes": nodes, "candidates": candidates, "queued": queued,
+                     "options": options, "blocked_on_memory": blocked}
+        self.rng = random.Random(seed)
+        self.clock = 0.0
+        per_node = cores // nodes
+        caps = {}
+        for n in range(nodes):
+            caps[f"cpu@n{n}"] = per_node
+            # blocked: memory for exactly the placed trajectories (one per candidate)
+            caps[f"mem@n{n}"] = (candidates // nodes) * TRAJ_MEM_MB if blocked else 1 << 30
+        self.engine = Engine([CountingManager(caps)], clock=lambda: self.clock, params=PolicyParams(), policy=plan)
+        self.min_units = cores // candidates  # the candidates' minimums exactly fill the cores
+        self.options = options
+        self.next_id = 0
+        self.blocked = blocked
+        eng = self.engine
+        if blocked:
+            # place one trajectory per candidate (it keeps its memory), then queue behind them
+            for t in range(candidates):
+                eng.submit(self._action(trajectory=f"placed{t}", mem_mb=TRAJ_MEM_MB, units=1))
+            for rec in list(eng.running.values()):
+                eng.complete(rec.id)
+            eng.policy = _hold
+            for t in range(queued):
+                eng.submit(self._action(trajectory=f"waiting{t}", mem_mb=TRAJ_MEM_MB, units=1))
+            for t in range(candidates):
+                eng.submit(self._action(trajectory=f"placed{t}"))
+        else:
+            eng.policy = _hold
+            for _ in range(queued):
+                eng.submit(self._action())
+        eng.policy = plan
+        self.rounds: list[float] = []
+        self.events: list[float] = []
+        self.scheduled = 0
+
+    def _action(self, *, units: int | None = None, **kw) -> Action:
+        self.next_id += 1
+        if units is not None:
+            return Action.build(f"a{self.next_id}", {"cpu": units}, action_class="shell", **kw)
+        return _elastic(self.next_id, self.rng, self.min_units, self.options, **kw)
+
+    def measure_round(self) -> None:
+        eng = self.engine
         t0 = time.perf_counter()
-        p = plan(snap)
-        samples.append((time.perf_counter() - t0) * 1e3)
-        scheduled = len(p.dispatches)
-    samples.sort()
-    return {
-        "round_median_ms": round(statistics.median(samples), 4),
-        "round_p99_ms": round(samples[min(len(samples) - 1, int(0.99 * len(samples)))], 4),
-        "round_min_ms": round(samples[0], 4),
-        "scheduled": scheduled,
-        "repeats": repeats,
-    }
+        p = eng.policy(eng.snapshot())
+        self.rounds.append((time.perf_counter() - t0) * 1e3)
+        self.scheduled = len(p.dispatches)
+
+    def start_stream(self) -> None:
+        self.engine.schedule()  # start the candidates: from now on events stream through the engine
+
+    def measure_event(self) -> None:
+        """One completion (the oldest running action) or one arrival, alternating."""
+        eng = self.engine
+        self.clock += 0.01
+        if len(self.events) % 2 == 0 and eng.running:
+            rec = next(iter(eng.running.values()))
+            t0 = time.perf_counter()
+            eng.complete(rec.id)
+        else:
+            if self.blocked and len(self.events) % 4 == 1:
+                a = self._action(trajectory=f"late{self.next_id}", mem_mb=TRAJ_MEM_MB, units=1)
+            elif self.blocked:  # the next action of a placed trajectory
+                a = self._action(trajectory=f"placed{self.rng.randrange(self.spec['candidates'])}")
+            else:
+                a = self._action()
+            t0 = time.perf_counter()
+            eng.submit(a)
+        self.events.append((time.perf_counter() - t0) * 1e3)
+
+    def result(self) -> dict:
+        r, e = sorted(self.rounds), sorted(self.events)
+        return {
+            **self.spec,
+            "round_median_ms": round(statistics.median(r), 4),
+            "round_p99_ms": round(_p99(r), 4),
+            "round_min_ms": round(r[0], 4),
+            "scheduled": self.scheduled,
+            "event_median_ms": round(statistics.median(e), 4) if e else None,
+            "event_p99_ms": round(_p99(e), 4) if e else None,
+            "events": len(e),
+            "rounds_run": self.engine.rounds,
+            "rounds_skipped": self.engine.rounds_skipped,
+        }
+
+
+def _p99(xs: list[float]) -> float:
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+
+
+def _ratios(a: list[float], b: list[float]) -> dict:
+    """Per-repeat ratios b/a (taken in the same pass), with their spread."""
+    rs = sorted(y / x for x, y in zip(a, b) if x > 0)
+    return {"median": round(statistics.median(rs), 3), "p10": round(rs[int(0.1 * len(rs))], 3),
+            "p90": round(rs[int(0.9 * len(rs))], 3)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=100, help="full rounds measured per size")
+    ap.add_argument("--events", type=int, default=2000, help="stream events measured per size")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    sizes = [
-        {"cores": 256, "candidates": 64, "queued": 2000, "options": 32},
-        {"cores": 1024, "candidates": 256, "queued": 8000, "options": 32},
+    specs = [
+        dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=False),
+        dict(cores=1024, nodes=1, candidates=256, queued=8000, options=32, blocked=False),
+        dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=True),
+        dict(cores=256, nodes=1, candidates=64, queued=20000, options=32, blocked=True),
     ]
-    results = []
-    for size in sizes:
-        snap = build_snapshot(seed=args.seed, **size)
-        plan(snap)  # warm caches and imports
-        results.append({**size, **measure(snap, args.repeats)})
+    sizes = [Size(seed=args.seed, **s) for s in specs]
+    for s in sizes:
+        s.measure_round()  # warm caches
+        s.rounds.clear()
+    for _ in range(args.repeats):  # interleaved: the sizes share the machine's noise
+        for s in sizes:
+            s.measure_round()
+    for s in sizes:
+        s.start_stream()
+    for _ in range(args.events):
+        for s in sizes:
+            s.measure_event()
+    results = [s.result() for s in sizes]
+    base, big, blk2k, blk20k = sizes
     out = {
         "round_median_ms": results[0]["round_median_ms"],
         "round_p99_ms": results[0]["round_p99_ms"],
-        "target_median_ms": 1.0,
+        "target_median_ms": 0.5,
         "sizes": results,
+        "growth": {
+            "cores_4x": _ratios(base.rounds, big.rounds),  # target <= 4
+            "queued_10x_blocked": _ratios(blk2k.rounds, blk20k.rounds),  # target <= 2
+            "queued_10x_blocked_events": _ratios(blk2k.events, blk20k.events),
+        },
     }
     if args.json:
         print(json.dumps(out))
     else:
         for r in results:
-            print(f"{r['cores']:>5} cores, {r['candidates']:>4} candidates, {r['queued']:>5} queued: "
-                  f"median {r['round_median_ms']:.3f} ms, p99 {r['round_p99_ms']:.3f} ms, "
-                  f"{r['scheduled']} scheduled")
+            print(f"{r['cores']:>5} cores, {r['candidates']:>4} candidates, {r['queued']:>6} queued"
+                  f"{' (blocked on memory)' if r['blocked_on_memory'] else '':<21}: round median "
+                  f"{r['round_median_ms']:.3f} ms, p99 {r['round_p99_ms']:.3f} ms, {r['scheduled']} scheduled; "
+                  f"event median {r['event_median_ms']:.3f} ms, p99 {r['event_p99_ms']:.3f} ms")
+        print("growth:", json.dumps(out["growth"]))
     return 0
 
 

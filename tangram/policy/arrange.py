@@ -217,6 +217,107 @@ def _units_table(rows, capacity: int, min_prefix: int = 0) -> PrefixTable:
     return PrefixTable(totals, ends, lambda i, s: int(choices[i, s]), lambda u: u, min_prefix, dp)
 
 
+# --------------------------------------------------------------------------- #
+# the units operator's fast path: greedy marginal allocation
+
+
+def _units_prefix(rows, capacity: int, min_prefix: int = 0, convex: bool | None = None):
+    """The units operator: greedy when it is exact for every row, the DP otherwise.
+
+    ``convex`` True: the caller knows every row passes :func:`greedy_exact`.
+    """
+    clipped = [(u, d) if (len(u) == 0 or u[-1] <= capacity) else (u[u <= capacity], d[u <= capacity]) for u, d in rows]
+    if all(len(u) for u, _ in clipped) and (convex or (convex is None and all(greedy_exact(u, d) for u, d in clipped))):
+        return GreedyTable(clipped, capacity)
+    return _units_table(rows, capacity, min_prefix)
+
+
+def greedy_exact(units: np.ndarray, durs: np.ndarray) -> bool:
+    """Consecutive counts whose marginal gains never grow (Amdahl, most measured tables).
+
+    Then each row's duration is a convex function of its units, and for a
+    sum of separable convex functions under ``sum(units) <= capacity`` giving
+    every next unit to the largest marginal gain is optimal (the classic
+    greedy for separable convex resource allocation). Any prefix of such a
+    row (a DoP cap) keeps the property.
+    """
+    n = len(units)
+    if n <= 1:
+        return n == 1
+    if int(units[-1]) - int(units[0]) != n - 1:
+        return False
+    gains = durs[:-1] - durs[1:]
+    return bool(np.all(gains[1:] <= gains[:-1] + 1e-12 * np.abs(durs[:-2])))
+
+
+class GreedyTable:
+    """Same answers as :class:`PrefixTable` for the units operator when every
+    row is convex: each prefix starts all its candidates at their minimum and
+    spends the capacity left on the largest positive marginal gains (the
+    first ``t`` rows' gains are a prefix of one concatenated array)."""
+
+    def __init__(self, rows, capacity: int):
+        self.exact_from = 0
+        self._capacity = capacity
+        n = len(rows)
+        lens = np.fromiter((len(u) for u, _ in rows), dtype=np.int64, count=n)
+        self._mins = np.fromiter((int(u[0]) for u, _ in rows), dtype=np.int64, count=n)
+        self._min_sum = np.concatenate(([0], np.cumsum(self._mins)))
+        self._row_start = np.concatenate(([0], np.cumsum(lens)))  # into the flat durations
+        self._gain_end = self._row_start - np.arange(n + 1)  # each row has len-1 gains
+        if n:
+            self._durs = np.concatenate([d for _, d in rows])
+            gains = self._durs[:-1] - self._durs[1:]
+            # drop the pairs that straddle two rows
+            keep = np.ones(len(gains), dtype=bool)
+            keep[self._row_start[1:-1] - 1] = False
+            self._gains = gains[keep]
+            self._owner = np.repeat(np.arange(n), lens - 1)
+        else:
+            self._durs = self._gains = np.zeros(0)
+            self._owner = np.zeros(0, dtype=np.int64)
+        self._cache: dict[int, tuple[float, tuple[int, ...], list[float]]] = {}
+
+    def feasible(self, t: int) -> bool:
+        return bool(self._min_sum[t] <= self._capacity)
+
+    def _solve(self, t: int):
+        hit = self._cache.get(t)
+        if hit is not None:
+            return hit
+        if not self.feasible(t):
+            raise ValueError(f"prefix {t} has no feasible arrangement")
+        budget = self._capacity - int(self._min_sum[t])
+        end = int(self._gain_end[t])
+        gains, owner = self._gains[:end], self._owner[:end]
+        extra = np.zeros(t, dtype=np.int64)
+        if budget > 0 and end:
+            positive = gains > 0
+            gains, owner = gains[positive], owner[positive]
+            if len(gains) > budget:
+                owner = owner[np.argpartition(-gains, budget - 1)[:budget]]
+            extra = np.bincount(owner, minlength=t)
+        durs = self._durs[self._row_start[:t] + extra]
+        out = (float(durs.sum()), tuple((self._mins[:t] + extra).tolist()), durs.tolist())
+        self._cache[t] = out
+        return out
+
+    def best(self, t: int) -> float:
+        return self._solve(t)[0] if self.feasible(t) else math.inf
+
+    def units(self, t: int) -> tuple[int, ...]:
+        return self._solve(t)[1]
+
+    def units_and_durations(self, t: int) -> tuple[tuple[int, ...], list[float]]:
+        _, units, durs = self._solve(t)
+        return units, list(durs)
+
+    def arrangement(self, t: int) -> Arrangement | None:
+        if not self.feasible(t):
+            return None
+        return Arrangement(self.best(t), self.units(t))
+
+
 class _ChunkStates:
     """Mixed-radix encoding of request counts per chunk size (Algorithm 4).
 
@@ -295,7 +396,8 @@ def _is_pow2_chunk(u: int) -> bool:
 def prefix_table(options: Sequence[Mapping[int, float]], operator: UnitsOperator | ChunkOperator) -> PrefixTable:
     """Solve DPArrange for every prefix of ``options`` at once."""
     if isinstance(operator, UnitsOperator):
-        return _units_table(_option_arrays(options, lambda u: True), int(operator.capacity))
+        rows = _option_arrays(options, lambda u: True)
+        return _units_prefix(rows, int(operator.capacity))
     if isinstance(operator, ChunkOperator):
         return _chunk_table(_option_arrays(options, _is_pow2_chunk), operator.free_chunks)
     raise TypeError(f"operator: expected UnitsOperator or ChunkOperator, got {type(operator).__name__}")
@@ -305,7 +407,8 @@ def prefix_table_rows(
     rows: Sequence[tuple[np.ndarray, np.ndarray]],
     operator: UnitsOperator | ChunkOperator,
     min_prefix: int = 0,
-) -> PrefixTable:
+    convex: bool | None = None,
+) -> PrefixTable | GreedyTable:
     """:func:`prefix_table` over already validated rows ``(units ascending, durations)``.
 
     The policy's hot path: it builds the rows with numpy from the action
@@ -315,7 +418,7 @@ def prefix_table_rows(
     longest prefixes first and rebuilds with a smaller bound if it goes on).
     """
     if isinstance(operator, UnitsOperator):
-        return _units_table(rows, int(operator.capacity), min_prefix)
+        return _units_prefix(rows, int(operator.capacity), min_prefix, convex)
     keep = [np.isin(u, CHUNK_SIZES) for u, _ in rows]
     return _chunk_table([(u[k], d[k]) for (u, d), k in zip(rows, keep)], operator.free_chunks)
 

@@ -21,7 +21,8 @@ from typing import Sequence
 import numpy as np
 
 from tangram.core.model import Action
-from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
+from tangram.policy.arrange import (CHUNK_SIZES, ChunkOperator, UnitsOperator, greedy_exact, pack_one, packable,
+                                    prefix_table_rows)
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
 _EPS = 1e-9
@@ -322,7 +323,7 @@ def _duration(a: Action, units: int, snap: Snapshot) -> float:
     return snap.class_estimates.get(a.action_class, snap.params.default_duration_s)
 
 
-_ROWS: dict[str, tuple[Action, np.ndarray, np.ndarray, tuple[int, ...]]] = {}
+_ROWS: dict[int, tuple[Action, np.ndarray, np.ndarray, tuple[int, ...], bool]] = {}
 
 
 def _full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:
@@ -334,7 +335,7 @@ def _full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:
     action would gain: cores that speed nothing up would be held for nothing
     (the DP, which sums durations only, would take them for a 0.1% gain).
     """
-    hit = _ROWS.get(a.id)
+    hit = _ROWS.get(id(a))
     if hit is not None and hit[0] is a:
         return hit[1], hit[2]
     return _build_row(a)[1:3]
@@ -353,12 +354,20 @@ def _build_row(a: Action):
         units, durs = units[keep], durs[keep]
     if len(_ROWS) >= 65536:
         _ROWS.clear()
-    entry = _ROWS[a.id] = (a, units, durs, tuple(int(u) for u in units))
+    entry = _ROWS[id(a)] = (a, units, durs, tuple(int(u) for u in units), greedy_exact(units, durs))
     return entry
 
 
+def _convex_row(a: Action) -> bool:
+    """Whether the greedy units operator is exact for ``a``'s row (and any DoP cap of it)."""
+    hit = _ROWS.get(id(a))
+    if hit is not None and hit[0] is a:
+        return hit[4]
+    return _build_row(a)[4]
+
+
 def _worthwhile_options(a: Action) -> tuple[int, ...]:
-    hit = _ROWS.get(a.id)
+    hit = _ROWS.get(id(a))
     if hit is not None and hit[0] is a:
         return hit[3]
     return _build_row(a)[3]
@@ -421,7 +430,8 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     rows = [_option_row(c.action, capacity, params, pool) for c in group]
     n = len(group)
     exact_from = max(1, n - _EVICTION_WINDOW)
-    table = prefix_table_rows(rows, operator, exact_from)
+    convex = None if pool.chunked else all(_convex_row(c.action) for c in group)
+    table = prefix_table_rows(rows, operator, exact_from, convex)
 
     seed = list(pool.running) + list(snap.running.get(pool.name, ()))
     seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
@@ -445,9 +455,8 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
             if best is None or obj < best[0] - _EPS:
                 best = (obj, 0, ())
             break
-        if t < exact_from:  # eviction went deeper than the pruned table is exact for
-            exact_from = 1
-            table = prefix_table_rows(rows, operator, exact_from)
+        if t < table.exact_from:  # eviction went deeper than the pruned table is exact for
+            table = prefix_table_rows(rows, operator, 1, convex)
         if not table.feasible(t):
             continue
         units, durs = table.units_and_durations(t)
