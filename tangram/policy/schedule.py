@@ -171,7 +171,12 @@ def _select_candidates(snap: Snapshot):
         if node is not None and "cpu" in a.demands and a.trajectory is not None:
             placed.setdefault(a.trajectory, node)
         cands.append(_Candidate(a, node, pools_of, units, place_mem))
-    unfit = dict(failed_at)
+    # a request above what is left after these candidates cannot fit either (the
+    # elastic stage only adds units; evicted candidates' pools are dropped later)
+    unfit = {pname: f + 1 for pname, f in free.items()}
+    for pname, u in failed_at.items():
+        if u < unfit[pname]:
+            unfit[pname] = u
     unfit.update((pname, 0) for pname in closed)
     for mname, need in mem_failed.items():
         if unfit.get(mname, need + 1) > need:
