@@ -425,7 +425,7 @@ class Engine:
             if not caps:
                 continue
             c = d.capped(max(caps))
-            if c is not None and c.options != d.options:
+            if c is not None and c is not d:
                 capped[rtype] = c
         if not capped:
             return action
