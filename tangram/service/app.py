@@ -26,6 +26,7 @@ from tangram.core.errors import DemandError, UnknownActionError, UnschedulableEr
 from tangram.runtime import ExecutorFailedError, ExecutorMissingError, Runtime, UnknownEnvironmentError
 from tangram.service import sandbox_fusion, wire
 from tangram.service.config import ClusterConfig, default_config
+from tangram.service.admission import FairGate, Refused, job_of
 from tangram.service.edge import GuardedSite, HeadDeadline, disarm_on_request, tls_context
 from tangram.service.metrics import ServiceMetrics
 
@@ -38,6 +39,7 @@ RUNTIME_KEY = web.AppKey("runtime", Runtime)
 METRICS_KEY = web.AppKey("metrics", ServiceMetrics)
 WAITERS_KEY = web.AppKey("waiters", dict)  # action id -> request awaiting it
 DEADLINE_KEY = web.AppKey("head_deadline", HeadDeadline)
+GATE_KEY = web.AppKey("gate", FairGate)
 DISCONNECT_POLL_S = 0.25
 CANCEL_WAIT_S = 10.0
 PUBLIC_PATHS = frozenset({"/healthz"})
@@ -81,9 +83,15 @@ def _runtime_ctx(factory: RuntimeFactory | None):
             runtime = await made if inspect.isawaitable(made) else made
         app[RUNTIME_KEY] = runtime
         app[METRICS_KEY] = ServiceMetrics(runtime)
+        cfg = app[CONFIG_KEY]
+        # the engine sees enough waiting actions for its look-ahead; the rest wait here, fairly
+        app[GATE_KEY] = FairGate(runtime, max_total=cfg.service.max_queued_total,
+                                 max_per_job=cfg.service.max_queued_per_job,
+                                 window=cfg.service.engine_window or max(64, 4 * cfg.lookahead))
         try:
             yield
         finally:
+            await app[GATE_KEY].close()
             await runtime.close()
 
     return ctx
@@ -107,6 +115,8 @@ async def _disconnect_watcher(app: web.Application) -> AsyncIterator[None]:
             gone = [aid for aid, req in waiters.items() if req.transport is None or req.transport.is_closing()]
             for aid in gone:
                 waiters.pop(aid, None)
+                if app[GATE_KEY].cancel_held(aid):
+                    continue
                 try:
                     if app[RUNTIME_KEY].cancel(aid):
                         log.info("action %s cancelled: its client disconnected", aid)
@@ -139,6 +149,9 @@ def _error(status: int, message: str, field: str | None = None) -> web.Response:
 async def _error_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except Refused as exc:
+        return web.json_response({"error": exc.reason}, status=exc.status,
+                                 headers={"Retry-After": str(exc.retry_after_s)})
     except UnschedulableError as exc:
         return _error(422, exc.reason, exc.field)
     except ExecutorMissingError as exc:
@@ -241,12 +254,20 @@ async def post_action(request: web.Request) -> web.Response:
     wait = _flag(request.query.get("wait", "true"), "wait")
     kwargs = wire.parse_action(await _json_body(request))
     action = rt.build_action(**kwargs)
-    action_id = rt.submit(action, received_at=received)
+    gate = request.app[GATE_KEY]
+    action_id = gate.offer(job_of(request.headers, lambda: request.remote), action, received)
     if not wait:
-        return web.json_response({"id": action_id, "status": rt.state(action_id)}, status=202)
+        return web.json_response({"id": action_id, "status": gate.held_state(action_id) or rt.state(action_id)},
+                                 status=202)
     waiters = request.app[WAITERS_KEY]
     waiters[action_id] = request
     try:
+        try:
+            await gate.submitted(action_id)  # held for its job's turn
+        except asyncio.CancelledError:
+            if gate.cancel_held(action_id) or gate.cancelled_outcome(action_id) is None:
+                raise
+            return web.json_response(gate.cancelled_outcome(action_id))  # cancelled by DELETE meanwhile
         outcome = await rt.wait(action_id)  # a cancelled handler (client gone) cancels the action
     finally:
         waiters.pop(action_id, None)
@@ -256,6 +277,10 @@ async def post_action(request: web.Request) -> web.Response:
 async def get_action(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME_KEY]
     action_id = request.match_info["id"]
+    gate = request.app[GATE_KEY]
+    held = gate.held_state(action_id) or gate.cancelled_outcome(action_id)
+    if held is not None:
+        return web.json_response(held if isinstance(held, dict) else {"id": action_id, "status": held})
     outcome = rt.result(action_id)
     if outcome is not None:
         return web.json_response(outcome.as_dict())
@@ -266,6 +291,9 @@ async def cancel_action(request: web.Request) -> web.Response:
     """Cancel; answers with the final result once the executor killed the work (202 if that takes long)."""
     rt = request.app[RUNTIME_KEY]
     action_id = request.match_info["id"]
+    gate = request.app[GATE_KEY]
+    if gate.cancel_held(action_id) or gate.cancelled_outcome(action_id) is not None:
+        return web.json_response(gate.cancelled_outcome(action_id))
     rt.cancel(action_id)
     outcome = rt.result(action_id)
     if outcome is None:
@@ -276,7 +304,7 @@ async def cancel_action(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[RUNTIME_KEY].stats())
+    return web.json_response({**request.app[RUNTIME_KEY].stats(), "admission": request.app[GATE_KEY].stats()})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -92,6 +92,10 @@ class ServiceConfig:
     body_timeout_s: float = 30.0  # and its body within this once the head arrived
     tls_cert: str | None = None  # PEM files: serve HTTPS (bind beyond loopback only with TLS)
     tls_key: str | None = None
+    # admission (tangram/service/admission.py): unfinished actions per job and in total
+    max_queued_per_job: int = 1024
+    max_queued_total: int = 4096
+    engine_window: int = 0  # waiting actions the engine sees at once (0: max(64, 4 x scheduler.lookahead))
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +195,8 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
 def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> ServiceConfig:
     m = _mapping(raw, where)
     _known(m, where, {"host", "port", "token", "token_file", "max_body_bytes", "header_timeout_s", "body_timeout_s",
-                      "tls_cert", "tls_key"})
+                      "tls_cert", "tls_key", "max_queued_per_job", "max_queued_total",
+                      "engine_window"})
     token = m.get("token")
     if token is not None:
         token = _str(token, f"{where}.token")
@@ -218,6 +223,9 @@ def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> Servic
         body_timeout_s=_number(m.get("body_timeout_s", 30.0), f"{where}.body_timeout_s"),
         tls_cert=tls[0],
         tls_key=tls[1],
+        max_queued_per_job=_int(m.get("max_queued_per_job", 1024), f"{where}.max_queued_per_job", lo=1),
+        max_queued_total=_int(m.get("max_queued_total", 4096), f"{where}.max_queued_total", lo=1),
+        engine_window=_int(m.get("engine_window", 0), f"{where}.engine_window", lo=0),
     )
 
 

@@ -1,0 +1,206 @@
+"""Admission control: bounded queues per job and in total, and fair sharing between jobs.
+
+The service never queues without bound. Every accepted action counts
+against its *job* (the ``X-Tangram-Job`` header; without it, the caller's
+address) until it finishes:
+
+* a job past ``max_per_job`` unfinished actions gets ``429`` with
+  ``Retry-After`` (that job is over its share; others are not affected);
+* past ``max_total`` for the whole service, everyone gets ``503`` with
+  ``Retry-After``.
+
+Fair sharing: the engine sees at most ``window`` waiting actions at once
+(enough for the policy's look-ahead). Past that, accepted actions wait
+here in one FIFO per job, and are handed to the engine round-robin across
+jobs, so a burst of one job delays another job's next action by at most one
+action per other job, never by the whole burst. An action held here reports
+status ``waiting`` like one in the engine's queue, and can be cancelled.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled"})
+
+
+class Refused(Exception):
+    """An action the service will not queue now: ``status`` 429 (this job) or 503 (the service)."""
+
+    def __init__(self, status: int, reason: str, retry_after_s: int):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    action: Any
+    received_at: float
+    job: str
+    submitted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class FairGate:
+    """Between the wire and the runtime: bounds, per-job FIFOs, round-robin hand-over."""
+
+    def __init__(self, runtime: Any, *, max_total: int, max_per_job: int, window: int, poll_s: float = 0.02):
+        self.rt = runtime
+        self.max_total = int(max_total)
+        self.max_per_job = int(max_per_job)
+        self.window = max(1, int(window))
+        self.poll_s = poll_s
+        self._held: dict[str, collections.deque[_Held]] = {}  # job -> FIFO of held actions
+        self._by_id: dict[str, _Held] = {}
+        self._live: dict[str, set[str]] = collections.defaultdict(set)  # job -> submitted, unfinished ids
+        self._rr = itertools.count()
+        self._cancelled: collections.OrderedDict[str, dict] = collections.OrderedDict()  # bounded
+        self._task: asyncio.Task | None = None
+        self.refused = {429: 0, 503: 0}
+
+    # ------------------------------------------------------------------ #
+
+    def _finished(self, action_id: str) -> bool:
+        try:
+            return self.rt.result(action_id) is not None
+        except Exception:  # noqa: BLE001 - forgotten by the runtime: long finished
+            return True
+
+    def _prune(self, job: str) -> None:
+        live = self._live.get(job)
+        if live:
+            live.difference_update([a for a in live if self._finished(a)])
+            if not live:
+                self._live.pop(job, None)
+
+    def count(self, job: str) -> int:
+        """Unfinished actions of ``job`` (finished ones are forgotten only when the count nears the cap)."""
+        n = len(self._live.get(job, ())) + len(self._held.get(job, ()))
+        if n >= self.max_per_job:
+            self._prune(job)
+            n = len(self._live.get(job, ())) + len(self._held.get(job, ()))
+        return n
+
+    def total(self) -> int:
+        n = self._live_total() + len(self._by_id)
+        if n >= self.max_total:
+            for job in list(self._live):
+                self._prune(job)
+            n = self._live_total() + len(self._by_id)
+        return n
+
+    def _live_total(self) -> int:
+        return sum(len(v) for v in self._live.values())
+
+    def offer(self, job: str, action: Any, received_at: float) -> str:
+        """Accept ``action`` (submitted now, or held for its turn) or raise :class:`Refused`."""
+        if self.count(job) >= self.max_per_job:
+            self.refused[429] += 1
+            raise Refused(429, f"job {job!r} has {self.max_per_job} unfinished actions (service.max_queued_per_job)",
+                          self._retry_after())
+        if self.total() >= self.max_total:
+            self.refused[503] += 1
+            raise Refused(503, f"the service holds {self.max_total} unfinished actions (service.max_queued_total)",
+                          self._retry_after())
+        if not self._held and len(self.rt.engine.waiting) < self.window:
+            self._submit(job, action, received_at)
+            return action.id
+        if action.id in self._by_id:
+            raise ValueError(f"action {action.id!r} was already submitted")
+        held = _Held(action, received_at, job)
+        self._held.setdefault(job, collections.deque()).append(held)
+        self._by_id[action.id] = held
+        self._ensure_pump()
+        return action.id
+
+    def _submit(self, job: str, action: Any, received_at: float) -> None:
+        self.rt.submit(action, received_at=received_at)
+        self._live[job].add(action.id)
+
+    def _retry_after(self) -> int:
+        """Seconds until room is likely: the queue ahead drained at the rate actions finish (at least 1)."""
+        running = max(1, len(self.rt.engine.running))
+        est = getattr(self.rt.engine.params, "default_duration_s", 1.0)
+        return max(1, min(60, math.ceil(est * (len(self.rt.engine.waiting) + len(self._by_id)) / running)))
+
+    # ------------------------------------------------------------------ #
+
+    def pump(self) -> None:
+        """Hand held actions to the engine, one job after another, while the window has room."""
+        while self._held and len(self.rt.engine.waiting) < self.window:
+            jobs = list(self._held)
+            job = jobs[next(self._rr) % len(jobs)]
+            q = self._held[job]
+            held = q.popleft()
+            if not q:
+                del self._held[job]
+            del self._by_id[held.action.id]
+            try:
+                self._submit(job, held.action, held.received_at)
+            except Exception as exc:  # noqa: BLE001 - e.g. its environment was deleted meanwhile
+                if not held.submitted.done():
+                    held.submitted.set_exception(exc)
+                continue
+            if not held.submitted.done():
+                held.submitted.set_result(None)
+
+    def _ensure_pump(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._pump_loop())
+
+    async def _pump_loop(self) -> None:
+        while self._held:
+            self.pump()
+            if self._held:
+                await asyncio.sleep(self.poll_s)
+
+    async def submitted(self, action_id: str) -> None:
+        """Wait until a held action reached the engine (at once if it is not held)."""
+        held = self._by_id.get(action_id)
+        if held is not None:
+            await asyncio.shield(held.submitted)
+
+    def held_state(self, action_id: str) -> str | None:
+        return "waiting" if action_id in self._by_id else None
+
+    def cancel_held(self, action_id: str) -> bool:
+        held = self._by_id.pop(action_id, None)
+        if held is None:
+            return False
+        q = self._held.get(held.job)
+        if q is not None:
+            q.remove(held)
+            if not q:
+                del self._held[held.job]
+        if not held.submitted.done():
+            held.submitted.cancel()
+        self._cancelled[action_id] = {"id": action_id, "status": "cancelled", "error": "cancelled before it started",
+                                      "allocation": {}}
+        while len(self._cancelled) > self.max_total:
+            self._cancelled.popitem(last=False)
+        return True
+
+    def cancelled_outcome(self, action_id: str) -> dict | None:
+        return self._cancelled.get(action_id)
+
+    def stats(self) -> dict:
+        return {"held": len(self._by_id), "jobs": len(set(self._live) | set(self._held)), "window": self.window,
+                "max_total": self.max_total, "max_per_job": self.max_per_job, "refused": dict(self.refused)}
+
+    async def close(self) -> None:
+        for aid in list(self._by_id):
+            self.cancel_held(aid)
+        if self._task is not None:
+            self._task.cancel()
+
+
+def job_of(headers: Any, peer: Callable[[], str | None]) -> str:
+    job = headers.get("X-Tangram-Job")
+    if job:
+        return job[:128]
+    return f"peer:{peer() or 'unknown'}"
