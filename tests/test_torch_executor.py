@@ -348,3 +348,31 @@ def test_gpu_restore_check_script_runs_on_cpu(capsys):
     assert c["miss"]["restore_s"] > 0 and c["hit"]["restore_s"] == 0 and c["evict_then_miss"]["n"] == 1
     assert c["restore_gbps"] > 0
     unregister_model("synthetic")
+
+
+class TiedLM(torch.nn.Module):
+    """A causal LM whose output head shares the embedding (as SmolLM2, GPT-2, ... do)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = torch.nn.Embedding(11, 6)
+        self.head = torch.nn.Linear(6, 11, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.embed(ids)))
+
+
+def test_a_restore_keeps_tied_weights_tied():
+    register_model("tied", TiedLM)
+    try:
+        ex = TorchGpuExecutor(num_virtual_devices=1)
+        ex.restore("tied@dop1", [0])
+        (replica,) = ex._replicas[("tied@dop1", 0)]
+        assert replica.head.weight is replica.embed.weight
+        ids = torch.tensor([[1, 2, 3]])
+        with torch.inference_mode():
+            assert torch.equal(replica(ids), ex.load("tied").module(ids))
+    finally:
+        unregister_model("tied")

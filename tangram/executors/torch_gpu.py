@@ -26,9 +26,10 @@ Payload of a ``model`` action::
   outputs, L2-normalised if the model says so).
 * ``score``: one float per input: a scalar head's output, or, for an
   embedding model given ``[a, b]`` pairs, the cosine similarity of the pair.
-* ``logprobs``: for token-id inputs and a causal LM, the log-probability of
-  each of ``tokens[i]`` following ``inputs[i]`` (or of each input token after
-  the first when ``tokens`` is absent).
+* ``logprobs``: for a causal LM, the log-probability of each of ``tokens[i]``
+  following ``inputs[i]`` (or of each input token after the first when
+  ``tokens`` is absent); token-id lists, or text when the model has a
+  tokenizer (a trajectory's prompt and response).
 
 Devices: ``cuda:i`` when CUDA is present, else N virtual devices on the CPU
 (every one is ``torch.device("cpu")``, but replicas are kept per index, so
@@ -507,6 +508,10 @@ class TorchGpuExecutor:
                 return torch.nn.functional.cosine_similarity(left.float(), right.float(), dim=-1).cpu().tolist()
             return served.score(module, _to(served.make_batch(inputs), device)).float().cpu().tolist()
         # logprobs
+        if served.tokenizer is not None:  # text: prompt (input) and continuation (tokens) as token ids
+            inputs = [_token_ids(served.tokenizer, x) for x in inputs]
+            if tokens is not None:
+                tokens = [_token_ids(served.tokenizer, t, special=False) for t in tokens]
         seqs, starts = [], []
         for i, x in enumerate(inputs):
             if not _is_int_seq(x):
@@ -552,6 +557,14 @@ def _materialize(master: _Master, device) -> Any:
     torch = _torch()
     replica = copy.deepcopy(master.skeleton).to_empty(device=device)
     src = master.served.module
+    # to_empty gives each name its own storage: tie again what the master ties (an LM head
+    # sharing the embedding), else the tied copy keeps uninitialised memory
+    first_name: dict[int, str] = {}
+    for name, p in src.named_parameters(remove_duplicate=False):
+        first = first_name.setdefault(id(p), name)
+        if first != name:
+            owner, _, attr = name.rpartition(".")
+            setattr(replica.get_submodule(owner), attr, replica.get_parameter(first))
     non_blocking = device.type == "cuda"
     with torch.no_grad():
         for (name, dst), (sname, s) in zip(replica.named_parameters(), src.named_parameters()):
@@ -562,6 +575,13 @@ def _materialize(master: _Master, device) -> Any:
             assert name == sname, (name, sname)
             dst.copy_(s, non_blocking=non_blocking)
     return replica.eval()
+
+
+def _token_ids(tokenizer, x: Any, *, special: bool = True) -> Any:
+    """Text as the tokenizer's ids (its special tokens only at the start of a prompt); ids pass through."""
+    if isinstance(x, str):
+        return list(tokenizer(x, add_special_tokens=special)["input_ids"])
+    return x
 
 
 def _to(batch: Mapping[str, Any], device) -> dict:
