@@ -63,7 +63,7 @@ class PinnedSubprocessExecutor(EnvironmentExecutor):
         status = SUCCEEDED if proc.returncode == 0 else FAILED
         return ExecResult(status, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
                           error=None if status == SUCCEEDED else f"exit code {proc.returncode}",
-                          details={"isolation": "sched_setaffinity", "cores": sorted(cores)})
+                          isolation="sched_setaffinity", details={"cores": sorted(cores)})
 
     async def close(self) -> None:
         for env_id in list(self._envs):

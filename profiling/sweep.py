@@ -251,7 +251,7 @@ async def sweep(
                         log.append({"class": spec.name, "dop": dop, "repeat": rep, "seconds": secs,
                                     "fingerprint": spec.fingerprint(), "command": spec.command,
                                     "workdir": spec.workdir, "image": spec.image, "cores": len(cores),
-                                    "isolation": (res.details or {}).get("isolation"),
+                                    "isolation": res.isolation,
                                     "load1": _load1(),
                                     "at": time.time()})
                         out.measured_now += 1

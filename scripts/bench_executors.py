@@ -77,7 +77,7 @@ async def executor_once(manager: CpuManager, pool: str, ex, env_id: str, i: int,
         manager.release(pool, "bench-blocker")
     if r.status != "succeeded":
         raise RuntimeError(f"bench command failed: {r}")
-    return dt, r.details
+    return dt, {"isolation": r.isolation, **r.details}
 
 
 async def main(args) -> dict:

@@ -117,10 +117,10 @@ def cache_latency(torch, args, devices) -> dict:
         res = ex.run(lease, payload)
         wall = time.perf_counter() - t
         assert res.status == "succeeded", res.error
-        if res.details["restored"]:
-            mgr.restored("gpu@n", a.id, res.details["restore_s"])
+        if res.restored:
+            mgr.restored("gpu@n", a.id, res.restore_s)
         mgr.release("gpu@n", a.id)
-        rows[kind].append({"wall_s": wall, "restore_s": res.details["restore_s"], "exec_s": res.details["exec_s"],
+        rows[kind].append({"wall_s": wall, "restore_s": res.restore_s, "exec_s": res.exec_s,
                            "hit": lease.hit})
 
     for r in range(args.repeats):

@@ -18,17 +18,14 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from tangram.core.errors import DemandError, TangramError
+from tangram.core.errors import DemandError, FieldError
 from tangram.core.model import Elasticity, Profile
 
 SUPPORTED_VERSIONS = (1,)
 
 
-class ProfileStoreError(TangramError, ValueError):
-    def __init__(self, field: str, reason: str):
-        self.field = field
-        self.reason = reason
-        super().__init__(f"{field}: {reason}")
+class ProfileStoreError(FieldError):
+    """A profile store file that cannot be used (``field`` is the path inside it)."""
 
 
 def load_profiles(path: str | Path) -> dict[str, Profile]:

@@ -62,7 +62,7 @@ async def test_docker_cores_and_quota_take_effect(docker_client, docker_ex):
     assert lines["cpuset"] == str(LAST)
     assert lines["quota"] == "50000 period 100000"
     assert lines["dop"] == "3 foo bar pwd /work"
-    assert r.details["isolation"] == "docker-cpuset" and r.details["cpu_update"] is True
+    assert r.isolation == "docker-cpuset" and r.details["cpu_update"] is True
     # the host side agrees (cgroup v1 files of the container)
     if os.path.isdir("/sys/fs/cgroup/cpuset"):
         assert (Path(cgroup_v1_dir(container, "cpuset")) / "cpuset.cpus").read_text().strip() == str(LAST)
@@ -70,7 +70,7 @@ async def test_docker_cores_and_quota_take_effect(docker_client, docker_ex):
     # the next action gets other cores and a full-core quota
     r = await docker_ex.exec("traj", INSIDE, Placement("a2", "local", dop=len(CORES), cores=tuple(CORES)))
     lines = dict(line.split(None, 1) for line in r.stdout.strip().splitlines())
-    from tangram.managers.cpu import format_cpulist
+    from tangram.core.grants import format_cpulist
 
     assert lines["cpuset"] == format_cpulist(CORES)
     assert lines["quota"] == f"{len(CORES) * 100000} period 100000"

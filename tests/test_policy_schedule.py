@@ -13,11 +13,12 @@ def _snap(waiting, *, cpu=8, running=(), api=None, mem=10_000, params=None, plac
     pools = {}
     for n in nodes:
         used = sum(u for _, u in running) if n == nodes[0] else 0
-        pools[f"cpu@{n}"] = PoolState(f"cpu@{n}", "cpu", n, cpu, cpu - used, running=tuple(running) if n == nodes[0] else ())
+        pools[f"cpu@{n}"] = PoolState(f"cpu@{n}", "cpu", n, cpu, cpu - used)
         pools[f"mem@{n}"] = PoolState(f"mem@{n}", "mem", n, mem, mem)
     for name, (cap, free) in (api or {}).items():
         pools[f"api:{name}"] = PoolState(f"api:{name}", f"api:{name}", None, cap, free)
     return Snapshot(pools=pools, nodes=tuple(nodes), waiting=tuple(waiting),
+                    running={f"cpu@{nodes[0]}": tuple(running)} if running else {},
                     placement=placement or {}, params=params or PolicyParams())
 
 

@@ -11,6 +11,7 @@ from tangram.executors.base import EnvironmentExecutor, ExecResult
 from tangram.managers.base import CountingManager
 from tangram.managers.basic import BasicManager
 from tangram.runtime import Runtime, UnknownEnvironmentError
+from tangram.service.build import build_runtime
 from tangram.service.config import parse_config
 
 pytestmark = pytest.mark.timeout(60)
@@ -108,7 +109,7 @@ async def test_cancel_right_after_start_never_leaks():
 
 
 async def test_timeout_safety_net_when_the_executor_ignores_it(monkeypatch):
-    import tangram.runtime as runtime_mod
+    import tangram.runtime.dispatch as runtime_mod
 
     monkeypatch.setattr(runtime_mod, "TIMEOUT_GRACE_S", 0.05)
     rt, ex = make_runtime()
@@ -153,7 +154,7 @@ async def test_close_cancels_everything():
 
 async def test_from_config_builds_a_local_runtime():
     cfg = parse_config({"cpu_nodes": [{"name": "local", "cores": 1, "memory_mb": 128}], "gpu_nodes": []})
-    async with await Runtime.from_config(cfg) as rt:
+    async with await build_runtime(cfg) as rt:
         r = await rt.exec(None, "echo $TANGRAM_DOP")
         assert r.status == "succeeded" and r.stdout == "1\n"
         whole(rt)
@@ -178,7 +179,7 @@ async def test_cancelled_environment_creation_is_undone():
         gate.set()
         for _ in range(100):
             await asyncio.sleep(0.01)
-            if not rt._cleanups:
+            if not rt.env_registry.cleanups:
                 break
         assert ex.envs == set() and rt.environments() == []
         whole(rt)

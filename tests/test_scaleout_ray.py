@@ -76,7 +76,7 @@ async def test_ray_gpu_nodes_as_actors_node_removed_and_added_back(ray_cluster):
     rt = await build_runtime(cfg)
     assert isinstance(rt, ClusterRuntime)
     try:
-        hosts = {n: await asyncio.wait_for(rt.model_executors[n].inner.handle.call("ping"), 60) for n in ("g0", "g1")}
+        hosts = {n: await asyncio.wait_for(rt.model_executors[n].inner.host.handle.call("ping"), 60) for n in ("g0", "g1")}
         # Ray placed one actor per Ray node (each needs all 4 `tangram_gpu` of a node)
         assert len({h["where"] for h in hosts.values()}) == 2
         on_worker = next(n for n, h in hosts.items() if h["where"] == worker.node_id)

@@ -106,9 +106,9 @@ def test_minilm_restore_evict_restore_gives_identical_outputs(minilm_executor):
 
     r1 = ex.run(d, embed)
     assert r1.status == SUCCEEDED, r1.error
-    assert r1.details["restored"] and r1.details["restore_s"] > 0
+    assert r1.restored and r1.restore_s > 0
     s1 = ex.run(decision("minilm@dop2", Chunk(0, 2), hit=True), score)
-    assert s1.details["restore_s"] == 0.0 and not s1.details["restored"]  # a hit moves nothing
+    assert s1.restore_s == 0.0 and not s1.restored  # a hit moves nothing
     assert ("minilm@dop2", 0) in ex.resident()
 
     assert ex.evict("minilm@dop2", 0) is True
@@ -149,8 +149,8 @@ def test_minilm_through_the_manager(minilm_executor):
         chunk = mgr.allocate("gpu@g0", dop, a.id, a)
         lease = mgr.lease("gpu@g0", a.id)
         res = ex.run(lease, payload)
-        if res.details.get("restored"):
-            mgr.restored("gpu@g0", a.id, res.details["restore_s"])
+        if res.restored:
+            mgr.restored("gpu@g0", a.id, res.restore_s)
         mgr.release("gpu@g0", a.id)
         mgr.check_invariants()
         return chunk, lease, res
@@ -159,7 +159,7 @@ def test_minilm_through_the_manager(minilm_executor):
     c1, l1, r1 = act(1, "minilm", 1, embed)
     c2, l2, r2 = act(2, "minilm", 1, embed)
     assert (l1.hit, l2.hit, c1, c2) == (False, True, Chunk(0, 1), Chunk(0, 1))
-    assert r1.output == r2.output and r2.details["restore_s"] == 0.0
+    assert r1.output == r2.output and r2.restore_s == 0.0
     assert ex.resident() == [("minilm@dop1", 0)]
     # the scorer (20 MiB) does not fit beside minilm on the GPU: minilm is evicted, in the books and on the device
     c3, l3, r3 = act(3, "scorer", 1, {"model": "scorer", "op": "score", "inputs": [[1.0, 2.0, 3.0]]})
@@ -239,17 +239,17 @@ def test_restore_failure_leaves_nothing_resident():
     register_model("broken", broken)
     ex = TorchGpuExecutor(num_virtual_devices=2)
     r = ex.run(decision("broken@dop1", Chunk(0, 1)), {"model": "broken", "op": "score", "inputs": []})
-    assert r.status == FAILED and "restore failed" in r.error and not r.details["restored"]
+    assert r.status == FAILED and "restore failed" in r.error and not r.restored
     assert ex.resident() == [] and ex._busy == {}
     r = ex.run(decision("nobody@dop1", Chunk(1, 1)), {"model": "nobody", "op": "score", "inputs": []})
     assert r.status == FAILED and "not registered" in r.error
 
 
 def test_inference_error_drops_the_unconfirmed_restore():
-    # the driver confirms only what details["restored"] says; a failed run says False and keeps nothing
+    # the driver confirms only what ExecResult.restored says; a failed run says False and keeps nothing
     ex = TorchGpuExecutor(num_virtual_devices=1)
     r = ex.run(decision("scorer@dop1", Chunk(0, 1)), {"model": "scorer", "op": "score", "inputs": [[1.0]]})
-    assert r.status == FAILED and not r.details["restored"] and r.details["dropped_restore"]
+    assert r.status == FAILED and not r.restored and r.details["dropped_restore"]
     assert ex.resident() == []
 
 
@@ -276,7 +276,7 @@ def test_a_lost_replica_is_restored_on_a_hit():
     ex = TorchGpuExecutor(num_virtual_devices=1)
     r = ex.run(decision("scorer@dop1", Chunk(0, 1), hit=True), {"model": "scorer", "op": "score",
                                                                   "inputs": [[1.0, 2.0, 3.0]]})
-    assert r.status == SUCCEEDED and r.details["restored"] and r.details["restore_s"] > 0
+    assert r.status == SUCCEEDED and r.restored and r.restore_s > 0
 
 
 async def test_cancel_stops_between_batches_and_drops_the_restore():
@@ -298,7 +298,7 @@ async def test_timeout_returns_timeout_and_frees_the_devices():
     payload = {"model": "slow", "op": "score", "inputs": [[1.0, 2.0, 3.0]] * 500}
     r = await ex.execute(decision("slow@dop1", Chunk(1, 1)), payload, timeout_s=0.3)
     assert r.status == TIMEOUT and "timed out" in r.error
-    assert not r.details["restored"] and ex.resident() == []  # not confirmable: dropped
+    assert not r.restored and ex.resident() == []  # not confirmable: dropped
     assert ex._busy == {}
     r = await ex.execute(decision("scorer@dop1", Chunk(0, 1)), {"model": "scorer", "op": "score",
                                                                  "inputs": [[0.0, 0.0, 0.0]]}, timeout_s=30)

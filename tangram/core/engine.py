@@ -40,6 +40,7 @@ class ActionRecord:
     dispatch: Dispatch | None = None
     grants: dict[str, Any] = field(default_factory=dict)  # pool -> manager's grant
     estimated_end: float = 0.0
+    error: str | None = None  # why it failed, when the driver said so (:meth:`Engine.fail`)
 
     @property
     def id(self) -> str:
@@ -127,11 +128,6 @@ class Engine:
                     raise ValueError(f"pool {p.name!r} is owned by two managers")
                 self._owner[p.name] = m
 
-    def add_manager(self, manager: ResourceManager) -> None:
-        self.managers.append(manager)
-        self._refresh_owners()
-        self._unfit = None
-
     def manager_of(self, pool: str) -> ResourceManager | None:
         return self._owner.get(pool)
 
@@ -180,14 +176,7 @@ class Engine:
 
     def cancel(self, action_id: str) -> list[Started]:
         """Cancel a waiting or running action (the driver kills a running one)."""
-        rec = self._unqueue(action_id) or self.running.pop(action_id, None)
-        if rec is None:
-            if action_id in self.finished:
-                return []
-            raise UnknownActionError(f"action {action_id!r} is unknown")
-        self._unfit = None  # a waiting head that reserved pools may be gone
-        self._finish(rec, "cancelled")
-        return self.schedule()
+        return self._end(action_id, "cancelled", None)
 
     def requeue(self, action_id: str) -> list[Started]:
         """Put a running action back at the head of the queue, its grants given back.
@@ -206,6 +195,26 @@ class Engine:
         rec.estimated_end = 0.0
         self.waiting = {action_id: rec, **self.waiting}  # rare: rebuilding the order is fine
         self._enqueue(rec, first=True)
+        return self.schedule()
+
+    def fail(self, action_id: str, reason: str) -> list[Started]:
+        """End a waiting action as ``failed`` because of ``reason`` (e.g. its node went down).
+
+        A running action may be failed too, once the driver knows its process
+        is gone (its units are given back now). Failing a finished action does
+        nothing.
+        """
+        return self._end(action_id, "failed", reason)
+
+    def _end(self, action_id: str, status: str, reason: str | None) -> list[Started]:
+        rec = self._unqueue(action_id) or self.running.pop(action_id, None)
+        if rec is None:
+            if action_id in self.finished:
+                return []
+            raise UnknownActionError(f"action {action_id!r} is unknown")
+        self._unfit = None  # a waiting head that reserved pools may be gone
+        rec.error = reason
+        self._finish(rec, status)
         return self.schedule()
 
     def close_trajectory(self, trajectory: str) -> list[Started]:

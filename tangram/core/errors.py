@@ -10,13 +10,26 @@ class TangramError(Exception):
     """Base class of every error raised on purpose by tangram."""
 
 
-class DemandError(TangramError, ValueError):
-    """An action (or one of its fields) is malformed."""
+class FieldError(TangramError, ValueError):
+    """Input that is wrong, naming the offending ``field`` (a dotted path) and the ``reason``.
+
+    Every error that points at one field of a request, a config file or a
+    data file is one of these, so callers (the HTTP layer, the CLI) report
+    them all the same way.
+    """
 
     def __init__(self, field: str, reason: str):
         self.field = field
         self.reason = reason
         super().__init__(f"{field}: {reason}")
+
+
+class DemandError(FieldError):
+    """An action (or one of its fields) is malformed."""
+
+
+class ConfigError(FieldError):
+    """A configuration file or section is malformed (``field`` is its path: ``cpu_nodes[1].cores``)."""
 
 
 class UnschedulableError(DemandError):

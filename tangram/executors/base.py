@@ -25,7 +25,14 @@ class ExecResult:
     stderr: str | None = None
     output: Any = None  # kind-specific (http body, model scores, ...)
     error: str | None = None  # a human-readable reason when not succeeded
-    details: dict[str, Any] = field(default_factory=dict)  # e.g. which isolation was used
+    exec_s: float | None = None  # the executor's own measure of the run, without its set-up
+    isolation: str | None = None  # how an exec action was confined (cgroup, affinity, docker-cpuset, none)
+    node_down: bool = False  # its node died under it: the action did not fail on its own
+    restored: bool = False  # GPU: the model's state was restored onto the chunk for this run
+    restore_s: float = 0.0  # GPU: seconds that restore took
+    rate_headers: Mapping[str, str] | None = None  # http: the upstream's rate-limit headers (Retry-After, ...)
+    # diagnostics for logs and people (pid, cgroup dirs, container id); nothing in tangram reads them
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

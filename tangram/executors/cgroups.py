@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import os
 
+from tangram.core.grants import format_cpulist
+
 CGROUP_V1, CGROUP_V2 = "cgroup-v1", "cgroup-v2"
 JOIN_FAILED = 125  # exit code of the prefix when the process cannot join its group
 
@@ -27,8 +29,6 @@ def _read(path: str) -> str:
 
 
 def _cpulist(cores) -> str:
-    from tangram.managers.cpu import format_cpulist
-
     return format_cpulist(cores)
 
 

@@ -233,11 +233,12 @@ class DockerExecutor(EnvironmentExecutor):
         if placement.cpu_quota is not None and not placement.cpu_quota > 0:
             raise ValueError(f"placement.cpu_quota: must be positive, got {placement.cpu_quota!r}")
         quota = placement.cpu_quota if placement.cpu_quota is not None else (len(cores) or None)
-        details: dict[str, Any] = {"isolation": "docker-cpuset" if cores else "docker", "container": cid[:12],
+        isolation = "docker-cpuset" if cores else "docker"
+        details: dict[str, Any] = {"container": cid[:12],
                                    "cores": cores, "cpu_quota": quota, "dop": placement.dop}
         t0 = time.perf_counter()
         if cores:
-            from tangram.managers.cpu import format_cpulist
+            from tangram.core.grants import format_cpulist
 
             want = (format_cpulist(cores), int(round(quota * 1e9)))
             details["cpu_update"] = self._cpus.get(cid) != want
@@ -246,7 +247,7 @@ class DockerExecutor(EnvironmentExecutor):
                     await self._ctl(update_cpus, self.client, cid, cpuset_cpus=want[0], nano_cpus=want[1])
                 except Exception as e:  # the engine refused (container gone, bad cpuset): nothing ran
                     return ExecResult(status=FAILED, error=f"docker update of {cid[:12]}: {_why(e)}",
-                                      details=details)
+                                      isolation=isolation, details=details)
                 self._cpus[cid] = want
         token = f"{_SAFE.sub('_', placement.action_id)[:40]}.{uuid.uuid4().hex[:12]}"
         envd = dict(env or {})
@@ -265,18 +266,20 @@ class DockerExecutor(EnvironmentExecutor):
             await asyncio.shield(asyncio.ensure_future(self._kill_inside(cid, token, run)))
             raise
         except Exception as e:  # the exec could not run (container stopped, OOM-killed, engine error)
-            return ExecResult(status=FAILED, error=f"docker exec in {cid[:12]}: {_why(e)}", details=details)
+            return ExecResult(status=FAILED, error=f"docker exec in {cid[:12]}: {_why(e)}", isolation=isolation,
+                              details=details)
         details["duration_s"] = time.perf_counter() - t0
         if not run.done():
             return ExecResult(status=status or FAILED, error=f"{error}; the exec did not end after the kill",
-                              details=details)
+                              isolation=isolation, details=details)
         out, err, rc, exec_id, truncated = run.result()
         details["exec_id"] = exec_id
         details["truncated"] = truncated
         if status is None:
             status = SUCCEEDED if rc == 0 else FAILED
             error = None if rc == 0 else f"exit code {rc}"
-        return ExecResult(status=status, exit_code=rc, stdout=out, stderr=err, error=error, details=details)
+        return ExecResult(status=status, exit_code=rc, stdout=out, stderr=err, error=error, isolation=isolation,
+                          details=details)
 
     def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str],
                   stdin: bytes | None = None) -> tuple[str, str, int | None, str, bool]:

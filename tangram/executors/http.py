@@ -4,7 +4,7 @@ Dumb on purpose: the basic manager already decided that the call may go out
 now (a concurrency slot and quota are held), so this only sends the request
 and reports ``output = {"status", "body", "latency_s"}``; a non-2xx answer is
 ``status="failed"``. The upstream's rate-limit headers (``Retry-After``,
-``X-RateLimit-*``, ``RateLimit-*``) go back in ``details["headers"]``: the
+``X-RateLimit-*``, ``RateLimit-*``) go back in ``ExecResult.rate_headers``: the
 runtime hands them to the basic manager, which aligns its books (and re-queues
 a call answered 429). ``aiohttp`` is imported lazily (the core never imports it).
 """
@@ -94,12 +94,11 @@ class HttpExecutor:
             return ExecResult(status=FAILED, output={"status": None, "body": None, "latency_s": latency},
                               error=f"{type(e).__name__}: {e}", details=details)
         latency = time.perf_counter() - t0
-        if rate:
-            details["headers"] = rate
         out = {"status": status, "body": _decode(raw, ctype), "latency_s": latency}
         ok = 200 <= status < 300
         return ExecResult(status=SUCCEEDED if ok else FAILED, exit_code=None, output=out,
-                          error=None if ok else f"HTTP {status}", details=details)
+                          error=None if ok else f"HTTP {status}", rate_headers=dict(rate) if rate else None,
+                          details=details)
 
     async def run(self, request: Mapping[str, Any], *, timeout_s: float | None = None) -> ExecResult:
         """Run a payload ``{"url", "method", "headers", "json" | "body", "timeout_s"}``."""

@@ -4,7 +4,7 @@
   default) that persists across the actions of its trajectory.
 * Every action is one ``bash -c <command>`` process in its own session and
   process group, ``cwd`` = the environment directory, ``TANGRAM_DOP`` = its DoP.
-* Sandbox (``details["isolation"]``: ``sandbox`` or ``none``): by default every
+* Sandbox (``ExecResult.isolation``: ``sandbox`` or ``none``): by default every
   command runs confined by bubblewrap (:mod:`tangram.executors.sandbox`): an
   unprivileged uid, no network but loopback (unless the executor allows it and
   the environment asks), a read-only toolchain, its environment directory and
@@ -403,8 +403,8 @@ class LocalExecutor(EnvironmentExecutor):
         token = f"{self._tag}-{self._seq}"
         penv["TANGRAM_ACTION_TOKEN"] = token
         isolation = self.isolation if cores else NONE
-        details: dict[str, Any] = {"isolation": self.sandbox, "pinning": isolation, "cores": cores,
-                                   "cpu_quota": quota, "dop": placement.dop}
+        details: dict[str, Any] = {"pinning": isolation, "cores": cores, "cpu_quota": quota, "dop": placement.dop}
+        own_exec_s: float | None = None
 
         t0 = time.perf_counter()
         group: _Group | None = None
@@ -451,7 +451,7 @@ class LocalExecutor(EnvironmentExecutor):
                 # the leader's exit, not the pipes' EOF: a background child may hold them
                 await asyncio.wait_for(asyncio.shield(proto.exited), timeout_s)
                 # the command's own run; cgroup set-up and teardown are the system's overhead
-                details["exec_s"] = time.perf_counter() - spawned
+                own_exec_s = time.perf_counter() - spawned
                 rc = transport.get_returncode()
                 status = SUCCEEDED if rc == 0 else FAILED
                 error = None if rc == 0 else f"exit code {rc}"
@@ -478,7 +478,8 @@ class LocalExecutor(EnvironmentExecutor):
         if group is not None:
             self._remove_group(group)
         return ExecResult(status=status, exit_code=rc, stdout=proto.out.decode(errors="replace"),
-                          stderr=proto.err.decode(errors="replace"), error=error, details=details)
+                          stderr=proto.err.decode(errors="replace"), error=error, exec_s=own_exec_s,
+                          isolation=self.sandbox, details=details)
 
     async def _spawn(self, script: str, cwd: str, env: dict, affinity: list[int] | None,
                      stdin: bytes | None = None):

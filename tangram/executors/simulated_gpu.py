@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from tangram.managers.service_cache import CacheDecision
+from tangram.core.grants import CacheDecision
 
 MB = 2 ** 20
 

@@ -11,7 +11,7 @@ evict) and the action's payload; it
    from pinned memory run at full bus speed and asynchronously),
 3. runs the batched inference, data-parallel over the chunk's devices
    (a DoP-k service is k replicas; each takes a contiguous shard of the inputs),
-4. reports ``details["restored"]``/``details["restore_s"]``: the driver then
+4. reports ``ExecResult.restored``/``ExecResult.restore_s``: the driver then
    calls ``GpuManager.restored`` so the books count the instance as resident.
    ``restored`` is true only on success: when a run that restored fails, times
    out or is cancelled, the executor drops what it restored itself, matching
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tangram.executors.base import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, ExecResult
-from tangram.managers.service_cache import CacheDecision, parse_service
+from tangram.core.grants import CacheDecision, parse_service
 
 OPS = ("score", "logprobs", "embed")
 
@@ -392,18 +392,17 @@ class TorchGpuExecutor:
             cancel: threading.Event | None = None) -> ExecResult:
         """Evict, restore, infer; blocking. ``cancel`` is polled between batches."""
         res = self._run(decision, payload, cancel)
-        if res.status != SUCCEEDED and res.details.get("restored"):
+        if res.status != SUCCEEDED and res.restored:
             # unconfirmed restores are forgotten by the books: forget the device copy too
             self.evict(decision.service, decision.chunk.start)
-            res.details["restored"] = False
+            res.restored = False
             res.details["dropped_restore"] = True
         return res
 
     def _run(self, decision: CacheDecision, payload: Mapping[str, Any],
              cancel: threading.Event | None) -> ExecResult:
         details: dict[str, Any] = {"executor": self.name, "service": decision.service, "hit": decision.hit,
-                                   "devices": list(decision.devices), "evicted": [i.service for i in decision.evict],
-                                   "restored": False, "restore_s": 0.0}
+                                   "devices": list(decision.devices), "evicted": [i.service for i in decision.evict]}
         try:
             _check_payload(payload, decision)
         except ValueError as e:
@@ -415,19 +414,17 @@ class TorchGpuExecutor:
             except Exception as e:
                 self.evict(decision.service, decision.chunk.start)
                 return ExecResult(FAILED, error=f"restore failed: {e!r}", details=details)
-            details["restored"] = not decision.hit or restore_s > 0
-            details["restore_s"] = restore_s
+            moved = {"restored": not decision.hit or restore_s > 0, "restore_s": restore_s}
             t0 = time.perf_counter()
             try:
                 output = self.infer(decision, payload, cancel=cancel)
             except ActionCancelled:
-                details["exec_s"] = time.perf_counter() - t0
-                return ExecResult(CANCELLED, error="cancelled between batches", details=details)
+                return ExecResult(CANCELLED, error="cancelled between batches", exec_s=time.perf_counter() - t0,
+                                  details=details, **moved)
             except Exception as e:
-                details["exec_s"] = time.perf_counter() - t0
-                return ExecResult(FAILED, error=f"{type(e).__name__}: {e}", details=details)
-            details["exec_s"] = time.perf_counter() - t0
-            return ExecResult(SUCCEEDED, output=output, details=details)
+                return ExecResult(FAILED, error=f"{type(e).__name__}: {e}", exec_s=time.perf_counter() - t0,
+                                  details=details, **moved)
+            return ExecResult(SUCCEEDED, output=output, exec_s=time.perf_counter() - t0, details=details, **moved)
         finally:
             self._release(decision)
 
@@ -453,7 +450,7 @@ class TorchGpuExecutor:
                 res = await asyncio.shield(fut)
             except BaseException:
                 res = None
-            if res is not None and res.details.get("restored") and decision.service is not None:
+            if res is not None and res.restored and decision.service is not None:
                 self.evict(decision.service, decision.chunk.start)  # no result, no confirmation
             raise
         return res

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from tangram.core.model import Action
 from tangram.managers.buddy import BuddyAllocator, Chunk
-from tangram.policy.snapshot import PoolState
+from tangram.core.pools import PoolState
 
 
 class AllocationError(RuntimeError):

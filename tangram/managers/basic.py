@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
-from tangram.policy.snapshot import PoolState
+from tangram.core.pools import PoolState
 
 SLIDING, FIXED = "sliding", "fixed"
 DEFAULT_429_PAUSE_S = 1.0  # a 429 without Retry-After on a pool without a quota period

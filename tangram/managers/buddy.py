@@ -15,28 +15,12 @@ this against :func:`tangram.policy.arrange.packable` by brute force).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Iterable
+
+from tangram.core.grants import Chunk  # re-exported: the grant of a GPU pool
 
 MAX_CHUNK = 8
 SIZES = (1, 2, 4, 8)
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Chunk:
-    start: int
-    size: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.size
-
-    @property
-    def devices(self) -> range:
-        return range(self.start, self.end)
-
-    def buddy(self) -> "Chunk":
-        return Chunk(self.start ^ self.size, self.size)
 
 
 # A predicate or a score (higher wins; bool counts as 0/1), or the chunks to overlap.

@@ -23,9 +23,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from tangram.core.grants import format_cpulist, parse_cpulist  # re-exported
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
-from tangram.policy.snapshot import PoolState
+from tangram.core.pools import PoolState
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ class CpuNode:
                 seen.extend(dom)
             if sorted(seen) != sorted(cores):
                 raise ValueError(f"{field}.numa: the domains must partition the cores exactly "
-                                 f"(cores {_fmt(sorted(cores))}, domains cover {_fmt(sorted(seen))})")
+                                 f"(cores {format_cpulist(cores)}, domains cover {format_cpulist(seen)})")
 
     def domains(self) -> list[list[int]]:
         if self.numa is None:
@@ -68,35 +69,6 @@ class CpuNode:
 
 # ---------------------------------------------------------------------- #
 # topology discovery
-
-def parse_cpulist(text: str) -> list[int]:
-    """``"0-3,8,10-11"`` -> ``[0, 1, 2, 3, 8, 10, 11]`` (the kernel's list format)."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def format_cpulist(cores: Iterable[int]) -> str:
-    """The inverse of :func:`parse_cpulist`, as cpuset files and Docker expect it."""
-    return _fmt(sorted(cores))
-
-
-def _fmt(cores: list[int]) -> str:
-    parts: list[str] = []
-    i = 0
-    while i < len(cores):
-        j = i
-        while j + 1 < len(cores) and cores[j + 1] == cores[j] + 1:
-            j += 1
-        parts.append(str(cores[i]) if i == j else f"{cores[i]}-{cores[j]}")
-        i = j + 1
-    return ",".join(parts)
-
 
 def _memory_mb(meminfo: str, cgroup_limits: Iterable[str]) -> int:
     with open(meminfo) as f:

@@ -22,7 +22,7 @@ from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
 from tangram.managers.buddy import SIZES, BuddyAllocator, Chunk
 from tangram.managers.service_cache import CacheDecision, ModelSpec, ServiceCache, service_name
-from tangram.policy.snapshot import PoolState
+from tangram.core.pools import PoolState
 
 __all__ = ["BuddyAllocator", "Chunk", "GpuManager", "GpuNode", "ModelSpec", "CacheDecision", "service_name"]
 

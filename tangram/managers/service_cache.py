@@ -24,20 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from tangram.managers.buddy import Chunk
-
-
-def service_name(model: str, dop: int) -> str:
-    """``"rm@dop2"``: a model at one DoP is its own service."""
-    return f"{model}@dop{int(dop)}"
-
-
-def parse_service(name: str) -> tuple[str, int]:
-    """Inverse of :func:`service_name`; ``("rm", 2)`` for ``"rm@dop2"``."""
-    model, sep, dop = name.rpartition("@dop")
-    if not sep or not model or not dop.isdigit():
-        raise ValueError(f"not a service name (model@dopK): {name!r}")
-    return model, int(dop)
+from tangram.core.grants import CacheDecision, Chunk, Instance, parse_service, service_name  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,44 +53,6 @@ class ModelSpec:
     def mb_per_device(self, dop: int) -> int:
         share = math.ceil(self.state_mb / dop) if self.sharded else self.state_mb
         return share + self.overhead_mb
-
-
-@dataclass(frozen=True, slots=True)
-class Instance:
-    """A service resident on a chunk of devices."""
-
-    service: str
-    chunk: Chunk
-    mb_per_device: int
-
-
-@dataclass(frozen=True, slots=True)
-class CacheDecision:
-    """What the executor must do before running an action on ``chunk``.
-
-    On a hit ``evict`` is empty and nothing moves. On a miss: drop the device
-    copies of ``evict`` (in that order), then restore ``service`` from its CPU
-    master onto the chunk's devices, then report it with ``restored``.
-    """
-
-    holder: str
-    service: str | None
-    chunk: Chunk
-    hit: bool
-    evict: tuple[Instance, ...] = ()
-    restore_mb_per_device: int = 0
-
-    @property
-    def devices(self) -> range:
-        return self.chunk.devices
-
-    @property
-    def model(self) -> str | None:
-        return None if self.service is None else parse_service(self.service)[0]
-
-    @property
-    def dop(self) -> int:
-        return self.chunk.size
 
 
 @dataclass(slots=True)

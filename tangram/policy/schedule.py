@@ -438,7 +438,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     convex = None if pool.chunked else all(_convex_row(c.action) for c in group)
     table = prefix_table_rows(rows, operator, exact_from, convex)
 
-    seed = list(pool.running) + list(snap.running.get(pool.name, ()))
+    seed = list(snap.running.get(pool.name, ()))
     seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
     tail = [w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None]
     evicted: list = []  # waiters of group[t:], built as eviction goes deeper (it rarely does)

@@ -10,38 +10,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from tangram.core.model import Action, NODE_LOCAL_TYPES
+from tangram.core.model import Action
+from tangram.core.pools import PoolState, pool_name  # re-exported: the policy's input types
+
+__all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "pool_name"]
 
 _EMPTY: Mapping = MappingProxyType({})
-
-
-def pool_name(rtype: str, node: str | None) -> str:
-    """``cpu@node0`` for node-local types, the type itself (``api:x``) otherwise."""
-    return f"{rtype}@{node}" if rtype in NODE_LOCAL_TYPES else rtype
-
-
-@dataclass(frozen=True, slots=True)
-class PoolState:
-    """One pool as its manager sees it right now.
-
-    ``chunks`` (GPU pools only) lists the sizes of the free buddy chunks;
-    ``running`` lists ``(seconds_left, units)`` of the actions holding units,
-    seeding the completion heap of the ACT estimate; ``resident`` names the
-    services whose state is on this pool's devices (GPU affinity).
-    """
-
-    name: str
-    rtype: str
-    node: str | None
-    capacity: int
-    free: int
-    chunks: tuple[int, ...] | None = None
-    running: tuple[tuple[float, int], ...] = ()
-    resident: frozenset[str] = frozenset()
-
-    @property
-    def chunked(self) -> bool:
-        return self.chunks is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +54,10 @@ class Snapshot:
     nodes: tuple[str, ...]
     waiting: Sequence[Action]  # FCFS order; the engine passes a read-only view
     placement: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    # pool -> (seconds left, units) of running actions, beside PoolState.running
+    # trajectory -> node (memory already reserved)
+    # pool -> (seconds left, units) of its running actions: the one channel for them
     # (the engine passes a lazy mapping: only the pools the policy arranges are computed)
-    running: Mapping[str, Sequence[tuple[float, int]]] = field(default_factory=lambda: _EMPTY)  # trajectory -> node (memory already reserved)
+    running: Mapping[str, Sequence[tuple[float, int]]] = field(default_factory=lambda: _EMPTY)
     class_estimates: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # running average duration per class
     params: PolicyParams = field(default_factory=PolicyParams)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from tangram.core.errors import ConfigError
 from tangram.scaleout.config import DockerNodeOptions, ScaleoutConfig, parse_scaleout
 
 
@@ -41,7 +42,6 @@ class Scaleout:
 
         from tangram.managers.cpu import CpuNode
         from tangram.scaleout.docker_nodes import DockerPing, NotOnEngine, discover, make_client
-        from tangram.service.config import ConfigError
 
         o = self._docker(n.name)
         self.probes[n.name] = DockerPing(n.endpoint, tls=o.tls, timeout_s=self.options.health_timeout_s)
@@ -86,7 +86,7 @@ class Scaleout:
         manager, runners, models = build_remote_gpu(nodes, self.hosts)
         if self.gpu_host.address is not None:  # in-process hosts cannot die apart from us
             for name, r in runners.items():
-                self.probes[name] = r.handle.ping
+                self.probes[name] = r.host.handle.ping
         self._closers.append(self.hosts.close)
         return manager, runners, models
 

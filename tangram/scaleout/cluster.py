@@ -73,7 +73,7 @@ class NodeGuard:
         self.suspect: Callable[[], Awaitable[str | None]] | None = None
 
     def down_result(self) -> ExecResult:
-        return ExecResult(status=FAILED, error=self.signals.message(self.node), details={"node_down": True})
+        return ExecResult(status=FAILED, error=self.signals.message(self.node), node_down=True)
 
     async def race(self, make: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
         ev = self.signals.event(self.node)
@@ -118,7 +118,7 @@ class NodeGuard:
 
 def _broken(r: ExecResult) -> bool:
     """Failed without a process exit code: the executor could not run or finish it (vs. a failing command)."""
-    return bool(r.details.get("node_down")) or (r.status == FAILED and r.exit_code is None)
+    return r.node_down or (r.status == FAILED and r.exit_code is None)
 
 
 def _swallow(task: asyncio.Future) -> None:
@@ -247,11 +247,11 @@ class ClusterRuntime(Runtime):
         for aid, rec in list(eng.waiting.items()):
             t = rec.action.trajectory
             if t is not None and eng.placement.get(t) == node:
-                self._fail_queued(aid, msg)
+                self.fail_queued(aid, msg, node_down=True)
         for t, n in list(eng.placement.items()):
             if n == node:
                 self.lost[t] = (node, reason)
-                self._launch(eng.close_trajectory(t))  # its memory reservation and pin go
+                self.close_trajectory(t)  # its memory reservation and pin go
         log.warning("%s; %d environment(s) lost", msg, sum(1 for n, _ in self.lost.values() if n == node))
         return True
 
@@ -269,18 +269,8 @@ class ClusterRuntime(Runtime):
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
         log.warning("node %r is back", node)
-        self._launch(self.engine.tick())
+        self.tick()
         return True
-
-    def _fail_queued(self, action_id: str, error: str) -> None:
-        job = self._jobs.get(action_id)
-        started = self.engine.cancel(action_id)
-        rec = self.engine.finished.get(action_id)
-        if rec is not None:
-            rec.state = FAILED
-        if job is not None and job.outcome is None:
-            self._finish(job, ExecResult(status=FAILED, error=error, details={"node_down": True}), None, 0.0)
-        self._launch(started)
 
     # ------------------------------------------------------------------ #
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from tangram.core.errors import ConfigError
 from tangram.scaleout.docker_nodes import DockerTls
 from tangram.scaleout.ray_gpu import GpuHostConfig
 
@@ -45,8 +46,6 @@ class ScaleoutConfig:
 
 
 def parse_scaleout(raw: Any, where: str = "scaleout") -> ScaleoutConfig:
-    from tangram.service.config import ConfigError
-
     if raw is None:
         return ScaleoutConfig()
     m = _mapping(raw, where)
@@ -90,24 +89,18 @@ def parse_scaleout(raw: Any, where: str = "scaleout") -> ScaleoutConfig:
 
 
 def _mapping(v: Any, where: str) -> Mapping[str, Any]:
-    from tangram.service.config import ConfigError
-
     if not isinstance(v, Mapping):
         raise ConfigError(where, f"must be a mapping, got {type(v).__name__}")
     return v
 
 
 def _known(m: Mapping[str, Any], where: str, keys: set[str]) -> None:
-    from tangram.service.config import ConfigError
-
     unknown = sorted(str(k) for k in m if k not in keys)
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}", f"unknown field (expected one of {sorted(keys)})")
 
 
 def _pos(v: Any, where: str) -> float:
-    from tangram.service.config import ConfigError
-
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
         raise ConfigError(where, f"must be a positive number, got {v!r}")
     return float(v)

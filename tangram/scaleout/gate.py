@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
-from tangram.policy.snapshot import PoolState
+from tangram.core.pools import PoolState
 
 
 class DownNodes:

@@ -37,9 +37,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from tangram.core.model import Action
-from tangram.executors.base import FAILED, SUCCEEDED, TIMEOUT, ExecResult, Placement
-from tangram.managers.service_cache import CacheDecision, ModelSpec, parse_service
+from tangram.core.grants import CacheDecision, parse_service
+from tangram.executors.base import FAILED, SUCCEEDED, TIMEOUT, ExecResult
+from tangram.managers.service_cache import ModelSpec
+from tangram.runtime.gpu import GpuRunner
 
 log = logging.getLogger("tangram.scaleout.ray")
 
@@ -100,11 +101,10 @@ class GpuNodeHost:
         # the torch executor restores a "hit" this (restarted) process lost by itself
         res = await self.torch.execute(decision, {k: v for k, v in payload.items() if k != "exec_s"})
         self.runs += 1
-        det = dict(res.details)
         return {"node": self.node, "where": _where(), "service": decision.service, "status": res.status,
-                "error": res.error, "output": res.output, "hit": decision.hit and not det.get("restore_s"),
-                "restored": bool(det.get("restored")) and not decision.hit, "restore_s": float(det.get("restore_s") or 0),
-                "exec_s": float(det.get("exec_s") or 0), "details": det}
+                "error": res.error, "output": res.output, "hit": decision.hit and not res.restore_s,
+                "restored": res.restored and not decision.hit, "restore_s": res.restore_s,
+                "exec_s": res.exec_s or 0.0, "details": dict(res.details)}
 
 
 def _torch_executor(num_gpus: int, model_options: Mapping[str, Mapping[str, Any]]) -> Any:
@@ -198,24 +198,18 @@ class RayHandle:
 
 
 # ---------------------------------------------------------------------- #
-# the model executor the runtime calls
+# the host as the runtime's GpuRunner sees it
 
 
-class RemoteGpuRunner:
-    """``run(action, placement)`` for one GPU node: lease from the books, execute on the host, confirm."""
+class RemoteHost:
+    """The :class:`~tangram.runtime.gpu.ModelHost` of one node whose host runs elsewhere (or in-process)."""
 
-    def __init__(self, manager: Any, handle: LocalHandle | RayHandle, node: str):
-        self.manager = manager
+    def __init__(self, handle: LocalHandle | RayHandle, node: str):
         self.handle = handle
         self.node = node
-        self.pool = f"gpu@{node}"
 
-    async def run(self, action: Action, placement: Placement, *, timeout_s: float | None = None) -> ExecResult:
-        decision = self.manager.lease(self.pool, action.id)
-        if decision is None:
-            raise RuntimeError(f"{action.id} holds no lease on {self.pool}")
-        p = action.payload
-        payload = {k: p[k] for k in ("model", "op", "inputs", "tokens", "exec_s") if k in p}
+    async def execute(self, decision: CacheDecision, payload: Mapping[str, Any], *,
+                      timeout_s: float | None = None) -> ExecResult:
         try:
             res = await asyncio.wait_for(self.handle.call("execute", decision, payload), timeout_s)
         except asyncio.TimeoutError:
@@ -225,15 +219,11 @@ class RemoteGpuRunner:
         except Exception as exc:  # a dead actor / node: the guard usually answers first
             if _is_ray_death(exc):
                 return ExecResult(status=FAILED, error=f"node {self.node!r} is down: {type(exc).__name__}",
-                                  details={"node_down": True})
+                                  node_down=True)
             raise
-        status = res.get("status", SUCCEEDED)
-        if status == SUCCEEDED and res.get("restored"):
-            # only now is the service resident in the books (a cancelled restore is forgotten by `end`)
-            self.manager.restored(self.pool, action.id, float(res.get("restore_s") or 0.0))
-        return ExecResult(status=status, output=res.get("output"), error=res.get("error"),
-                          details={"exec_s": float(res["exec_s"]) + float(res["restore_s"]), "where": res.get("where"),
-                                   "restored": res.get("restored"), "restore_s": res.get("restore_s")})
+        return ExecResult(status=res.get("status", SUCCEEDED), output=res.get("output"), error=res.get("error"),
+                          exec_s=float(res.get("exec_s") or 0.0), restored=bool(res.get("restored")),
+                          restore_s=float(res.get("restore_s") or 0.0), details={"where": res.get("where")})
 
 
 def _is_ray_death(exc: BaseException) -> bool:
@@ -317,7 +307,7 @@ class GpuHosts:
             self._connected_here = False
 
 
-def build_remote_gpu(nodes: Sequence[Any], hosts: GpuHosts) -> tuple[Any, dict[str, RemoteGpuRunner], set[str]]:
+def build_remote_gpu(nodes: Sequence[Any], hosts: GpuHosts) -> tuple[Any, dict[str, GpuRunner], set[str]]:
     """GpuManager + a runner per node for ``GpuNodeConfig``-like nodes (name, gpus, memory_mb_per_gpu, services)."""
     from tangram.executors.simulated_gpu import SimGpuParams
     from tangram.managers.gpu import GpuManager, GpuNode
@@ -336,5 +326,5 @@ def build_remote_gpu(nodes: Sequence[Any], hosts: GpuHosts) -> tuple[Any, dict[s
     runners = {}
     for g in gnodes:
         handle = hosts.start(g.name, g.num_gpus, g.memory_mb_per_gpu, specs.values(), options.get(g.name))
-        runners[g.name] = RemoteGpuRunner(manager, handle, g.name)
+        runners[g.name] = GpuRunner(manager, RemoteHost(handle, g.name), g.pool)
     return manager, runners, set(specs)

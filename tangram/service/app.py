@@ -28,17 +28,13 @@ from tangram.service import sandbox_fusion, wire
 from tangram.service.config import ClusterConfig, default_config
 from tangram.service.admission import FairGate, Refused, job_of
 from tangram.service.edge import GuardedSite, HeadDeadline, disarm_on_request, tls_context
+from tangram.service.keys import CONFIG_KEY, DEADLINE_KEY, METRICS_KEY, RUNTIME_KEY, WAITERS_KEY  # noqa: F401
 from tangram.service.metrics import ServiceMetrics
 
 log = logging.getLogger("tangram.service")
 
 RuntimeFactory = Callable[[ClusterConfig], "Runtime | Awaitable[Runtime]"]
 
-CONFIG_KEY = web.AppKey("config", ClusterConfig)
-RUNTIME_KEY = web.AppKey("runtime", Runtime)
-METRICS_KEY = web.AppKey("metrics", ServiceMetrics)
-WAITERS_KEY = web.AppKey("waiters", dict)  # action id -> request awaiting it
-DEADLINE_KEY = web.AppKey("head_deadline", HeadDeadline)
 GATE_KEY = web.AppKey("gate", FairGate)
 DISCONNECT_POLL_S = 0.25
 CANCEL_WAIT_S = 10.0

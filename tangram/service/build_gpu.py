@@ -1,4 +1,4 @@
-"""GPU part of the runtime: the EOE manager, a torch executor per node, and the glue between them.
+"""GPU nodes in this process: the EOE manager and a torch executor per node, joined by :class:`GpuRunner`.
 
 A service's ``options`` say how to build its model (registered with
 :func:`tangram.executors.torch_gpu.register_model`):
@@ -14,42 +14,14 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping, Sequence
 
-from tangram.core.model import Action
-from tangram.executors.base import SUCCEEDED, ExecResult, Placement
-from tangram.service.config import ConfigError, GpuNodeConfig
+from tangram.core.errors import ConfigError
+from tangram.runtime.gpu import GpuRunner
+from tangram.service.config import GpuNodeConfig
 
 _CPU_DEVICE_MB = 16_384  # virtual devices (CPU tests): a nominal per-device memory
 
 
-class GpuModelRunner:
-    """One GPU node: reads the manager's cache decision, runs it, confirms the restore."""
-
-    def __init__(self, manager: Any, executor: Any, pool: str):
-        self.manager = manager
-        self.executor = executor
-        self.pool = pool
-
-    async def run(self, action: Action, placement: Placement, *, timeout_s: float | None = None) -> ExecResult:
-        decision = self.manager.lease(self.pool, action.id)
-        if decision is None:
-            raise RuntimeError(f"{action.id} holds no lease on {self.pool}")
-        p = action.payload
-        payload = {k: p[k] for k in ("model", "op", "inputs", "tokens") if k in p}
-        res = await self.executor.execute(decision, payload, timeout_s=timeout_s)
-        if res.status == SUCCEEDED and res.details.get("restored"):
-            # only now is the service resident in the books (a cancelled restore is forgotten)
-            self.manager.restored(self.pool, action.id, float(res.details.get("restore_s") or 0.0))
-        return res
-
-    async def close(self) -> None:
-        close = getattr(self.executor, "close", None)
-        if close is not None:
-            r = close()
-            if hasattr(r, "__await__"):
-                await r
-
-
-def build_gpu(nodes: Sequence[GpuNodeConfig]) -> tuple[Any, dict[str, GpuModelRunner], set[str]]:
+def build_gpu(nodes: Sequence[GpuNodeConfig]) -> tuple[Any, dict[str, GpuRunner], set[str]]:
     """The GpuManager, a runner per node, and the names of the servable models."""
     from tangram.executors.torch_gpu import TorchGpuExecutor, device_facts, registered_models
     from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
@@ -73,7 +45,7 @@ def build_gpu(nodes: Sequence[GpuNodeConfig]) -> tuple[Any, dict[str, GpuModelRu
             specs.setdefault(s.name, ModelSpec(name=s.name, state_mb=state_mb, sharded=s.sharded,
                                                overhead_mb=s.overhead_mb))
     manager = GpuManager(gnodes, specs.values())
-    runners = {n.name: GpuModelRunner(manager, executors[n.name], f"gpu@{n.name}") for n in nodes}
+    runners = {n.name: GpuRunner(manager, executors[n.name], f"gpu@{n.name}") for n in nodes}
     known = set(specs) or set(registered_models())
     return manager, runners, known
 

@@ -14,19 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from tangram.core.errors import DemandError
+from tangram.core.errors import ConfigError, DemandError  # ConfigError re-exported: the service's config errors
 from tangram.service.sandbox_protocol import SandboxFusionConfig, check_key, parse_languages, read_key_file
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8471
 DEFAULT_MAX_BODY = 1 << 20
-
-
-class ConfigError(ValueError):
-    def __init__(self, field: str, reason: str):
-        self.field = field
-        self.reason = reason
-        super().__init__(f"{field}: {reason}")
 
 
 @dataclass(frozen=True, slots=True)

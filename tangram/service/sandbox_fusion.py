@@ -32,6 +32,7 @@ from aiohttp import web
 from tangram.core.errors import DemandError
 from tangram.service import sandbox_protocol as proto
 from tangram.service import sandbox_runner
+from tangram.service.keys import CONFIG_KEY, RUNTIME_KEY, WAITERS_KEY
 from tangram.service.sandbox_protocol import SandboxFusionConfig
 
 log = logging.getLogger("tangram.service.sandbox_fusion")
@@ -63,8 +64,6 @@ class SandboxFusionEndpoint:
         self.command = f"exec {shlex.quote(cfg.runner_python)} -I -S -c {shlex.quote(source)}"
 
     async def run_code(self, request: web.Request) -> web.Response:
-        from tangram.service.app import RUNTIME_KEY, WAITERS_KEY  # the app module registers this one
-
         rt = request.app[RUNTIME_KEY]
         received = rt.clock()
         body = await self._body(request)
@@ -100,8 +99,6 @@ class SandboxFusionEndpoint:
         return web.json_response(response_of(outcome))
 
     async def _body(self, request: web.Request) -> Any:
-        from tangram.service.app import CONFIG_KEY
-
         limit = self.cfg.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             return _too_large(limit)

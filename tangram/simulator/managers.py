@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, CountingManager
 from tangram.managers.buddy import Chunk
-from tangram.policy.snapshot import PoolState
+from tangram.core.pools import PoolState
 
 
 class CachedCountingManager(CountingManager):

@@ -1,0 +1,485 @@
+"""The async driver of one :class:`~tangram.core.engine.Engine` (DESIGN.md §2, §6).
+
+The engine is synchronous and never touches the world; the driver is the
+other half: it owns the engine (real clock), the job table and the wake-up
+timer, and turns every :class:`~tangram.core.engine.Started` into an
+asyncio task that
+
+1. builds a :class:`~tangram.executors.base.Placement` from the grants
+   (:mod:`.dispatch`),
+2. makes sure the action's environment exists on its node (:mod:`.environments`),
+3. runs the action on the executor of its kind under ``timeout_s``,
+4. reports back with :meth:`Engine.complete` *after* the executor returned
+   (so the process is dead before its cores are reused) and dispatches what
+   starts next.
+
+Quota refills wake the engine at :meth:`Engine.next_wakeup` with
+:meth:`Engine.tick`. Cancellation (``Runtime.cancel`` or the awaiting task
+being cancelled) kills a running action through its executor; an executor
+crash becomes ``failed``; in every case each grant is released exactly once.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import deque
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+from tangram.core.engine import WAITING, Engine, Started
+from tangram.core.errors import UnknownActionError, UnschedulableError
+from tangram.core.model import Action, Profile
+from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement
+from tangram.runtime.actions import ActionOutcome, Timing, build_action
+from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
+from tangram.runtime.environments import Environment, Environments
+from tangram.runtime.stats import RuntimeStats
+
+log = logging.getLogger("tangram.runtime")
+
+# an http action without timeout_s is re-queued after upstream 429s until this long after it was received
+HTTP_429_DEADLINE_S = 600.0
+
+
+class Job:
+    """Runtime-side state of one submitted action (what listeners are handed)."""
+
+    __slots__ = ("action", "kind", "received_at", "enqueued_at", "task", "done", "outcome", "env", "requeues")
+
+    def __init__(self, action: Action, kind: str, received_at: float, env: Environment | None):
+        self.action = action
+        self.kind = kind
+        self.received_at = received_at
+        self.enqueued_at = received_at
+        self.task: asyncio.Task | None = None
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.outcome: ActionOutcome | None = None
+        self.env = env
+        self.requeues = 0  # upstream 429s absorbed for this action
+
+
+class Runtime:
+    """One engine, its managers and executors, driven on the running event loop.
+
+    ``env_executors`` maps each CPU node to the executor of its environments;
+    ``model_executors`` maps each GPU node to an object with
+    ``async run(action, placement, *, timeout_s) -> ExecResult`` (or a
+    single such object for every node); ``http_executor`` has
+    ``async run(request, *, timeout_s) -> ExecResult``. To build one from a
+    cluster config, use :func:`tangram.service.build.build_runtime`.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        env_executors: Mapping[str, EnvironmentExecutor] | None = None,
+        http_executor: Any = None,
+        model_executors: Mapping[str, Any] | Any = None,
+        models: Iterable[str] | None = None,
+        profiles: Mapping[str, Profile] | None = None,
+        keep_results: int = 100_000,
+        closers: Iterable[Callable[[], Awaitable[None]]] = (),
+    ):
+        self.engine = engine
+        self.clock = engine.clock
+        self.dispatcher = Dispatcher(dict(env_executors or {}), http_executor, model_executors)
+        self.env_registry = Environments(self.dispatcher.env_executors)
+        # the models the GPU nodes can serve (None: unchecked); an unknown one never reaches a manager
+        self.models: frozenset[str] | None = None if models is None else frozenset(models)
+        self.profiles: dict[str, Profile] = dict(profiles or {})
+        self.statistics = RuntimeStats()
+        self.counts = self.statistics.counts  # (kind, status) -> n
+        self.upstream_429s_absorbed: dict[str, int] = {}  # API pool -> 429s re-queued instead of returned
+        self.listeners: list[Callable[[Job, ActionOutcome], None]] = []
+        self._keep_results = keep_results
+        self._closers = list(closers)
+        self._jobs: dict[str, Job] = {}
+        self._finished: deque[str] = deque()  # finished job ids, oldest first (bounded retention)
+        self._wakeup: asyncio.TimerHandle | None = None
+        self._wakeup_at: float | None = None
+        self._closed = False
+
+    @property
+    def env_executors(self) -> dict[str, EnvironmentExecutor]:
+        return self.dispatcher.env_executors
+
+    @property
+    def http_executor(self) -> Any:
+        return self.dispatcher.http_executor
+
+    @property
+    def model_executors(self) -> Mapping[str, Any] | Any:
+        return self.dispatcher.model_executors
+
+    # ------------------------------------------------------------------ #
+    # building actions
+
+    def build_action(
+        self,
+        kind: str,
+        resources: Mapping[str, Any] | None = None,
+        *,
+        environment: str | None = None,
+        command: str | None = None,
+        profile: str | None = None,
+        timeout_s: float | None = None,
+        action_class: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        action_id: str | None = None,
+    ) -> Action:
+        """Validate and build an action; raises DemandError (naming the field) or UnknownEnvironmentError."""
+        return build_action(
+            kind, resources, pools=self.engine.pool_states(), models=self.models, profiles=self.profiles,
+            executors=self.dispatcher.kinds() | {"exec"},
+            environment=environment, environment_memory=lambda e: self.env_registry.get(e).memory_mb,
+            command=command, profile=profile, timeout_s=timeout_s, action_class=action_class,
+            payload=payload, action_id=action_id)
+
+    # ------------------------------------------------------------------ #
+    # running actions
+
+    def submit(self, action: Action, *, received_at: float | None = None) -> str:
+        """Queue ``action``; returns its id at once (raises UnschedulableError for a demand that can never fit)."""
+        if self._closed:
+            raise RuntimeError("the runtime is closed")
+        received_at = self.clock() if received_at is None else received_at
+        kind = action.payload.get("kind", "exec")
+        env = self.env_registry.get(action.trajectory) if action.trajectory is not None else None
+        if action.id in self._jobs:
+            raise UnschedulableError("id", f"action {action.id!r} was already submitted")
+        job = Job(action, kind, received_at, env)
+        self._jobs[action.id] = job
+        try:
+            started = self.engine.submit(action)
+        except BaseException:
+            del self._jobs[action.id]
+            raise
+        job.enqueued_at = self.clock()
+        if env is not None:
+            env.active.add(action.id)
+        self._launch(started)
+        return action.id
+
+    async def run(self, action: Action, *, received_at: float | None = None) -> ActionOutcome:
+        """Submit and wait for the result; if the caller is cancelled, so is the action."""
+        action_id = self.submit(action, received_at=received_at)
+        return await self.wait(action_id)
+
+    async def wait(self, action_id: str) -> ActionOutcome:
+        """Wait for a submitted action; cancelling the waiter cancels the action."""
+        job = self._job(action_id)
+        try:
+            return await asyncio.shield(job.done)
+        except asyncio.CancelledError:
+            if job.outcome is None:
+                self.cancel(action_id)
+            raise
+
+    async def wait_finished(self, action_id: str, timeout_s: float) -> ActionOutcome | None:
+        """Wait up to ``timeout_s`` for an action's outcome without cancelling it if the waiter goes."""
+        job = self._job(action_id)
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.done), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+
+    def result(self, action_id: str) -> ActionOutcome | None:
+        """The outcome if finished, None while waiting or running."""
+        return self._job(action_id).outcome
+
+    def state(self, action_id: str) -> str:
+        job = self._job(action_id)
+        if job.outcome is not None:
+            return job.outcome.status
+        try:
+            return self.engine.record(action_id).state
+        except UnknownActionError:
+            return WAITING
+
+    def cancel(self, action_id: str) -> bool:
+        """Cancel a waiting or running action; False if it had already finished."""
+        job = self._job(action_id)
+        if job.outcome is not None:
+            return False
+        if action_id in self.engine.waiting:
+            started = self.engine.cancel(action_id)
+            self._finish(job, ExecResult(status=CANCELLED, error="cancelled while queued"), None, 0.0)
+            self._launch(started)
+        elif job.task is not None:
+            job.task.cancel()  # the task kills the process, then completes the engine
+        return True
+
+    def fail_queued(self, action_id: str, reason: str, *, node_down: bool = False) -> bool:
+        """End a queued action as ``failed`` because of ``reason``; False if it was not queued."""
+        if action_id not in self.engine.waiting:
+            return False
+        started = self.engine.fail(action_id, reason)
+        job = self._jobs.get(action_id)
+        if job is not None and job.outcome is None:
+            self._finish(job, ExecResult(status=FAILED, error=reason, node_down=node_down), None, 0.0)
+        self._launch(started)
+        return True
+
+    def close_trajectory(self, trajectory: str) -> None:
+        """Release a trajectory's node pin and memory reservation now (its environment stays registered)."""
+        self._launch(self.engine.close_trajectory(trajectory))
+
+    def tick(self) -> None:
+        """Run the policy again (capacity came back outside of any action's completion)."""
+        if not self._closed:
+            self._launch(self.engine.tick())
+
+    def _job(self, action_id: str) -> Job:
+        job = self._jobs.get(action_id)
+        if job is None:
+            raise UnknownActionError(f"action {action_id!r} is unknown")
+        return job
+
+    def _launch(self, started: list[Started]) -> None:
+        loop = asyncio.get_running_loop()
+        for s in started:
+            job = self._jobs.get(s.record.id)
+            if job is None:  # submitted to the engine behind our back: refuse to run it
+                self._launch(self.engine.complete(s.record.id, FAILED))
+                continue
+            job.task = loop.create_task(self._execute(job, s))
+            job.task.add_done_callback(functools.partial(self._task_done, job))
+        self._arm_wakeup()
+
+    def _task_done(self, job: Job, task: asyncio.Task) -> None:
+        # A task cancelled before its first step never ran its body: complete it here,
+        # so no grant outlives it. (A task whose call was re-queued is no longer the job's.)
+        if job.outcome is None and job.task is task:
+            self._complete(job, ExecResult(status=CANCELLED, error="cancelled before it started"), None, 0.0)
+            if job.env is not None and job.env.oneshot:
+                self.env_registry.background(self.env_registry.drop(job.env))
+
+    async def _execute(self, job: Job, s: Started) -> None:
+        a = job.action
+        placement: Placement | None = None
+        exec_s = 0.0
+        try:
+            placement = placement_of(s)
+            await self._prepare(job, placement)  # environment set-up is overhead, not the action's run
+            t0 = self.clock()
+            try:
+                result = await self.dispatcher.run(a, job.kind, job.env.id if job.env else None, placement)
+            finally:
+                exec_s = self.clock() - t0
+            # an executor that measures its own run (without its setup) is more precise
+            if result.exec_s is not None and 0 <= result.exec_s <= exec_s:
+                exec_s = result.exec_s
+        except asyncio.CancelledError:
+            result = ExecResult(status=CANCELLED, error="cancelled")
+        except ExecutorTimedOut:
+            result = ExecResult(status=TIMEOUT, error=f"no result within {a.timeout_s:g} s")
+        except Exception as exc:  # an executor crash is a failed action, never a leak
+            log.warning("action %s: executor failed: %r", a.id, exc)
+            result = ExecResult(status=FAILED, error=f"{type(exc).__name__}: {exc}")
+        if job.kind == "http" and self._upstream_answer(job, s, result):
+            return
+        if job.env is not None and job.env.oneshot:
+            try:
+                await asyncio.shield(self.env_registry.drop(job.env))
+            except asyncio.CancelledError:
+                pass  # cancelled again while cleaning up: the grants are released below anyway
+            except Exception:  # noqa: BLE001 - cleanup must not keep the grants
+                log.exception("action %s: removing its one-shot environment failed", a.id)
+        self._complete(job, result, placement, exec_s)
+
+    def _upstream_answer(self, job: Job, s: Started, result: ExecResult) -> bool:
+        """Hand the upstream's answer to its pool's manager; True if a 429 was re-queued instead of returned.
+
+        The manager pauses the pool for the advertised delay; the action goes
+        back to the head of the queue unless that delay would pass its
+        deadline (``timeout_s`` after it was received, else ``HTTP_429_DEADLINE_S``).
+        """
+        out = result.output if isinstance(result.output, Mapping) else {}
+        status = out.get("status")
+        headers = result.rate_headers or {}
+        delay = None
+        pool = None
+        for name in s.grants:
+            observe = getattr(self.engine.manager_of(name), "observe_response", None)
+            if name.startswith("api:") and observe is not None:
+                d = observe(name, status, headers)
+                if d is not None and (delay is None or d > delay):
+                    delay, pool = d, name
+        if status != 429 or delay is None or job.outcome is not None:
+            return False
+        budget = job.action.timeout_s if job.action.timeout_s is not None else HTTP_429_DEADLINE_S
+        if self.clock() + delay >= job.received_at + budget:
+            return False
+        job.requeues += 1
+        self.upstream_429s_absorbed[pool] = self.upstream_429s_absorbed.get(pool, 0) + 1
+        log.info("action %s: upstream 429 on %s, re-queued (pause %.3g s)", job.action.id, pool, delay)
+        try:
+            started = self.engine.requeue(job.action.id)
+        except UnknownActionError:  # cancelled meanwhile (close, delete_environment)
+            return False
+        job.task = None
+        self._launch(started)
+        return True
+
+    async def _prepare(self, job: Job, placement: Placement) -> None:
+        """Make sure an exec action's environment exists on its node (a one-shot one is made now)."""
+        if job.kind != "exec":
+            return
+        if placement.node is None or placement.node not in self.env_executors:
+            raise RuntimeError(f"node {placement.node!r} has no environment executor")
+        if job.env is None:  # a one-shot environment, removed after the action
+            job.env = self.env_registry.oneshot(f"oneshot-{job.action.id}", job.action.mem_mb)
+        await self.env_registry.ensure_created(job.env, placement.node)
+
+    def _complete(self, job: Job, result: ExecResult, placement: Placement | None, exec_s: float) -> None:
+        try:
+            started = self.engine.complete(job.action.id, result.status)
+        except UnknownActionError:  # already cancelled in the engine (close, delete_environment)
+            started = []
+        except Exception:  # noqa: BLE001 - the grants were released before the policy ran; keep driving
+            log.exception("action %s: scheduling after its completion failed", job.action.id)
+            started = []
+        self._finish(job, result, placement, exec_s)
+        self._launch(started)
+
+    def _finish(self, job: Job, result: ExecResult, placement: Placement | None, exec_s: float) -> None:
+        a = job.action
+        rec = self.engine.finished.get(a.id)
+        queued = 0.0
+        if rec is not None and rec.started_at is not None:
+            queued = max(0.0, rec.started_at - job.enqueued_at)
+        elif rec is not None:
+            queued = max(0.0, rec.finished_at - job.enqueued_at)
+        if job.env is not None:
+            job.env.active.discard(a.id)
+        total = self.clock() - job.received_at
+        timing = Timing(queued_s=queued, exec_s=exec_s, overhead_s=max(0.0, total - queued - exec_s))
+        outcome = ActionOutcome(
+            id=a.id, status=result.status, exit_code=result.exit_code, stdout=result.stdout,
+            stderr=result.stderr, output=result.output, error=result.error,
+            allocation=allocation_of(placement, result.isolation), timing=timing,
+        )
+        job.outcome = outcome
+        job.task = None
+        if not job.done.done():
+            job.done.set_result(outcome)
+        self.statistics.record(job.kind, a.action_class, outcome.status, total, timing.overhead_s)
+        for cb in self.listeners:
+            try:
+                cb(job, outcome)
+            except Exception:  # noqa: BLE001 - metrics must never break the driver
+                log.exception("runtime listener failed")
+        self._finished.append(a.id)
+        while len(self._finished) > self._keep_results:
+            self._jobs.pop(self._finished.popleft(), None)
+
+    # ------------------------------------------------------------------ #
+    # quota refills
+
+    def _arm_wakeup(self) -> None:
+        """Make sure a timer runs ``engine.tick()`` at ``engine.next_wakeup()``."""
+        if self._closed or not self.engine.waiting:
+            return
+        at = self.engine.next_wakeup()
+        if at is None or (self._wakeup_at is not None and self._wakeup_at <= at and self._wakeup is not None):
+            return
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+        loop = asyncio.get_running_loop()
+        self._wakeup_at = at
+        self._wakeup = loop.call_later(max(0.0, at - self.clock()) + 1e-4, self._on_wakeup)
+
+    def _on_wakeup(self) -> None:
+        self._wakeup = None
+        self._wakeup_at = None
+        self.tick()
+
+    # ------------------------------------------------------------------ #
+    # environments
+
+    async def create_environment(self, *, image: str | None = None, memory_mb: int = 0,
+                                 labels: Mapping[str, str] | None = None, env_id: str | None = None) -> str:
+        """Register a trajectory's environment; its memory is reserved on the node of its first action."""
+        caps = [p.capacity for p in self.engine.pool_states().values() if p.rtype == "mem"]
+        return await self.env_registry.create(image=image, memory_mb=memory_mb, labels=labels, env_id=env_id,
+                                              largest_node_mb=max(caps) if caps else None)
+
+    def environment(self, env_id: str) -> Environment:
+        return self.env_registry.visible(env_id)
+
+    def environments(self) -> list[Environment]:
+        return self.env_registry.listed()
+
+    async def delete_environment(self, env_id: str) -> None:
+        """Cancel its actions, release its memory reservation and remove it from its node."""
+        env = self.env_registry.remove(env_id)
+        tasks = []
+        for aid in list(env.active):
+            job = self._jobs.get(aid)
+            if job is not None and job.outcome is None:
+                self.cancel(aid)
+                if job.task is not None:
+                    tasks.append(job.task)
+        if tasks:  # the processes must be dead before the directory or container goes
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.close_trajectory(env_id)
+        await self.env_registry.destroy(env)
+
+    # ------------------------------------------------------------------ #
+    # stats and lifecycle
+
+    def stats(self) -> dict[str, Any]:
+        """Queue length and utilisation per pool, ACT percentiles per action class."""
+        return self.statistics.report(self.engine, len(self.environments()))
+
+    def check_whole(self) -> None:
+        """Raise AssertionError unless nothing is running and no unit is held (tests, shutdown)."""
+        self.engine.check_invariants()
+        assert not self.engine.running, f"still running: {sorted(self.engine.running)}"
+        held = {p: h for m in self.engine.managers for p, h in m.held().items() if h}
+        live = {e.id for e in self.env_registry.all()}
+        held = {p: h for p, h in held.items() if not p.startswith("mem@") or set(h) - live}
+        assert not held, f"units still held: {held}"
+
+    async def close(self) -> None:
+        """Cancel everything, wait for the executors to kill their work, remove the environments."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup = None
+        tasks = []
+        for aid, job in list(self._jobs.items()):
+            if job.outcome is None:
+                if aid in self.engine.waiting:
+                    self.engine.cancel(aid)
+                    self._finish(job, ExecResult(status=CANCELLED, error="service shutting down"), None, 0.0)
+                elif job.task is not None:
+                    tasks.append(job.task)
+                    job.task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.env_registry.close(self.engine.close_trajectory)
+        await self.dispatcher.close()
+        for closer in self._closers:
+            try:
+                await closer()
+            except Exception:  # noqa: BLE001
+                log.exception("closer failed")
+
+    async def __aenter__(self) -> "Runtime":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ #
+    # conveniences for in-process users (demo, profiling, verl)
+
+    async def exec(self, environment: str | None, command: str, *, cpu: Any = 1, profile: str | None = None,
+                   timeout_s: float | None = None) -> ActionOutcome:
+        action = self.build_action("exec", {"cpu": cpu}, environment=environment, command=command,
+                                   profile=profile, timeout_s=timeout_s)
+        return await self.run(action)

@@ -1,0 +1,74 @@
+"""What the runtime reports about itself: counts, ACT percentiles, queue and utilisation per pool."""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from tangram.core.engine import Engine
+from tangram.executors.base import SUCCEEDED
+
+_RECENT = 10_000  # samples kept per class for percentiles
+
+
+class RuntimeStats:
+    """Counters and recent samples, fed once per finished action."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}  # (kind, status) -> n
+        self._act: dict[str, deque[float]] = {}
+        self._overhead: deque[float] = deque(maxlen=_RECENT)
+
+    def record(self, kind: str, action_class: str, status: str, act_s: float, overhead_s: float) -> None:
+        key = (kind, status)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if status == SUCCEEDED:
+            self._act.setdefault(action_class, deque(maxlen=_RECENT)).append(act_s)
+            self._overhead.append(overhead_s)
+
+    def report(self, eng: Engine, environments: int) -> dict[str, Any]:
+        """Queue length and utilisation per pool, ACT percentiles per action class."""
+        pools = eng.pool_states()
+        waiting_by_pool: dict[str, int] = {name: 0 for name in pools}
+        for rec in eng.waiting.values():
+            a = rec.action
+            bound = eng.placement.get(a.trajectory) if a.trajectory else None
+            for rtype in a.demands:
+                if rtype.startswith("api:"):
+                    if rtype in waiting_by_pool:
+                        waiting_by_pool[rtype] += 1
+                    continue
+                for name, p in pools.items():
+                    if p.rtype == rtype and (bound is None or p.node == bound):
+                        waiting_by_pool[name] += 1
+        out_pools = {}
+        for name, p in pools.items():
+            used = p.capacity - p.free
+            out_pools[name] = {
+                "type": p.rtype, "node": p.node, "capacity": p.capacity, "free": p.free, "used": used,
+                "utilisation": (used / p.capacity) if p.capacity else 0.0,
+                "queue_length": waiting_by_pool.get(name, 0),
+            }
+        classes = {}
+        for cls, samples in self._act.items():
+            xs = sorted(samples)
+            classes[cls] = {"count": len(xs), "act_p50_s": percentile(xs, 50), "act_p90_s": percentile(xs, 90),
+                            "act_p99_s": percentile(xs, 99), "mean_exec_s": eng.estimator.mean_duration(cls)}
+        ov = sorted(self._overhead)
+        return {
+            "queue_length": len(eng.waiting),
+            "running": len(eng.running),
+            "environments": environments,
+            "pools": out_pools,
+            "classes": classes,
+            "overhead": {"p50_s": percentile(ov, 50), "p99_s": percentile(ov, 99), "samples": len(ov)},
+            "actions": {f"{k}:{s}": n for (k, s), n in sorted(self.counts.items())},
+        }
+
+
+def percentile(sorted_xs: list[float], q: float) -> float | None:
+    """The nearest-rank percentile of an already sorted list (None when empty)."""
+    if not sorted_xs:
+        return None
+    k = min(len(sorted_xs) - 1, max(0, math.ceil(q / 100 * len(sorted_xs)) - 1))
+    return sorted_xs[k]
