@@ -246,7 +246,7 @@ class Engine:
             nodes=nodes,
             waiting=self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra),
             running=_RunningView(self._running_by_pool, self.clock()),
-            placement=dict(self.placement),
+            placement=MappingProxyType(self.placement),  # read only during the synchronous call
             class_estimates=self.estimator.class_estimates(),
             params=self.params,
         )

@@ -3,6 +3,8 @@
 =================  ==========================================================
 ``tangram``        elastic policy (``tangram.policy.schedule.plan``), action-
                    level pooling, GPU evict-on-execution, managed API quotas
+``tangram:ORDER``  the same with the queue order ``fcfs`` (the paper's) or
+                   ``aging`` (see ``tangram.policy.order``)
 ``fixed-dop:N``    same, with ``PolicyParams(fixed_dop=N)`` (the ablation)
 ``trajectory``     Kubernetes-like: a pod per trajectory. Its first CPU action
                    submits one non-elastic "pod" action (``pod_cores`` cores +
@@ -27,11 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from tangram.policy.order import ORDERS
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Plan, PolicyParams, Snapshot
 from tangram.simulator.errors import WorkloadError
 
-POLICY_NAMES = ("tangram", "trajectory", "fixed-dop:N", "static-services", "serverless", "api-naive")
+POLICY_NAMES = ("tangram", "tangram:ORDER", "trajectory", "fixed-dop:N", "static-services", "serverless", "api-naive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,11 @@ def _no_affinity(snap: Snapshot) -> Plan:
 def policy_spec(name: str) -> PolicySpec:
     if name == "tangram":
         return PolicySpec(name)
+    if name.startswith("tangram:"):
+        order = name.split(":", 1)[1]
+        if order not in ORDERS:
+            raise WorkloadError("policy", f"tangram:ORDER needs one of {', '.join(ORDERS)}, got {name!r}")
+        return PolicySpec(name, params=PolicyParams(order=order))
     if name == "trajectory":
         return PolicySpec(name, cpu_mode="pod")
     if name == "static-services":

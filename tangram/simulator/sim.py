@@ -28,6 +28,7 @@ import numpy as np
 
 from tangram.core.engine import Engine
 from tangram.core.model import Action, Demand
+from tangram.simulator.bounds import pooled_bound_mean
 from tangram.simulator.errors import WorkloadError
 from tangram.managers.basic import FIXED, ApiLimit, BasicManager
 from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
@@ -79,6 +80,7 @@ class _Rec:
     retries: int = 0
     failed: bool = False
     lb: float = 0.0
+    work: float = 0.0  # fewest unit-seconds it can run in
     attempt_start: float = -1.0
 
 
@@ -115,6 +117,7 @@ class Simulation:
         self.busy: dict[str, float] = {}
         self.step_times: list[float] = []
         self.job_step_times: dict[str, list[float]] = {j.name: [] for j in workload.jobs}
+        self._dops: dict[tuple, np.ndarray] = {}
         self._build_engine(c)
         self._server = {p.name: [p.concurrency, p.quota, p.period_s, 0, -1, 0] for p in c.api}  # naive API server
 
@@ -214,15 +217,33 @@ class Simulation:
     def _gpu_options(self, cls: ActionClass, svc: str) -> tuple[int, ...]:
         return tuple(m for m in self.wl.gpu_options(svc) if m in cls.demand.options)
 
+    def _feasible_dops(self, it: _Item) -> np.ndarray:
+        key = (it.cls.name, it.service)
+        opts = self._dops.get(key)
+        if opts is None:
+            cls = it.cls
+            if cls.rtype == "cpu":
+                opts = [m for m in cls.demand.options if m <= self.wl.cluster.cores_per_node] or [cls.demand.min]
+            elif cls.rtype == "gpu":
+                opts = list(self._gpu_options(cls, it.service)) or [cls.demand.min]
+            else:
+                opts = [cls.demand.min]
+            opts = self._dops[key] = np.asarray(opts, dtype=np.float64)
+        return opts
+
     def _lower_bound(self, it: _Item) -> float:
-        cls = it.cls
-        if cls.rtype == "cpu":
-            opts = [m for m in cls.demand.options if m <= self.wl.cluster.cores_per_node] or [cls.demand.min]
-        elif cls.rtype == "gpu":
-            opts = list(self._gpu_options(cls, it.service)) or [cls.demand.min]
-        else:
-            opts = [cls.demand.min]
-        return min(_true_duration(cls, it.t1, m) for m in opts)
+        """The action's fastest feasible run, never queued."""
+        return float(self._true_durations(it).min())
+
+    def _min_work(self, it: _Item) -> float:
+        """The fewest unit-seconds the action can run in (the pooled bound's job size)."""
+        return float((self._true_durations(it) * self._feasible_dops(it)).min())
+
+    def _true_durations(self, it: _Item) -> np.ndarray:
+        dops = self._feasible_dops(it)
+        if it.cls.elasticity is None:
+            return np.full(len(dops), it.t1)
+        return it.cls.elasticity.durations(it.t1, dops)
 
     def _action(self, rec: _Rec) -> Action:
         it, tr = rec.item, rec.traj
@@ -319,6 +340,7 @@ class Simulation:
         it = tr.items[tr.idx]
         rec = _Rec(f"{tr.id}/a{tr.idx}", tr, it, it.cls.rtype, self.now)
         rec.lb = self._lower_bound(it)
+        rec.work = self._min_work(it)
         if it.cls.rtype == "cpu" and self.spec.cpu_mode == "pod":
             if tr.pod is None:
                 tr.pod = "pending"
@@ -473,6 +495,14 @@ class Simulation:
     # ------------------------------------------------------------------ #
     # results
 
+    def _pooled_bound(self, recs) -> float:
+        groups: dict[str, tuple[list[float], list[float]]] = {}
+        for r in recs:
+            g = groups.setdefault(r.item.cls.rtype, ([], []))
+            g[0].append(r.submit)
+            g[1].append(r.work)
+        return pooled_bound_mean(groups, _pooled_capacity(self))
+
     def _summary(self) -> dict[str, Any]:
         recs = self.done
         act = np.array([r.end - r.submit for r in recs]) if recs else np.zeros(1)
@@ -530,6 +560,10 @@ class Simulation:
             "step_times_s": [round(x, 3) for x in self.step_times],
             "job_step_time_s": {k: float(np.mean(v)) for k, v in self.job_step_times.items()},
             "lower_bound_mean_act_s": float(lb.mean()),
+            # the pooled SRPT bound (tangram.simulator.bounds) on this run's arrivals, or the above if larger
+            "overload_bound_mean_act_s": max(float(lb.mean()), self._pooled_bound(recs)),
+            "restore_share_of_exec": (float(sum(r.restore_s for r in recs) / max(sum(r.restore_s + r.run_s for r in recs), 1e-12))
+                                      if recs else 0.0),
             "lower_bound_step_time_s": float(np.mean(self.lb_step)) if self.step_times else 0.0,
             "failed": sum(1 for r in recs if r.failed),
             # failed calls end early (the tool returns an error): the mean over successful ones
@@ -548,6 +582,14 @@ class Simulation:
             else:
                 out["gpu_restores"], out["gpu_cache_hits"] = self.gpu.restores, self.gpu.hits
         return out
+
+
+def _pooled_capacity(sim: "Simulation") -> dict[str, float]:
+    c = sim.wl.cluster
+    cap = {k: float(v) for k, v in sim.capacity.items() if k.startswith("api:") and v}
+    cap["cpu"] = float(c.total_cores)
+    cap["gpu"] = float(c.total_gpus)  # the whole cluster, whatever a baseline dedicates
+    return cap
 
 
 def simulate(workload: Workload, policy: str, *, seed: int = 0, check: bool = False) -> SimResult:

@@ -1,0 +1,104 @@
+"""Queue order: FCFS (the paper's) and aging (shortest expected first, bounded)."""
+from __future__ import annotations
+
+import heapq
+import random
+
+import pytest
+
+from tangram.core.model import Action
+from tangram.policy.order import expected_s, order_key
+from tangram.policy.snapshot import PolicyParams
+from tests.helpers import make_action, make_engine, make_node
+
+
+def _drive(eng, clock, arrivals, duration_of):
+    """Submit ``arrivals`` [(time, action)], completing each started action after its duration."""
+    events: list = []
+    seq = 0
+
+    def run(started):
+        nonlocal seq
+        for s in started:
+            seq += 1
+            heapq.heappush(events, (clock.t + duration_of(s.action), seq, s.action.id))
+
+    for t, a in arrivals:
+        while events and events[0][0] <= t:
+            clock.t, _, done = heapq.heappop(events)
+            run(eng.complete(done))
+        clock.t = t
+        run(eng.submit(a))
+    while events:
+        clock.t, _, done = heapq.heappop(events)
+        run(eng.complete(done))
+
+
+def _short(i):
+    return make_action(f"s{i}", cpu=1, t1=1.0)
+
+
+def test_aging_serves_short_work_first_and_fcfs_does_not():
+    waits = {}
+    for order in ("fcfs", "aging"):
+        eng, clock = make_engine(make_node(cores=1), params=PolicyParams(order=order, aging_k=4.0))
+        arrivals = [(0.0, make_action("busy", cpu=1, t1=5.0)), (0.1, make_action("long", cpu=1, t1=20.0)),
+                    (0.2, _short(0))]
+        _drive(eng, clock, arrivals, lambda a: a.t1_s)
+        waits[order] = (eng.record("s0").queued_s, eng.record("long").queued_s)
+    assert waits["fcfs"][0] > waits["fcfs"][1]  # the short one waits behind the long one
+    assert waits["aging"][0] < waits["aging"][1]  # and goes first under aging
+
+
+@pytest.mark.parametrize("k", [1.0, 4.0])
+def test_aging_is_starvation_free_under_a_stream_of_shorter_actions(k):
+    """Arrivals after ``submitted + k * expected`` sort behind a waiting action: it starts by then
+    plus the work queued ahead of it (here one core, 1 s actions every 0.5 s: twice overloaded)."""
+    eng, clock = make_engine(make_node(cores=1), params=PolicyParams(order="aging", aging_k=k))
+    arrivals = [(0.5 * i, _short(i)) for i in range(400)]
+    arrivals.insert(4, (2.0, make_action("long", cpu=1, t1=10.0)))
+    _drive(eng, clock, arrivals, lambda a: a.t1_s)
+    long = eng.record("long")
+    assert long.state == "succeeded"
+    key = 2.0 + k * 10.0
+    # everything ahead of it arrived before its key; on one core that is at most key / 0.5 short actions
+    ahead = sum(1 for i in range(400) if 0.5 * i + k * 1.0 < key)
+    assert long.started_at <= 2.0 + ahead * 1.0 + 1.0
+    # and it did not run last: later arrivals (larger keys) ran after it
+    later = [eng.record(f"s{i}") for i in range(400) if 0.5 * i + k * 1.0 > key]
+    assert later and all(r.started_at >= long.started_at for r in later)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_action_finishes_under_aging_with_random_sizes(seed):
+    rng = random.Random(seed)
+    eng, clock = make_engine(make_node(cores=4), params=PolicyParams(order="aging", aging_k=2.0))
+    arrivals = []
+    for i in range(300):
+        cpu = rng.choice((1, 1, 2, 4))
+        arrivals.append((0.3 * i, make_action(f"a{i}", cpu=cpu, t1=rng.choice((0.5, 1.0, 8.0)))))
+    _drive(eng, clock, arrivals, lambda a: a.t1_s)
+    recs = [eng.record(f"a{i}") for i in range(300)]
+    assert all(r.state == "succeeded" for r in recs)
+    for r in recs:  # each waits at most the work submitted up to its key, spread on 4 cores, plus one action
+        key = r.submitted_at + 2.0 * r.action.t1_s
+        ahead = sum(o.action.t1_s * o.action.demands["cpu"].min for o in recs if o.submitted_at <= key)
+        assert r.queued_s <= ahead + 8.0
+
+
+def test_order_key_is_fixed_per_action():
+    a = make_action("x", cpu=1, t1=3.0)
+    assert order_key(a, 10.0, "fcfs", 4.0, {}, 1.0) == 10.0
+    assert order_key(a, 10.0, "aging", 4.0, {}, 1.0) == 22.0
+    unknown = make_action("y", cpu=1, cls="shell")
+    assert expected_s(unknown, {"shell": 0.5}, 1.0) == 0.5  # its class's running average
+    assert expected_s(unknown, {}, 2.0) == 2.0  # nothing known yet: the default
+    elastic = Action.build("z", {"cpu": {"min": 2, "max": 8}}, t1_s=8.0)
+    assert expected_s(elastic, {}, 1.0) == 8.0  # no elasticity model: T1 at its minimum
+
+
+def test_order_is_validated():
+    with pytest.raises(ValueError, match="order"):
+        PolicyParams(order="sjf")
+    with pytest.raises(ValueError, match="aging_k"):
+        PolicyParams(aging_k=-1.0)
