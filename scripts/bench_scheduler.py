@@ -156,6 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=100, help="full rounds measured per size")
     ap.add_argument("--events", type=int, default=2000, help="stream events measured per size")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="queues 10x shorter: checks the script runs")
     args = ap.parse_args(argv)
 
     specs = [
@@ -164,6 +165,8 @@ def main(argv=None) -> int:
         dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=True),
         dict(cores=256, nodes=1, candidates=64, queued=20000, options=32, blocked=True),
     ]
+    if args.smoke:
+        specs = [{**s, "queued": s["queued"] // 10} for s in specs]
     sizes = [Size(seed=args.seed, **s) for s in specs]
     for s in sizes:
         s.measure_round()  # warm caches

@@ -2,8 +2,11 @@
 """How fast the simulator runs: actions simulated per second of wall time.
 
     python scripts/bench_simulator.py [--workload ai-coding] [--batch 2048] [--policy tangram] [--json]
+    python scripts/bench_simulator.py --all [--batch N] [--json]   # every built-in workload x its policies
 
 Default: ai-coding at batch 2,048 on the paper's 15 x 256 cores (~100k actions).
+With ``--all``: every built-in workload at its own default batch (or ``--batch``),
+under tangram and every baseline it is compared with; one JSON object with ``runs``.
 """
 from __future__ import annotations
 
@@ -23,16 +26,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="tangram")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="print the top of a cProfile of the run")
+    p.add_argument("--all", action="store_true", help="every built-in workload under tangram and its baselines")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    from tangram.simulator.sim import Simulation
-    from tangram.simulator.workload import load_workload
+    from tangram.simulator.workload import builtin_names, load_workload
 
-    wl = load_workload(args.workload).with_batch(args.batch)
-    sim = Simulation(wl, args.policy, seed=args.seed)
+    if args.all:
+        runs = []
+        explicit = "--batch" in (argv if argv is not None else sys.argv[1:])
+        for name in builtin_names():
+            wl = load_workload(name)
+            wl = wl.with_batch(args.batch) if explicit else wl
+            for policy in ["tangram", *wl.baselines.compare]:
+                runs.append(_run(wl, policy, args.seed, False))
+                if not args.json:
+                    print(" ".join(f"{k}={v}" for k, v in runs[-1].items()), flush=True)
+        if args.json:
+            print(json.dumps({"runs": runs}))
+        return 0
+    out = _run(load_workload(args.workload).with_batch(args.batch), args.policy, args.seed, args.profile)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:>18}: {v}")
+    return 0
+
+
+def _run(wl, policy: str, seed: int, profile: bool) -> dict:
+    from tangram.simulator.sim import Simulation
+
+    sim = Simulation(wl, policy, seed=seed)
     prof = None
-    if args.profile:
+    if profile:
         import cProfile
 
         prof = cProfile.Profile()
@@ -46,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
     s = res.summary
-    out = {
+    return {
         "workload": wl.name,
-        "policy": args.policy,
-        "batch": args.batch,
+        "policy": policy,
+        "batch": wl.trajectories,
         "actions": s["actions"],
         "scheduling_rounds": s["scheduling_rounds"],
         "wall_s": round(wall, 3),
@@ -58,12 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         "us_per_round": round(1e6 * wall / max(s["scheduling_rounds"], 1), 1),
         "mean_act_s": s["mean_act_s"],
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k:>18}: {v}")
-    return 0
 
 
 if __name__ == "__main__":

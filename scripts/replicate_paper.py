@@ -17,10 +17,16 @@ to them, the ratios below are whatever the simulation gives):
                    and reward, tangram vs trajectory [9.0x, 2.8x, total 4.3x]
 * ``end_to_end``   every built-in workload under its compared policies (step
                    time speed-ups) [ai-coding 1.4x, deepsearch 1.5x]
+* ``load_sweep``   every built-in workload from light load to overload (batch
+                   256 .. 4,096): tangram against every baseline (and against
+                   its own FCFS order) on mean ACT, p99 ACT and step time, with
+                   both lower bounds; every point where a baseline beats
+                   tangram on a measure is listed under ``losses``
 
 Every result carries the lower bound (each action at its fastest feasible
-allocation, never queued, no restore or set-up) so the distance to the limit
-is visible. Writes ``results.json`` and one PNG per experiment into ``--out``.
+allocation, never queued, no restore or set-up) and the overload-aware bound
+(``tangram.simulator.bounds``: SRPT on one pooled machine per resource type)
+so the distance to the limit is visible at every load. Writes ``results.json`` and one PNG per experiment into ``--out``.
 """
 from __future__ import annotations
 
@@ -39,11 +45,14 @@ PAPER = {
     "gpu_scaling": "18.1x faster than SGLang at batch 2048; same ACT with 29% of the GPUs",
     "breakdown": "environment interaction 9.0x, reward 2.8x, total ACT 4.3x (ai-coding)",
     "end_to_end": "step time 1.4x (ai-coding), 1.5x (deepsearch)",
+    "load_sweep": "(not in the paper: tangram vs every baseline from light load to overload)",
 }
+MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
 
 KEEP = ("policy", "workload", "trajectories", "actions", "mean_act_s", "p50_act_s", "p99_act_s", "mean_queue_s",
         "mean_exec_s", "mean_setup_s", "mean_restore_s", "step_time_s", "job_step_time_s", "lower_bound_mean_act_s",
-        "lower_bound_step_time_s", "failed", "retries", "by_kind", "pools", "gpu_restores", "gpu_cache_hits")
+        "lower_bound_step_time_s", "failed", "retries", "by_kind", "pools", "gpu_restores", "gpu_cache_hits",
+        "overload_bound_mean_act_s", "restore_share_of_exec")
 
 
 def log(msg: str) -> None:
@@ -175,6 +184,50 @@ def end_to_end(cfg, seed):
     return out
 
 
+def load_sweep(cfg, seed):
+    from tangram.policy.snapshot import PolicyParams
+    from tangram.simulator.workload import builtin_names, load_workload
+
+    own_fcfs = [] if PolicyParams().order == "fcfs" else ["tangram:fcfs"]
+    out = {"paper": PAPER["load_sweep"], "measures": list(MEASURES), "workloads": {}}
+    for name in cfg["sweep_workloads"] or builtin_names():
+        base = load_workload(name)
+        pols = ["tangram", *own_fcfs, *base.baselines.compare]
+        rows = []
+        for b in cfg["sweep_batches"]:
+            res = {p: run(base.with_batch(b), p, seed) for p in pols}
+            t = res["tangram"]
+            losses = [{"policy": p, "measure": m, "tangram": t[m], "baseline": r[m], "ratio": ratio(t[m], r[m])}
+                      for p, r in res.items() if p != "tangram" for m in MEASURES if r[m] < t[m] * (1 - 1e-6)]
+            rows.append({"batch": b, "results": res, "losses": losses,
+                         "lower_bound_mean_act_s": t["lower_bound_mean_act_s"],
+                         "overload_bound_mean_act_s": t["overload_bound_mean_act_s"],
+                         "restore_share_of_exec": {p: r.get("restore_share_of_exec") for p, r in res.items()}})
+        out["workloads"][name] = {"policies": pols, "rows": rows}
+    return out
+
+
+def _plot_sweep(sweep: dict, out: Path, plt) -> list[str]:
+    files = []
+    titles = {"mean_act_s": "mean ACT (s)", "p99_act_s": "p99 ACT (s)", "step_time_s": "step time (s)"}
+    for name, w in sweep["workloads"].items():
+        rows = w["rows"]
+        x = [r["batch"] for r in rows]
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+        for ax, m in zip(axes, MEASURES):
+            for i, p in enumerate(w["policies"]):
+                style = "s-" if p == "tangram" else "o--"
+                ax.plot(x, [r["results"][p][m] for r in rows], style, color=f"C{i}", label=p)
+            if m == "mean_act_s":
+                ax.plot(x, [r["lower_bound_mean_act_s"] for r in rows], "k:", label="no-queueing bound")
+                ax.plot(x, [r["overload_bound_mean_act_s"] for r in rows], "k-.", label="pooled SRPT bound")
+            ax.set(xlabel="batch (trajectories)", ylabel=titles[m], xscale="log", yscale="log")
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"Load sweep: {name}")
+        files.append(_save(fig, out / f"load_sweep_{name}.png"))
+    return files
+
+
 # --------------------------------------------------------------------------- #
 # plots
 
@@ -251,6 +304,8 @@ def plot(results: dict, out: Path) -> list[str]:
         ax.set(ylabel="step time (s)", title="End to end: rollout step time")
         ax.legend(fontsize=8)
         files.append(_save(fig, out / "end_to_end.png"))
+    if "load_sweep" in results:
+        files += _plot_sweep(results["load_sweep"], out, plt)
     return files
 
 
@@ -273,6 +328,8 @@ FULL = {
     "gpu_shapes": [(1, 4), (1, 8), (2, 8), (3, 8), (4, 8), (5, 8)],
     "breakdown_batch": 1024,
     "e2e_batch": 1024,
+    "sweep_batches": [256, 512, 1024, 2048, 4096],
+    "sweep_workloads": None,  # every built-in workload
 }
 QUICK = {
     "cpu_batches": [256, 1024, 2048],
@@ -282,6 +339,8 @@ QUICK = {
     "gpu_shapes": [(1, 4), (1, 8), (2, 8), (3, 8), (4, 8), (5, 8)],
     "breakdown_batch": 1024,
     "e2e_batch": 256,
+    "sweep_batches": [256, 1024, 4096],
+    "sweep_workloads": None,
 }
 SMOKE = {  # seconds: checks the script end to end, the numbers mean little
     "cpu_batches": [16, 32],
@@ -291,9 +350,11 @@ SMOKE = {  # seconds: checks the script end to end, the numbers mean little
     "gpu_shapes": [(1, 4), (1, 8), (5, 8)],
     "breakdown_batch": 32,
     "e2e_batch": 16,
+    "sweep_batches": [16, 32],
+    "sweep_workloads": ["ai-coding", "mopd"],
 }
 EXPERIMENTS = {"cpu_scaling": cpu_scaling, "ablation": ablation, "gpu_scaling": gpu_scaling,
-               "breakdown": breakdown, "end_to_end": end_to_end}
+               "breakdown": breakdown, "end_to_end": end_to_end, "load_sweep": load_sweep}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,6 +398,8 @@ def headline(r: dict) -> dict:
         h["breakdown_ratio"] = r["breakdown"]["ratio"]
     if "end_to_end" in r:
         h["step_ratio"] = {n: w["step_ratio"] for n, w in r["end_to_end"]["workloads"].items()}
+    if "load_sweep" in r:
+        h["load_sweep_losses"] = {n: sum(len(row["losses"]) for row in w["rows"]) for n, w in r["load_sweep"]["workloads"].items()}
     h["wall_s"] = r.get("wall_s")
     return h
 

@@ -31,3 +31,41 @@ def test_bench_simulator_json(capsys):
     assert bench.main(["--batch", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["actions"] > 0 and out["actions_per_s"] > 0
+
+
+def test_replicate_paper_load_sweep_lists_every_loss(tmp_path, capsys):
+    rp = load("replicate_paper")
+    assert rp.main(["--smoke", "--out", str(tmp_path), "--only", "load_sweep"]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())["load_sweep"]
+    for name, w in res["workloads"].items():
+        assert (tmp_path / f"load_sweep_{name}.png").exists()
+        for row in w["rows"]:
+            t = row["results"]["tangram"]
+            assert row["overload_bound_mean_act_s"] <= t["mean_act_s"]
+            listed = {(x["policy"], x["measure"]) for x in row["losses"]}
+            for p, r in row["results"].items():
+                for m in res["measures"]:
+                    assert ((p, m) in listed) == (p != "tangram" and r[m] < t[m] * (1 - 1e-6))
+
+
+def test_bench_simulator_all_covers_every_builtin_workload(capsys):
+    from tangram.simulator.workload import builtin_names
+
+    bench = load("bench_simulator")
+    assert bench.main(["--all", "--batch", "4", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["runs"]
+    assert {r["workload"] for r in runs} == set(builtin_names())
+    assert all(r["actions_per_s"] > 0 for r in runs)
+    assert {"tangram", "trajectory"} <= {r["policy"] for r in runs}
+
+
+def test_bench_scheduler_reports_every_size_and_growth(capsys):
+    bench = load("bench_scheduler")
+    assert bench.main(["--smoke", "--repeats", "3", "--events", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["target_median_ms"] == 0.5 and out["round_median_ms"] == out["sizes"][0]["round_median_ms"]
+    for size in out["sizes"]:
+        assert {"cores", "candidates", "queued", "round_median_ms", "round_p99_ms"} <= set(size)
+        assert size["scheduled"] > 0 and size["events"] == 6
+    assert [s["blocked_on_memory"] for s in out["sizes"]] == [False, False, True, True]
+    assert set(out["growth"]) == {"cores_4x", "queued_10x_blocked", "queued_10x_blocked_events"}
