@@ -86,10 +86,6 @@ class ProfileStore:
             raise StoreError(f"{path}: not valid JSON: {exc}") from None
         return cls.from_dict(data, source=str(path))
 
-    @classmethod
-    def load_or_new(cls, path: str | os.PathLike) -> "ProfileStore":
-        return cls.load(path) if os.path.exists(path) else cls()
-
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + rename): a reader never sees half a store."""
         path = os.fspath(path)

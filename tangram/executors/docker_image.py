@@ -191,11 +191,6 @@ def engine_error(timeout: float = 5.0) -> str | None:
     return None
 
 
-def engine_available(timeout: float = 5.0) -> bool:
-    """Whether a Docker Engine answers (and the SDK is installed)."""
-    return engine_error(timeout) is None
-
-
 def update_cpus(client: Any, container_id: str, *, cpuset_cpus: str | None = None,
                 nano_cpus: int | None = None) -> dict[str, Any]:
     """Resize a running container's CPU allocation in place.

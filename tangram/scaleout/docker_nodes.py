@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -205,10 +204,6 @@ def discover(client: Any, name: str, *, cores: Sequence[int] | None = None, memo
             log.warning("docker node %s: topology probe failed (%s); using docker info only", name, exc)
     return topology(name, int(info.get("NCPU") or 0), int(info.get("MemTotal") or 0), out,
                     cores=cores, memory_mb=memory_mb, numa=numa)
-
-
-async def discover_async(client: Any, name: str, **kw: Any) -> CpuNode:
-    return await asyncio.to_thread(discover, client, name, **kw)
 
 
 class DockerPing:
