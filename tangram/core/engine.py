@@ -150,7 +150,7 @@ class Engine:
         if action.id in self.waiting or action.id in self.running or action.id in self.finished:
             raise UnschedulableError("id", f"action {action.id!r} was already submitted")
         self.check_feasible(action)
-        action = self.cap_to_capacity(action)
+        action = self.estimator.refine(self.cap_to_capacity(action))  # a stale profile heals online
         rec = ActionRecord(action, submitted_at=self.clock())
         key = self._enqueue(rec)
         if key >= self._tail_key and self._cannot_start(action):

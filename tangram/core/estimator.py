@@ -2,10 +2,15 @@
 
 Non-scalable actions (no profile) are estimated by the running average of
 their class; profiled classes refine their single-unit duration ``T1`` from
-observed runs (``T1 = T(m) * E(m) * m``), so a stale profile heals online.
+observed runs (``T1 = T(m) * E(m) * m``), so a stale profile heals online:
+once a class has ``refine_after`` observed runs, :meth:`DurationEstimator.refine`
+gives each newly queued action of it the observed ``T1`` instead of its
+profile's, and the policy sees that action (its DoP choice and its estimated
+end) in the snapshot like any other.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
@@ -27,8 +32,11 @@ class _Mean:
 class DurationEstimator:
     """Class averages of observed execution time, and online ``T1`` refinement."""
 
-    def __init__(self, *, min_weight: float = 0.05):
+    def __init__(self, *, min_weight: float = 0.05, refine_after: int = 3):
+        if refine_after < 1:
+            raise ValueError(f"refine_after: must be >= 1, got {refine_after}")
         self._min_weight = min_weight
+        self.refine_after = refine_after
         self._durations: dict[str, _Mean] = {}
         self._t1: dict[str, _Mean] = {}
         self._frozen: Mapping[str, float] = MappingProxyType({})
@@ -53,6 +61,15 @@ class DurationEstimator:
     def refined_t1(self, action_class: str) -> float | None:
         m = self._t1.get(action_class)
         return m.value if m else None
+
+    def refine(self, action: Action) -> Action:
+        """``action`` with its class's observed ``T1``, once there are ``refine_after`` runs of it."""
+        if action.t1_s is None or action.elasticity is None or action.key is None:
+            return action
+        m = self._t1.get(action.action_class)
+        if m is None or m.count < self.refine_after or m.value == action.t1_s:
+            return action
+        return dataclasses.replace(action, t1_s=m.value)
 
     def samples(self, action_class: str) -> int:
         m = self._durations.get(action_class)
