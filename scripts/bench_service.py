@@ -41,7 +41,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def start_service() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--log-level", "WARNING",
-                             "--no-auth"]  # loopback benchmark,
+                             "--no-auth"],  # loopback benchmark
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if "listening on" not in line:
