@@ -151,7 +151,7 @@ def test_profile_from_entry_matches_fit():
 
 
 def test_service_loader_reads_our_format(tmp_path):
-    profiles = pytest.importorskip("tangram.profiles")
+    import tangram.profiles as profiles
     path = tmp_path / "p.json"
     _store_with_fit().save(path)
     loaded = profiles.load_profiles(path)
@@ -229,8 +229,9 @@ def test_report_writes_png_per_class(tmp_path, capsys):
 def _small_workload():
     from dataclasses import replace
 
-    sim = pytest.importorskip("tangram.simulator.workload")
-    wl = sim.load_workload("ai-coding").with_batch(12)
+    from tangram.simulator.workload import load_workload
+
+    wl = load_workload("ai-coding").with_batch(12)
     return wl.with_cluster(replace(wl.cluster, cpu_nodes=1, cores_per_node=8))
 
 
@@ -267,3 +268,38 @@ def test_tune_never_worse_than_defaults(tmp_path, capsys):
     assert all(k == "test-suite" and 1 <= v < 8 for k, v in doc["policy"]["dop_caps"].items())
     printed = capsys.readouterr().out
     assert "simulated mean ACT" in printed and "default" in printed
+
+
+async def test_tune_config_fragment_is_loaded_by_serve(tmp_path):
+    pytest.importorskip("optuna")
+    from tangram.cli import main
+    from tangram.service.build import build_runtime
+    from tangram.service.config import load_config
+
+    store = tmp_path / "p.json"
+    _store_with_fit().save(store)
+    fragment = tmp_path / "tuned.yaml"
+    assert main(["tune", "--workload", "ai-coding", "--profiles", str(store), "--map", "test-suite=suite-a",
+                 "--batch", "12", "--cpu-nodes", "1", "--cores-per-node", "8", "--trials", "4", "--no-progress",
+                 "--out", str(tmp_path / "tuned.json"), "--config-out", str(fragment)]) == 0
+    chosen = json.loads((tmp_path / "tuned.json").read_text())["policy"]
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("cpu_nodes: [{name: local, cores: 1, memory_mb: 256, isolation: none}]\n"
+                       "scheduler: {depth: 1, lookahead: 2, default_duration_s: 3.0}\n")
+    cfg = load_config([cluster, fragment])
+    assert (cfg.depth, cfg.lookahead, dict(cfg.dop_caps)) == (chosen["depth"], chosen["lookahead"],
+                                                              chosen["dop_caps"])
+    assert cfg.default_duration_s == 3.0 and [n.name for n in cfg.cpu_nodes] == ["local"]  # the rest is kept
+    async with await build_runtime(cfg) as rt:  # the service's engine runs with the tuned knobs
+        p = rt.engine.params
+        assert (p.depth, p.lookahead, dict(p.dop_caps)) == (chosen["depth"], chosen["lookahead"], chosen["dop_caps"])
+    # and `tangram serve` takes both files (--check: validate without serving)
+    assert main(["serve", "--config", str(cluster), "--config", str(fragment), "--check", "--no-auth"]) == 0
+
+
+def test_config_rejects_a_bad_dop_cap():
+    from tangram.service.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as e:
+        parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"dop_caps": {"suite": 0}}})
+    assert e.value.field == "scheduler.dop_caps.suite"

@@ -9,7 +9,9 @@ def register(sub) -> None:
                     "test-suite rewards, API calls, GPU model calls), schedules each on the cluster's pools "
                     "and returns its result. Without --config the service manages this machine as one local "
                     "CPU node.")
-    p.add_argument("--config", help="cluster YAML (default: this machine as one local CPU node)")
+    p.add_argument("--config", action="append",
+                   help="cluster YAML (default: this machine as one local CPU node); repeat it to merge files in "
+                        "order, e.g. a cluster file and the scheduler fragment of `tangram tune --config-out`")
     p.add_argument("--host", help="address to bind (default 127.0.0.1, or the config's service.host)")
     p.add_argument("--port", type=int, help="port (default 8471, or the config's; 0 picks a free one)")
     p.add_argument("--token-file", help="file holding the bearer token every route but /healthz requires "

@@ -4,7 +4,9 @@
                  --batch 64 --cpu-nodes 1 --cores-per-node 32 --trials 40 --seeds 0,1 --out tuned.json
 
 Prints the chosen values and their simulated mean ACT next to the defaults';
-``--out`` writes them as JSON (``policy: {depth, lookahead, dop_caps}``).
+``--out`` writes them as JSON (``policy: {depth, lookahead, dop_caps}``);
+``--config-out`` writes them as the ``scheduler:`` section of a cluster config,
+which ``tangram serve --config cluster.yaml --config tuned.yaml`` merges in.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--sampler-seed", type=int, default=0, help="seed of the optuna sampler (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and scripts)")
     p.add_argument("--out", help="write the chosen values (JSON)")
+    p.add_argument("--config-out", help="write the chosen values as a config fragment (YAML, `scheduler:` section) "
+                                        "for `tangram serve --config CLUSTER --config FRAGMENT`")
     p.set_defaults(func=_run)
 
 
@@ -117,6 +121,15 @@ def _run(args) -> int:
             json.dump(doc, f, indent=2)
             f.write("\n")
         err.print(f"wrote {args.out}", highlight=False)
+    if args.config_out:
+        import yaml
+
+        with open(args.config_out, "w", encoding="utf-8") as f:
+            f.write(f"# tangram tune: workload {wl.name}, seeds {seeds}, {res.trials} trials; simulated mean ACT "
+                    f"{res.best_metrics['mean_act_s']:.3f} s (defaults {res.default_metrics['mean_act_s']:.3f} s)\n"
+                    "# use: tangram serve --config CLUSTER.yaml --config THIS_FILE\n")
+            yaml.safe_dump({"scheduler": params_dict(res.best)}, f, sort_keys=False)
+        err.print(f"wrote {args.config_out}", highlight=False)
     print(json.dumps({"chosen": params_dict(res.best), "mean_act_s": res.best_metrics["mean_act_s"],
                       "default_mean_act_s": res.default_metrics["mean_act_s"]}))
     return 0

@@ -101,6 +101,7 @@ class ClusterConfig:
     depth: int = 2
     lookahead: int = 32
     default_duration_s: float = 1.0
+    dop_caps: Mapping[str, int] = field(default_factory=dict)  # class -> cap on its key resource (`tangram tune`)
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray
     scaleout: Mapping[str, Any] | None = None
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
@@ -110,23 +111,53 @@ class ClusterConfig:
 # loading
 
 
-def load_config(path: str | Path | None) -> ClusterConfig:
-    """Read and validate a YAML file; ``None`` gives the embedded default."""
+def load_config(path: str | Path | list[str | Path] | tuple[str | Path, ...] | None) -> ClusterConfig:
+    """Read and validate a YAML file; ``None`` gives the embedded default.
+
+    Several files are merged in order: a later file's sections are merged
+    into the earlier ones key by key (a list or a value replaces), so a
+    fragment such as the ``scheduler:`` section written by
+    ``tangram tune --config-out`` applies on top of a cluster file.
+    """
     if path is None:
         return default_config()
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    if not paths:
+        return default_config()
+    doc: dict[str, Any] = {}
+    for q in paths:
+        part = _read_yaml(Path(q))
+        if isinstance(part.get("profiles"), list):  # relative to the file that names them
+            part = {**part, "profiles": [str((Path(q).parent / f).resolve()) if isinstance(f, str)
+                                         and not os.path.isabs(f) else f for f in part["profiles"]]}
+        doc = _merged(doc, part)
+    p = Path(paths[0])
+    cfg = parse_config(doc, base_dir=p.parent)
+    # relative profile paths are relative to the config file
+    profiles = tuple(str((p.parent / q).resolve()) if not os.path.isabs(q) else q for q in cfg.profiles)
+    return _replace(cfg, profiles=profiles)
+
+
+def _read_yaml(p: Path) -> Any:
     import yaml
 
-    p = Path(path)
     try:
         doc = yaml.safe_load(p.read_text())
     except OSError as exc:
         raise ConfigError(str(p), f"cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), f"not valid YAML: {exc}") from None
-    cfg = parse_config(doc if doc is not None else {}, base_dir=p.parent)
-    # relative profile paths are relative to the config file
-    profiles = tuple(str((p.parent / q).resolve()) if not os.path.isabs(q) else q for q in cfg.profiles)
-    return _replace(cfg, profiles=profiles)
+    doc = {} if doc is None else doc
+    if not isinstance(doc, Mapping):
+        raise ConfigError(str(p), f"must be a mapping of sections, got {type(doc).__name__}")
+    return doc
+
+
+def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merged(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
 
 
 def default_config() -> ClusterConfig:
@@ -140,10 +171,12 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
                             "sandbox_fusion"})
     service = _service(root.get("service", {}), "service", base_dir)
     sched = _mapping(root.get("scheduler", {}), "scheduler")
-    _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s"})
+    _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s", "dop_caps"})
     depth = _int(sched.get("depth", 2), "scheduler.depth", lo=1)
     lookahead = _int(sched.get("lookahead", 32), "scheduler.lookahead", lo=0)
     dflt = _number(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s")
+    caps = _mapping(sched.get("dop_caps", {}) or {}, "scheduler.dop_caps")
+    dop_caps = {str(k): _int(v, f"scheduler.dop_caps.{k}", lo=1) for k, v in caps.items()}
     if "cpu_nodes" in root:
         cpu_nodes = tuple(_cpu_node(n, f"cpu_nodes[{i}]") for i, n in enumerate(_list(root["cpu_nodes"], "cpu_nodes")))
     else:
@@ -182,7 +215,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
         raise ConfigError("sandbox_fusion.key", "must differ from the service token (it goes into URLs)")
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
                          profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt,
-                         scaleout=scaleout, sandbox_fusion=sandbox)
+                         dop_caps=dop_caps, scaleout=scaleout, sandbox_fusion=sandbox)
 
 
 def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> ServiceConfig:
