@@ -12,6 +12,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------
+# Optional dependencies: a skip that names what to install, or under CI=true
+# (where scripts/test.sh installed everything) a failure
+# --------------------------------------------------------------------------
+_importorskip = pytest.importorskip
+
+
+def _importorskip_or_fail(modname: str, minversion: str | None = None, reason: str | None = None, **kw):
+    """``pytest.importorskip`` for every test module, via :func:`tests.helpers.missing` when it is absent."""
+    from tests.helpers import install_hint, missing
+
+    try:
+        return _importorskip(modname, minversion, reason, **kw)
+    except pytest.skip.Exception as exc:
+        missing(modname, reason or install_hint(modname), detail=str(exc))
+
+
+pytest.importorskip = _importorskip_or_fail
+
+
+# --------------------------------------------------------------------------
 # Docker Engine
 # --------------------------------------------------------------------------
 def _start_docker_engine() -> str:
@@ -42,7 +62,9 @@ def docker_client():
     if reason is not None:
         script_out = _start_docker_engine()
         if engine_error() is not None:
-            pytest.skip(f"no Docker Engine can be started: {reason}; {script_out}")
+            from tests.helpers import missing
+
+            missing("a Docker Engine", "run scripts/docker_engine.sh as root", detail=f"{reason}; {script_out}")
     client = docker.from_env(timeout=120)
     ensure_image(client)
     yield client

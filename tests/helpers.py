@@ -1,6 +1,11 @@
 """Small builders for policy and engine tests (DESIGN.md §8)."""
 from __future__ import annotations
 
+import os
+from typing import NoReturn
+
+import pytest
+
 from tangram.core.engine import Engine
 from tangram.core.model import Action, Elasticity
 from tangram.managers.base import CountingManager
@@ -47,3 +52,33 @@ def make_engine(*pool_dicts, params=None, clock=None, api=None):
         caps[f"api:{name}"] = slots
     clock = clock or FakeClock()
     return Engine([CountingManager(caps)], clock=clock, params=params or PolicyParams()), clock
+
+
+# where each optional dependency of the tests comes from (scripts/test.sh installs them all)
+INSTALL = {
+    "torch": "pip install -r scripts/test-requirements-torch.txt",
+    "verl": "pip install -r scripts/test-requirements.txt",
+    "ray": "pip install -r scripts/test-requirements.txt",
+    "sklearn": "pip install -e '.[profiling]'",
+    "optuna": "pip install -e '.[profiling]'",
+    "docker": "pip install -e '.[docker]'",
+    "pyarrow": "pip install -e '.[datasets]'",
+    "bashlex": "pip install -e '.[datasets]'",
+}
+
+
+def install_hint(module: str) -> str:
+    return INSTALL.get(module.split(".")[0], "pip install -r scripts/test-requirements.txt")
+
+
+def missing(what: str, install: str, *, detail: str = "") -> NoReturn:
+    """Skip because ``what`` is missing, naming how to get it; under ``CI=true`` fail instead.
+
+    CI runs scripts/test.sh on a fresh machine, which installs every optional
+    dependency and starts a Docker Engine: there a missing one is a broken
+    set-up, and a test that silently skips would hide it.
+    """
+    why = f"{what} is missing ({install})" + (f": {detail}" if detail else "")
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true: {why}; a missing optional dependency is a failure in CI, not a skip", pytrace=False)
+    pytest.skip(why, allow_module_level=True)

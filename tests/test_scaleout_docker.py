@@ -20,6 +20,7 @@ from tangram.executors.base import FAILED, SUCCEEDED
 from tangram.scaleout.cluster import ClusterRuntime, EnvironmentLostError
 from tangram.service.build import build_runtime
 from tangram.service.config import parse_config
+from tests.helpers import missing
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
@@ -120,7 +121,7 @@ def _engine(d: SecondDockerd):
         d.start()
     except RuntimeError as exc:
         d.stop()
-        pytest.skip(str(exc))
+        missing("a second Docker Engine", "dockerd, run as root", detail=str(exc))
     yield d
     d.stop()
     _remove_tree(d.dir)
@@ -138,7 +139,7 @@ def _remove_tree(path: str) -> None:
 @pytest.fixture
 def second_dockerd(docker_client):
     if shutil.which("dockerd") is None or os.geteuid() != 0:
-        pytest.skip("a second Docker Engine needs dockerd and root")
+        missing("a second Docker Engine", "dockerd, run as root")
     yield from _engine(SecondDockerd())
 
 
@@ -165,7 +166,7 @@ def _certs(d: str) -> dict[str, str]:
 @pytest.fixture
 def tls_dockerd(docker_client):
     if shutil.which("dockerd") is None or shutil.which("openssl") is None or os.geteuid() != 0:
-        pytest.skip("a TLS Docker Engine needs dockerd, openssl and root")
+        missing("a TLS Docker Engine", "dockerd and openssl, run as root")
     import socket
 
     with socket.socket() as s:
@@ -298,7 +299,7 @@ async def test_docker_tcp_tls_endpoint_discovered_and_serving(tls_dockerd):
 
 async def test_docker_node_unreachable_at_start_joins_when_its_engine_answers(docker_client):
     if shutil.which("dockerd") is None or os.geteuid() != 0:
-        pytest.skip("a second Docker Engine needs dockerd and root")
+        missing("a second Docker Engine", "dockerd, run as root")
     from tangram.service.config import ConfigError
 
     d = SecondDockerd()
