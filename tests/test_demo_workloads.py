@@ -46,3 +46,27 @@ def test_workload_flags_are_checked(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tangram.cli", "demo", "--workload", "nope"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "--workload" in proc.stderr
+
+
+@pytest.mark.slow
+def test_mopd_demo_evicts_and_restores_real_teachers(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf", reason="pip install -r scripts/test-requirements.txt")
+    doc = run_demo(tmp_path, "--workload", "mopd", "--trajectories", "2", "--gap-s", "0.05")
+    assert doc["workload"] == "mopd" and set(doc) >= {"policies", "ratios", "projection", "machine"}
+    pols = doc["policies"]
+    assert set(pols) == {"tangram", "static"}
+    for name, p in pols.items():
+        assert all(k in p for k in SHAPE), name
+        assert p["actions"] == 4 and p["failed"] == 0 and len(p["runs"]) == 1
+        assert p["smollm2_mean_value"] < 0 and 0 < p["minilm_mean_value"] <= 1
+    # the same models scored the same text: the same values under both deployments
+    assert pols["tangram"]["smollm2_mean_value"] == pols["static"]["smollm2_mean_value"]
+    t, s = pols["tangram"], pols["static"]
+    # one device that holds one teacher at a time: the second teacher of a trajectory needs a restore
+    assert (t["devices"], s["devices"]) == (1, 2)
+    assert t["restores"] >= 2 and 0 < t["restore_share"] < 1
+    assert s["restores"] == 0 and s["restore_share"] == 0  # a server per model, warmed before the run
+    assert t["peak_device_mb"] <= doc["spec"]["device_mb"] < s["peak_device_mb"]
+    if doc["device"] == "cpu":
+        assert any("virtual devices on the CPU" in n for n in doc["notes"])

@@ -51,6 +51,8 @@ def register(sub) -> None:
     p.add_argument("--max-searches", type=int, default=8, help="deepsearch: searches per trajectory (default 8)")
     p.add_argument("--api-limits", default="3,6,2",
                    help="deepsearch: the search API's CONCURRENCY,QUOTA,PERIOD_S (default 3,6,2)")
+    p.add_argument("--devices", type=int, default=1,
+                   help="mopd: devices the teachers share under tangram (default 1; static: one per teacher)")
     p.set_defaults(func=_run)
 
 

@@ -113,13 +113,21 @@ async def _deepsearch(args: argparse.Namespace, console) -> dict:
 async def _mopd(args: argparse.Namespace, console) -> dict:
     from tangram.demo.mopd import MopdSpec, demo
 
-    spec = MopdSpec(trajectories=args.trajectories, gap_s=args.gap_s, seed=args.seed)
+    from tangram.demo.search import MissingDataError
+
+    if args.devices < 1:
+        _fail(f"--devices must be >= 1, got {args.devices}")
+    spec = MopdSpec(trajectories=args.trajectories, gap_s=args.gap_s, seed=args.seed, devices=args.devices)
     console.print(f"[bold]ARL-Tangram demo, MOPD[/]: {spec.trajectories} trajectories, every one scored by "
-                  f"{len(spec.teachers)} teacher models")
-    doc = await demo(spec, repeats=args.repeats, baseline=not args.skip_baseline,
-                     progress=lambda label, total: _progress(console, label, total))
+                  f"{len(spec.teachers)} teacher models; tangram shares {spec.devices} device(s) by "
+                  f"evict-on-execution, static holds one device per teacher")
+    try:
+        doc = await demo(spec, repeats=args.repeats, baseline=not args.skip_baseline,
+                         progress=lambda label, total: _progress(console, label, total))
+    except MissingDataError as e:
+        _fail(str(e))
     _table(_wide_console(), "MOPD teacher scoring (same trajectories, same models)", doc,
-           [("restores", "restores", "{}"), ("restore share", "restore_share", "{:.1%}"),
+           [("devices", "devices", "{}"), ("restores", "restores", "{}"), ("restore share", "restore_share", "{:.1%}"),
             ("peak device MiB", "peak_device_mb", "{:.0f}")])
     return doc
 
