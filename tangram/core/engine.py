@@ -107,6 +107,7 @@ class Engine:
         self._unfit: dict[str, int] | None = None
         self._tail_key = float("-inf")  # the largest order key waiting after the last round
         self._nodes: tuple[str, ...] = ()
+        self._nodes_of: tuple[set[str], tuple[str, ...]] | None = None
         self.rounds_skipped = 0
         self.running: dict[str, ActionRecord] = {}
         self.finished: dict[str, ActionRecord] = {}
@@ -136,11 +137,11 @@ class Engine:
 
     def nodes(self, pools: Mapping[str, PoolState] | None = None) -> tuple[str, ...]:
         pools = self.pool_states() if pools is None else pools
-        seen: dict[str, None] = {}
-        for p in pools.values():
-            if p.node is not None:
-                seen.setdefault(p.node, None)
-        return tuple(seen)
+        if self._nodes_of is not None and self._nodes_of[0] == pools.keys():
+            return self._nodes_of[1]  # same pools as last time (every round asks)
+        nodes = tuple(dict.fromkeys(p.node for p in pools.values() if p.node is not None))
+        self._nodes_of = (set(pools), nodes)
+        return nodes
 
     # ------------------------------------------------------------------ #
     # events
