@@ -357,3 +357,16 @@ async def test_simulated_executor_async_sleeps_and_undoes_a_cancelled_restore():
         await task
     assert sim.resident() == [("rm@dop1", 0)]  # judge's half restore is gone
     assert sim._busy == {}
+
+
+def test_restore_estimate_follows_the_measured_bandwidth():
+    m = GpuManager([GpuNode("g0", 8, 100)], [ModelSpec("rm", 60, sharded=True), ModelSpec("tiny", 10)])
+    assert m.restore_estimate("rm") == {}  # nothing measured yet: no charge
+    m.allocate("gpu@g0", 2, "x", gpu_action("x", 2))
+    m.lease("gpu@g0", "x")
+    m.restored("gpu@g0", "x", 3.0)  # 2 x 30 MiB moved in 3 s: 20 MiB/s
+    m.release("gpu@g0", "x")
+    est = m.restore_estimate("rm")
+    assert est[2] == pytest.approx(60 / 20) and est[1] == pytest.approx(60 / 20)
+    assert m.restore_estimate("tiny")[4] == pytest.approx(4 * 10 / 20)  # replicated: every device loads it
+    assert m.restore_estimate("unknown") == {}

@@ -83,6 +83,21 @@ class GpuManager(ResourceManager):
         """The executor restored ``holder``'s service; until then it is not resident."""
         self._cache[self._pool(pool)].restored(holder, seconds)
 
+    def restore_estimate(self, service: str) -> dict[int, float]:
+        """Seconds a cache miss of ``service`` costs at each DoP, for the policy.
+
+        The bytes a restore moves at that DoP over the restore bandwidth
+        measured so far on these nodes; empty (no charge) until a restore was
+        measured or for a model nobody registered.
+        """
+        seconds = sum(c.stats_.restore_s for c in self._cache.values())
+        moved = sum(c.stats_.restored_mb for c in self._cache.values())
+        spec = next((c.models[service] for c in self._cache.values() if service in c.models), None)
+        if spec is None or not (seconds > 0 and moved > 0):
+            return {}
+        mb_per_s = moved / seconds
+        return {k: spec.mb_per_device(k) * k / mb_per_s for k in SIZES}
+
     def register_model(self, spec: ModelSpec) -> None:
         for cache in self._cache.values():
             cache.register(spec)

@@ -22,11 +22,13 @@ from tangram.core.model import Action
 ORDERS = ("fcfs", "aging")
 
 
-def expected_s(a: Action, class_estimates: Mapping[str, float], default_s: float) -> float:
-    """Expected execution time of ``a`` at its minimum units (its profile, or its class's average)."""
+def expected_s(a: Action, class_estimates: Mapping[str, float], default_s: float, *, fastest: bool = False) -> float:
+    """Expected execution time of ``a``: its profile at its minimum units (``fastest``: at
+    its largest), or its class's running average."""
     if a.t1_s is not None:
         if a.scalable:
-            return a.duration(a.demands[a.key].min)
+            d = a.demands[a.key]
+            return a.duration(d.max if fastest else d.min)
         return a.t1_s
     return class_estimates.get(a.action_class, default_s)
 

@@ -91,6 +91,7 @@ def build_action(
     action_class: str | None = None,
     payload: Mapping[str, Any] | None = None,
     action_id: str | None = None,
+    restore_estimate: Callable[[str], Mapping[int, float]] | None = None,
 ) -> Action:
     """Validate and build an action against what the cluster has.
 
@@ -159,6 +160,8 @@ def build_action(
         timeout_s=timeout_s,
         service=body.get("model") if kind == "model" else None,
         payload=body,
+        # what a cache miss costs at each DoP: the policy weighs it against a resident chunk
+        restore_s=(restore_estimate(body["model"]) or None) if (kind == "model" and restore_estimate) else None,
     )
     # checked after the demand itself, so a malformed demand is a 400 whatever is configured
     if kind == "http" and "http" not in executors:

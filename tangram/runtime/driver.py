@@ -134,7 +134,9 @@ class Runtime:
             executors=self.dispatcher.kinds() | {"exec"},
             environment=environment, environment_memory=lambda e: self.env_registry.get(e).memory_mb,
             command=command, profile=profile, timeout_s=timeout_s, action_class=action_class,
-            payload=payload, action_id=action_id)
+            payload=payload, action_id=action_id,
+            restore_estimate=next((m.restore_estimate for m in self.engine.managers
+                                   if hasattr(m, "restore_estimate")), None))
 
     # ------------------------------------------------------------------ #
     # running actions
