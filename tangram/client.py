@@ -1,10 +1,20 @@
 """Async client of the Tangram service (the verl integration and the demo use it).
 
 One ``aiohttp.ClientSession`` per client; use it as an async context
-manager (``close()`` is idempotent). Timeouts are keyword-only. Retries are
+manager (``close()`` is idempotent). Timeouts are keyword-only; ``timeout_s``
+is the client's deadline for one request (``None``: none), a per-call
+``timeout_s`` overrides it, and a request that runs past it raises
+:class:`TangramHTTPError` with status 0 and ``timed_out`` set. Retries are
 limited to what is safe: connection errors on idempotent requests (GET,
-DELETE). A ``POST /v1/actions`` is never retried: the action may already be
-running, and running it twice is worse than reporting the error.
+DELETE), and on any request when the connection could not even be opened
+(nothing was sent). A ``POST /v1/actions`` whose request went out is never
+retried: the action may already be running, and running it twice is worse
+than reporting the error.
+
+The token is ``token``, else the contents of ``token_file``, else the
+``TANGRAM_TOKEN`` environment variable, else the file named by
+``TANGRAM_TOKEN_FILE`` (:func:`resolve_token`); it is never part of a repr or
+an error message.
 
     async with TangramClient("http://127.0.0.1:8471", token=...) as c:
         env = await c.create_environment(memory_mb=2048)
@@ -15,6 +25,7 @@ running, and running it twice is worse than reporting the error.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -23,14 +34,34 @@ import aiohttp
 _IDEMPOTENT = frozenset({"GET", "DELETE", "HEAD"})
 
 
-class TangramHTTPError(Exception):
-    """The service answered with an error status (or could not be reached: status 0)."""
+def resolve_token(token: str | None = None, token_file: str | os.PathLike | None = None) -> str | None:
+    """The bearer token: ``token``, else ``token_file``'s contents, else ``$TANGRAM_TOKEN``, else the
+    contents of ``$TANGRAM_TOKEN_FILE``; None if none is set. An unreadable or empty file raises."""
+    if token:
+        return token
+    path = token_file or (None if os.environ.get("TANGRAM_TOKEN") else os.environ.get("TANGRAM_TOKEN_FILE"))
+    if not path:
+        return os.environ.get("TANGRAM_TOKEN") or None
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"token file {os.fspath(path)!r} cannot be read: {exc.strerror or exc}") from None
+    if not value:
+        raise ValueError(f"token file {os.fspath(path)!r} is empty")
+    return value
 
-    def __init__(self, status: int, message: str, field: str | None = None, body: Any = None):
+
+class TangramHTTPError(Exception):
+    """The service answered with an error status (or could not be reached / did not answer in time: status 0)."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, body: Any = None, *,
+                 timed_out: bool = False):
         self.status = status
         self.message = message
         self.field = field
         self.body = body
+        self.timed_out = timed_out
         where = f" [{field}]" if field else ""
         super().__init__(f"HTTP {status}{where}: {message}")
 
@@ -83,6 +114,7 @@ class TangramClient:
         base_url: str = "http://127.0.0.1:8471",
         *,
         token: str | None = None,
+        token_file: str | os.PathLike | None = None,
         timeout_s: float | None = None,
         connect_timeout_s: float = 10.0,
         retries: int = 3,
@@ -90,8 +122,10 @@ class TangramClient:
         max_connections: int = 0,
     ):
         self.base_url = base_url.rstrip("/")
+        token = resolve_token(token, token_file)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         # no total timeout by default: an action may legitimately queue for minutes
+        self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
         self._retries = retries
         self._backoff = retry_backoff_s
@@ -100,6 +134,9 @@ class TangramClient:
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------- #
+
+    def __repr__(self) -> str:  # never the token
+        return f"TangramClient({self.base_url!r})"
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -128,12 +165,14 @@ class TangramClient:
 
     async def _request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, str] | None = None,
                        timeout_s: float | None = None, expect: tuple[int, ...] = (200,)) -> Any:
-        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s is not None else None
-        attempts = 1 + (self._retries if method in _IDEMPOTENT else 0)
-        for attempt in range(attempts):
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._timeout.sock_connect) \
+            if timeout_s is not None else self._timeout
+        idempotent = method in _IDEMPOTENT
+        attempt = 0
+        while True:
             try:
                 async with self._sess().request(method, self.base_url + path, json=json, params=params,
-                                                timeout=timeout or self._timeout) as resp:
+                                                timeout=timeout) as resp:
                     if resp.status == 204:
                         return None
                     if resp.status == 404 and attempt > 0 and method == "DELETE" and "environments" in path:
@@ -147,11 +186,18 @@ class TangramClient:
                         raise TangramHTTPError(resp.status, msg or resp.reason or "error",
                                                body.get("field") if isinstance(body, dict) else None, body)
                     return body
+            except asyncio.TimeoutError as exc:
+                # the deadline of this request: the service is stalled (or the action queued too long)
+                if not idempotent or attempt >= self._retries:
+                    raise TangramHTTPError(0, f"no answer from {self.base_url} to {method} {path} within "
+                                              f"{timeout.total or timeout.sock_connect} s", timed_out=True) from exc
             except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                if attempt + 1 >= attempts:
+                # a connection that could not be opened sent nothing: safe to retry any request
+                never_sent = isinstance(exc, aiohttp.ClientConnectorError)
+                if not (idempotent or never_sent) or attempt >= self._retries:
                     raise TangramHTTPError(0, f"cannot reach {self.base_url}: {exc}") from exc
-                await asyncio.sleep(self._backoff * (2 ** attempt))
-        raise AssertionError("unreachable")
+            await asyncio.sleep(self._backoff * (2 ** attempt))
+            attempt += 1
 
     # -- API ------------------------------------------------------------- #
 

@@ -84,3 +84,40 @@ async def test_unreachable_service_is_status_zero():
         with pytest.raises(TangramHTTPError) as e:
             await c.health()
         assert e.value.status == 0
+
+
+async def test_a_stalled_service_hits_the_client_deadline():
+    """A service that accepts the connection and never answers: the request fails at the deadline."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)  # reads, never writes
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with TangramClient(f"http://127.0.0.1:{port}", timeout_s=0.3, retries=0) as c:
+            with pytest.raises(TangramHTTPError) as e:
+                await c.exec(None, "true")
+            assert e.value.status == 0 and e.value.timed_out and "within 0.3 s" in e.value.message
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_token_from_argument_file_or_environment(tmp_path, monkeypatch):
+    from tangram.client import resolve_token
+
+    monkeypatch.delenv("TANGRAM_TOKEN", raising=False)
+    monkeypatch.delenv("TANGRAM_TOKEN_FILE", raising=False)
+    f = tmp_path / "tok"
+    f.write_text("from-file\n")
+    assert resolve_token() is None
+    assert resolve_token("given", f) == "given" and resolve_token(None, f) == "from-file"
+    monkeypatch.setenv("TANGRAM_TOKEN_FILE", str(f))
+    assert resolve_token() == "from-file"
+    monkeypatch.setenv("TANGRAM_TOKEN", "from-env")
+    assert resolve_token() == "from-env"
+    with pytest.raises(ValueError, match="cannot be read"):
+        resolve_token(None, tmp_path / "missing")
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        resolve_token(None, tmp_path / "empty")
+    c = TangramClient("http://127.0.0.1:1", token="from-arg")
+    assert "from-arg" not in repr(c)

@@ -96,7 +96,45 @@ async def test_compute_score_loaded_by_verl_scores_real_test_runs(settings, proj
 
 async def test_samples_without_a_tangram_spec_fall_back_to_verl_default_scoring(settings):
     score = await R.compute_score("openai/gsm8k", "... #### 42", "42", extra_info={})
-    assert float(score) == 1.0
+    # verl's default scorer, and the same keys as a tangram-scored sample (verl stacks them per key)
+    assert score["score"] == 1.0 and tuple(score) == R.REWARD_KEYS and score["tangram_status"] == "none"
+
+
+async def test_compute_score_takes_the_service_from_reward_kwargs_and_the_token_from_a_file(
+        project, tmp_path, monkeypatch):
+    """The reward worker never sees the rollout config: verl hands compute_score its reward_kwargs."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    for var in ("TANGRAM_URL", "TANGRAM_TOKEN", "TANGRAM_TOKEN_FILE", "TANGRAM_ENABLED"):
+        monkeypatch.delenv(var, raising=False)
+    tconfig.set_active(None)
+    info = _info(project)
+    del info["tangram"]["profile"]  # a bare service: no profiles
+    secret = "s3cr3t-" + os.urandom(4).hex()
+    token_file = tmp_path / "token"
+    token_file.write_text(secret + "\n")
+    with serve(token=secret, tmp=tmp_path) as url:
+        cfg = verl_config(make_model_dir(tmp_path / "m"), [
+            f"reward.custom_reward_function.path={REWARD_PY}", "reward.custom_reward_function.name=compute_score",
+            f"+reward.custom_reward_function.reward_kwargs.tangram_url={url}",
+            f"+reward.custom_reward_function.reward_kwargs.tangram_token_file={token_file}"])
+        from omegaconf import OmegaConf
+
+        assert secret not in OmegaConf.to_yaml(cfg)  # what verl prints holds the path, not the token
+        fn = get_custom_reward_fn(cfg)
+        try:
+            good = await fn(data_source="x", solution_str=GOOD, ground_truth=None, extra_info=info)
+            assert good["score"] == 1.0
+            # without the token file the service refuses, and the reward says so instead of scoring 0.0
+            bad_cfg = verl_config(make_model_dir(tmp_path / "m2"), [
+                f"reward.custom_reward_function.path={REWARD_PY}", "reward.custom_reward_function.name=compute_score",
+                f"+reward.custom_reward_function.reward_kwargs.tangram_url={url}"])
+            with pytest.raises(R.TangramServiceError, match="401") as e:
+                await get_custom_reward_fn(bad_cfg)(data_source="x", solution_str=GOOD, ground_truth=None,
+                                                    extra_info=info)
+            assert url in str(e.value) and secret not in str(e.value)
+        finally:
+            await close_clients()
 
 
 async def test_reward_manager_scores_a_batch_concurrently(settings, project, service, tmp_path):
@@ -132,7 +170,7 @@ async def test_reward_manager_scores_a_batch_concurrently(settings, project, ser
     try:
         outs = await asyncio.gather(*[mgr.run_single(item(t, _info(project))) for t in (GOOD, BAD)])
         assert [o["reward_score"] for o in outs] == [1.0, 0.0]
-        assert outs[1]["reward_extra_info"]["tangram_status"] == "failed"  # exit code 1
+        assert outs[1]["reward_extra_info"]["tangram_status"] == "failed"  # exit code 1: a verdict
         assert all(o["reward_extra_info"]["tangram_dop"] in (1.0, 2.0) for o in outs)
         assert (await _stats(service))["environments"] == 0
 
@@ -147,9 +185,13 @@ async def test_reward_manager_scores_a_batch_concurrently(settings, project, ser
         await close_clients()
 
 
-async def test_reward_errors_become_a_zero_score_not_a_crash(settings):
-    r = await R.run_reward({"model": "no-such-model"}, settings=settings, solution="x")
-    assert r["score"] == 0.0 and r["tangram_status"] == "error" and "model" in r["tangram_error"]
+async def test_reward_errors_raise_naming_the_service_and_the_cause(settings, service):
+    try:
+        with pytest.raises(R.TangramServiceError, match="unknown model") as e:
+            await R.run_reward({"model": "no-such-model"}, settings=settings, solution="x")
+        assert service in str(e.value)
+    finally:
+        await close_clients()
 
 
 def test_action_bodies_follow_the_wire_contract():

@@ -5,9 +5,10 @@ Modules (verl is imported only by the ones that need it, and only when used):
 * :mod:`.config`        -- the flag and the service URL/token (config, env)
 * :mod:`.session`       -- trajectory -> environment registry, shared clients, timings
 * :mod:`.tools`         -- ``TangramSandboxTool`` (exec) and ``TangramApiTool`` (http)
-* :mod:`.agent_loop`    -- the ``tangram_agent`` loop (env lifecycle + final reward)
+* :mod:`.agent_loop`    -- the ``tangram_agent`` loop (env lifecycle, hands the last turn to the reward)
 * :mod:`.reward`        -- async ``compute_score`` (test suites, reward models)
 * :mod:`.reward_manager` -- the ``tangram`` reward manager
+* :mod:`.metrics`       -- ``tangram/*`` step metrics into verl's logger
 * :mod:`.plugin`        -- the ``verl.plugins`` entry point
 * :mod:`.testing`       -- offline test kit (byte-level tokenizer, scripted LLM server)
 """
@@ -28,6 +29,9 @@ def register() -> None:
     import integrations.verl.agent_loop  # noqa: F401  (@register("tangram_agent"))
     import integrations.verl.reward_manager  # noqa: F401  (@register("tangram"))
     from integrations.verl.config import settings_from_env
+    from integrations.verl.metrics import install_logger_hook
+
+    install_logger_hook()  # tangram/* metrics into the trainer's step metrics
 
     _registered = True
     s = settings_from_env()

@@ -4,12 +4,18 @@ One flag turns the integration on::
 
     +actor_rollout_ref.rollout.custom.tangram.enabled=true
     +actor_rollout_ref.rollout.custom.tangram.url=http://HOST:8471
-    +actor_rollout_ref.rollout.custom.tangram.token=SECRET      # optional
+    +actor_rollout_ref.rollout.custom.tangram.token_file=/shared/tangram-token   # optional
+
+The token itself is best kept out of the config (verl prints its whole
+config at start): ``token_file`` names a file holding it, and the
+``TANGRAM_TOKEN`` / ``TANGRAM_TOKEN_FILE`` environment variables serve
+processes whose environment has them. A ``token`` key is accepted too. The
+settings' repr never shows the token.
 
 ``custom`` is verl's documented extension point under the rollout config (a
 new key directly under ``rollout`` breaks verl's dataclass conversion). A
 top-level ``+tangram.*`` block is read too, and the environment variables
-``TANGRAM_ENABLED=1``, ``TANGRAM_URL`` and ``TANGRAM_TOKEN`` serve processes
+``TANGRAM_ENABLED=1``, ``TANGRAM_URL``, ``TANGRAM_TOKEN`` and ``TANGRAM_TOKEN_FILE`` serve processes
 that never see the trainer config (the ``verl.plugins`` entry point runs at
 ``import verl``, before any config exists).
 
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 DEFAULT_URL = "http://127.0.0.1:8471"
@@ -36,7 +42,8 @@ def env_flag(name: str = "TANGRAM_ENABLED") -> bool:
 class TangramSettings:
     enabled: bool = False
     url: str = DEFAULT_URL
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
+    token_file: str | None = None      # a file holding the token (kept out of verl's printed config)
     # environments (one per trajectory)
     image: str | None = None
     memory_mb: int | None = None
@@ -45,6 +52,10 @@ class TangramSettings:
     reward_cpu_max: int = 8
     reward_timeout_s: float = 600.0
     tool_timeout_s: float = 120.0
+    # client side: no request to the service waits longer than this (queueing included), and
+    # transient errors (unreachable, 502/503/504) are retried for at most retry_s before failing
+    request_timeout_s: float = 3600.0
+    retry_s: float = 60.0
 
     def merged(self, over: Mapping[str, Any] | None) -> "TangramSettings":
         if not over:
@@ -56,6 +67,10 @@ class TangramSettings:
                 continue
             if k == "enabled":
                 v = v if isinstance(v, bool) else str(v).strip().lower() in _TRUE
+            elif k == "token_file" and "token" not in over:
+                vals["token"] = None  # a file named here wins over a token from further down
+            elif k == "token" and "token_file" not in over:
+                vals["token_file"] = None
             vals[k] = v
         return dataclasses.replace(self, **vals)
 
@@ -65,6 +80,7 @@ def settings_from_env() -> TangramSettings:
         enabled=env_flag(),
         url=os.environ.get("TANGRAM_URL") or DEFAULT_URL,
         token=os.environ.get("TANGRAM_TOKEN") or None,
+        token_file=os.environ.get("TANGRAM_TOKEN_FILE") or None,
     )
 
 

@@ -25,8 +25,21 @@ either), a mapping with
   DoPs, default 1), ``template`` (default ``"{response}"``; may use
   ``{prompt}``, ``{response}``, ``{ground_truth}``).
 
-The result is a dict: ``score`` plus ``tangram_*`` timing keys (verl puts
-them in ``reward_extra_info``).
+The result is a dict with the same keys for every sample (:data:`REWARD_KEYS`;
+verl stacks ``reward_extra_info`` per key over a batch): ``score``, ``acc``
+(= score) and ``tangram_*`` keys (the reward action's status, DoP and
+timings; ``tangram_status="none"`` for a sample scored without Tangram).
+
+What is scored is the last generated turn, decoded from verl's response
+tokens (``tangram_last_turn`` of the ``tangram_agent`` loop; the whole response
+of a single-turn loop), in the trajectory's own environment when one was
+handed over (``tangram_environment``; deleted after scoring), else in a new
+one built from the sample's spec. Nothing is ever scored 0.0 for an
+infrastructure failure: an unreachable service (after retries within
+``retry_s``), a failed ``setup_command``, a tool call the service failed
+during the rollout, or a reward action the service could not run raise
+:class:`~integrations.verl.session.TangramServiceError`, and every failure is
+counted in the ``tangram/failed`` metric.
 """
 from __future__ import annotations
 
@@ -35,14 +48,20 @@ import re
 import shlex
 from typing import Any, Mapping
 
+from integrations.verl import metrics
 from integrations.verl.config import TangramSettings, active_settings
-from integrations.verl.session import get_client
-from tangram.client import ActionResult, TangramHTTPError
+from integrations.verl.session import (EnvSpec, TangramServiceError, create_environment, delete_environment,
+                                       get_client, retrying, timing_record)
+from tangram.client import ActionResult
 
 log = logging.getLogger("integrations.verl")
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.DOTALL)
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|xfailed|xpassed|skipped)")
+_ENV_KEYS = ("image", "memory_mb", "setup_command", "labels")
+
+REWARD_KEYS = ("score", "acc", "tangram_status", "tangram_dop", "tangram_queued_s", "tangram_exec_s",
+               "tangram_overhead_s", "tangram_actions")
 
 
 def _plain(x: Any) -> Any:
@@ -75,6 +94,32 @@ def reward_spec(extra_info: Any = None, reward_model: Any = None) -> dict[str, A
     return None
 
 
+def env_spec(info: Any, tools_kwargs: Any = None) -> EnvSpec:
+    """How a sample's environment is built: ``extra_info.tangram`` and the tools' ``create_kwargs``."""
+    spec = EnvSpec()
+    info = _plain(info)
+    if isinstance(info, Mapping) and isinstance(_plain(info.get("tangram")), Mapping):
+        spec = EnvSpec.from_mapping({k: v for k, v in _plain(info["tangram"]).items() if k in _ENV_KEYS}, spec)
+    tools_kwargs = _plain(tools_kwargs)
+    for tk in tools_kwargs.values() if isinstance(tools_kwargs, Mapping) else ():
+        ck = tk.get("create_kwargs") if isinstance(tk, Mapping) else None
+        if isinstance(ck, Mapping) and any(k in ck for k in _ENV_KEYS):
+            spec = EnvSpec.from_mapping({k: v for k, v in ck.items() if k in _ENV_KEYS}, spec)
+    return spec
+
+
+def last_turn_span(response_mask: Any) -> tuple[int, int]:
+    """``[start, end)`` of the last run of generated tokens (mask 1) in a response; (0, 0) if none."""
+    mask = [int(x) for x in (response_mask.tolist() if hasattr(response_mask, "tolist") else response_mask)]
+    end = len(mask)
+    while end > 0 and mask[end - 1] != 1:
+        end -= 1
+    start = end
+    while start > 0 and mask[start - 1] == 1:
+        start -= 1
+    return start, end
+
+
 def extract_solution(text: str) -> str:
     blocks = _FENCE.findall(text or "")
     return blocks[-1] if blocks else (text or "")
@@ -101,9 +146,10 @@ def score_tests(r: ActionResult, mode: str = "binary") -> float:
 
 
 def _settings(kw: Mapping[str, Any]) -> TangramSettings:
+    """The process's settings under what ``reward_kwargs`` say (``tangram_url``, ``tangram_token_file``, ...)."""
     s = active_settings()
-    over = {k: kw.get(f"tangram_{k}") for k in ("url", "token")}
-    return s.merged({k: v for k, v in over.items() if v})
+    over = {k[len("tangram_"):]: v for k, v in kw.items() if k.startswith("tangram_") and v not in (None, "")}
+    return s.merged(over)
 
 
 def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environment: str | None = None,
@@ -163,24 +209,38 @@ def model_score(output: Any) -> float:
     return float(x)
 
 
-def _result(score: float, r: ActionResult | None, kind: str, error: str | None = None) -> dict[str, Any]:
-    """The reward's result; always the same keys (verl stacks reward_extra_info per key across a batch)."""
+def result(score: float, r: ActionResult | None = None, actions: int = 0) -> dict[str, Any]:
+    """A reward result: always the keys of :data:`REWARD_KEYS`, all numbers but the status."""
     t = r.timing if r is not None else None
     return {
-        "score": float(score),
-        "tangram_status": r.status if r is not None else "error",
+        "score": float(score), "acc": float(score),
+        "tangram_status": r.status if r is not None else "none",
         "tangram_dop": float((r.allocation or {}).get("dop") or 0) if r is not None else 0.0,
         "tangram_queued_s": t.queued_s if t else 0.0,
         "tangram_exec_s": t.exec_s if t else 0.0,
         "tangram_overhead_s": t.overhead_s if t else 0.0,
-        "tangram_error": (error or "")[-500:],
+        "tangram_actions": float(actions),
     }
+
+
+def _broken(r: ActionResult, kind: str) -> str | None:
+    """Why an action's result says nothing about the response (None: it is a verdict).
+
+    A test command that exits non-zero or times out is a verdict on the response;
+    an action that could not run (no exit code, cancelled) or a failed reward model is not."""
+    if kind == "model":
+        return None if r.ok else f"{r.status}: {r.error or ''}".strip()
+    if r.status in ("succeeded", "timeout") or (r.status == "failed" and r.exit_code is not None):
+        return None
+    return f"{r.status}: {(r.error or r.stderr or '')[-500:]}".strip()
 
 
 async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | None = None,
                      environment: str | None = None, solution: str | None = None, prompt: str = "",
-                     ground_truth: Any = None) -> dict[str, Any]:
-    """Run one reward action described by ``spec``; returns ``{"score", "tangram_*"...}``."""
+                     ground_truth: Any = None) -> tuple[dict[str, Any], ActionResult]:
+    """Run one reward action described by ``spec`` (in ``environment`` if given, else in a one-shot
+    environment with the spec's ``setup_command`` run first); raises :class:`TangramServiceError`
+    when the service cannot give a verdict. Returns the result dict and the action's result."""
     settings = settings or active_settings()
     client = get_client(settings)
     if spec.get("model") and not spec.get("test_command"):
@@ -189,34 +249,81 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
     else:
         body = suite_action(spec, settings, environment=environment, solution=solution)
         kind = "exec"
-    try:
-        r = await client.run_action(body)
-    except TangramHTTPError as exc:
-        log.warning("tangram reward: %s", exc)
-        return _result(0.0, None, kind, error=str(exc))
+    r = await retrying(lambda: client.run_action(body), settings, f"the {kind} reward action")
+    why = _broken(r, kind)
+    if why:
+        raise TangramServiceError(f"tangram service {settings.url}: the {kind} reward action did not run ({why})")
     if kind == "model":
-        if not r.ok:
-            return _result(0.0, r, kind, error=r.error or r.status)
         try:
-            return _result(model_score(r.output), r, kind)
+            return result(model_score(r.output), r), r
         except (TypeError, ValueError) as exc:
-            return _result(0.0, r, kind, error=f"unreadable model output: {exc}")
-    return _result(score_tests(r, str(spec.get("score") or "binary")), r, kind,
-                   error=None if r.ok else (r.stderr or r.error or "")[-500:] or None)
+            raise TangramServiceError(f"tangram service {settings.url}: reward model "
+                                      f"{spec.get('model')!r} returned an unreadable output: {exc}") from exc
+    return result(score_tests(r, str(spec.get("score") or "binary")), r), r
+
+
+def _trajectory_settings(settings: TangramSettings, fields: Mapping[str, Any]) -> TangramSettings:
+    url = fields.get("tangram_url")
+    return settings.merged({"url": url}) if isinstance(url, str) and url else settings
+
+
+async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, settings: TangramSettings,
+                       text: str, prompt: str = "", ground_truth: Any = None, info: Any = None,
+                       tools_kwargs: Any = None) -> dict[str, Any]:
+    """The one reward path (the ``tangram`` manager and ``compute_score``): score ``text`` (the last
+    generated turn) per ``spec``, in the environment the rollout handed over in ``fields`` (its
+    ``extra_fields``) or in a new one; delete that environment afterwards; publish the sample's
+    action timings and any failure to the step metrics."""
+    trace = [dict(x) for x in (fields.get("tangram_trace") or []) if isinstance(x, Mapping)]
+    handed = fields.get("tangram_environment")
+    env_settings = _trajectory_settings(settings, fields)
+    env_id = handed if isinstance(handed, str) and handed else None
+    try:
+        if fields.get("tangram_error"):
+            raise TangramServiceError(f"tangram service {env_settings.url}: the rollout lost an action: "
+                                      f"{fields['tangram_error']}")
+        is_model = bool(spec.get("model")) and not spec.get("test_command")
+        if env_id is None and not is_model:
+            env_id, setup = await create_environment(settings, env_spec(info, tools_kwargs),
+                                                     labels={"reward": "1"})
+            env_settings = settings
+            if setup is not None:
+                trace.append(timing_record("exec", "setup", setup))
+        out, r = await run_reward(spec, settings=env_settings if not is_model else settings,
+                                  environment=env_id if not is_model else None, solution=text,
+                                  prompt=prompt, ground_truth=ground_truth)
+        trace.append(timing_record("model" if is_model else "exec", "reward", r))
+        out["tangram_actions"] = float(len(trace))
+        metrics.publish(trace)
+        return out
+    except BaseException:
+        metrics.publish(trace, failed=1)
+        raise
+    finally:
+        if env_id is not None:
+            await delete_environment(env_settings, env_id)
 
 
 async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None,
                         **kwargs: Any) -> dict[str, Any] | float:
-    """verl's custom reward function contract (async): score ``solution_str`` through the scheduler.
+    """verl's custom reward function contract (async): score the last generated turn through the scheduler.
 
-    Samples without a tangram spec fall back to verl's ``default_compute_score``.
+    The service comes from ``reward.custom_reward_function.reward_kwargs`` (``tangram_url``,
+    ``tangram_token_file``, ``tangram_token``), else the process's settings (``TANGRAM_URL`` ...).
+    verl's ``naive`` manager merges the rollout's ``extra_fields`` into ``extra_info``: the
+    ``tangram_agent`` loop's last turn and environment are used from there. Samples without a
+    tangram spec are scored by verl's ``default_compute_score`` (same result keys).
     """
     info = _plain(extra_info) or {}
+    info = info if isinstance(info, Mapping) else {}
     spec = reward_spec(info, kwargs.get("reward_model"))
     if spec is None:
         from verl.utils.reward_score import default_compute_score
 
-        return default_compute_score(data_source, solution_str, ground_truth, extra_info)
-    return await run_reward(spec, settings=_settings(kwargs), solution=solution_str,
-                            prompt=str(info.get("prompt") or "") if isinstance(info, Mapping) else "",
-                            ground_truth=ground_truth)
+        s = default_compute_score(data_source, solution_str, ground_truth, extra_info)
+        return result(float(s["score"] if isinstance(s, Mapping) else s))
+    text = info.get("tangram_last_turn_text")
+    return await score_sample(spec, info, settings=_settings(kwargs),
+                              text=text if isinstance(text, str) else solution_str,
+                              prompt=str(info.get("prompt") or ""), ground_truth=ground_truth, info=info,
+                              tools_kwargs=kwargs.get("tools_kwargs"))

@@ -1,27 +1,66 @@
 """The ``tangram`` reward manager of verl's reward loop.
 
-``reward.reward_manager.name=tangram`` scores every sample with one reward
-action on the scheduler (a test suite with elastic DoP on CPU, or a reward
-model on GPU; see :mod:`integrations.verl.reward`). Samples without a tangram
-spec, or a configured ``custom_reward_function``, are scored the way verl's
-``naive`` manager would. The reward loop runs ``run_single`` for many samples
-at once, so the service sees the whole batch and arranges it.
+``reward.reward_manager.name=tangram`` (or, with no registration needed,
+``reward.reward_manager.source=importlib`` +
+``reward.reward_manager.module.path=<repo>/integrations/verl/reward_manager.py``
++ ``reward.reward_manager.name=TangramRewardManager``) scores every sample
+with one reward action on the scheduler (a test suite with elastic DoP on
+CPU, or a reward model on GPU; see :mod:`integrations.verl.reward`).
+
+What is scored is the last generated turn, decoded from the response tokens
+verl hands the manager: the span the ``tangram_agent`` loop recorded
+(``tangram_last_turn``), else the last run of ``response_mask`` when the
+batch has one, else the whole response of a single-turn sample. A multi-turn
+sample with neither is refused (its tool outputs would be scored).
+
+Samples without a tangram spec, or a configured ``custom_reward_function``,
+are scored the way verl's ``naive`` manager would, with the same result
+keys (:data:`~integrations.verl.reward.REWARD_KEYS`). The reward loop runs
+``run_single`` for many samples at once, so the service sees the whole batch.
 """
 from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 from verl import DataProto
-from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
+from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 from verl.utils.reward_score import default_compute_score
 
 from integrations.verl.config import set_active, settings_from_config
-from integrations.verl.reward import _plain, reward_spec, run_reward
+from integrations.verl.reward import _plain, last_turn_span, result, reward_spec, score_sample
 
 log = logging.getLogger("integrations.verl")
+
+
+def _fields(nt: Mapping[str, Any]) -> dict[str, Any]:
+    """The rollout's extra_fields: ``tool_extra_fields`` on the streaming path, columns on the batch path."""
+    f = _plain(nt.get("tool_extra_fields"))
+    out = dict(f) if isinstance(f, Mapping) else {}
+    for k, v in nt.items():
+        if isinstance(k, str) and k.startswith("tangram_") and k not in out:
+            out[k] = _plain(v)
+    return out
+
+
+def response_span(item: Any, fields: Mapping[str, Any]) -> tuple[int, int]:
+    """``[start, end)`` of the last generated turn within this sample's ``responses``."""
+    responses = item.batch["responses"]
+    n = responses.shape[-1]
+    valid = int(item.batch["attention_mask"][-n:].sum())
+    span = fields.get("tangram_last_turn")
+    if span is not None and len(span) == 2:
+        start, end = int(span[0]), int(span[1])
+        return max(0, start), min(end, valid)
+    if "response_mask" in item.batch.keys():
+        return last_turn_span(item.batch["response_mask"][:valid])
+    turns = _plain(item.non_tensor_batch.get("__num_turns__"))
+    if turns is not None and int(turns) > 2:
+        raise ValueError(f"a {int(turns)}-turn sample carries no span of its last generated turn (no "
+                         "tangram_last_turn, no response_mask): run it with agent_name=tangram_agent")
+    return 0, valid
 
 
 class TangramRewardManager(RewardManagerBase):
@@ -34,33 +73,34 @@ class TangramRewardManager(RewardManagerBase):
         self.custom_score = compute_score if compute_score not in (None, default_compute_score) else None
 
     async def run_single(self, data: DataProto) -> dict:
-        data = data[-1:]
-        item = data[0]
-        response_ids = item.batch["responses"]
-        n = response_ids.shape[-1]
-        valid = int(item.batch["attention_mask"][-n:].sum())
-        response_str = await self.loop.run_in_executor(
-            None, lambda: self.tokenizer.decode(response_ids[:valid], skip_special_tokens=True))
+        item = data[-1:][0]
         nt = item.non_tensor_batch
+        fields = _fields(nt)
+        start, end = response_span(item, fields)
+        ids = item.batch["responses"][start:end]
+        text = await self.loop.run_in_executor(None, lambda: self.tokenizer.decode(ids, skip_special_tokens=True))
         data_source = nt.get("data_source")
         reward_model = _plain(nt.get("reward_model")) or {}
-        ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+        ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
         extra_info = dict(_plain(nt.get("extra_info")) or {})
         spec = reward_spec(extra_info, reward_model)
         if spec is not None and self.custom_score is None:
-            result = await run_reward(spec, settings=self.settings, solution=response_str,
-                                      prompt=str(extra_info.get("prompt") or ""), ground_truth=ground_truth)
+            out = await score_sample(spec, fields, settings=self.settings, text=text,
+                                     prompt=str(extra_info.get("prompt") or ""), ground_truth=ground_truth,
+                                     info=extra_info, tools_kwargs=nt.get("tools_kwargs"))
+            return {"reward_score": out["score"], "reward_extra_info": out}
+        fn = self.custom_score or default_compute_score
+        kwargs = dict(data_source=data_source, solution_str=text, ground_truth=ground_truth,
+                      extra_info={**extra_info, **fields})
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
+            got = await fn(**kwargs)
         else:
-            fn = self.custom_score or default_compute_score
-            kwargs = dict(data_source=data_source, solution_str=response_str, ground_truth=ground_truth,
-                          extra_info=extra_info)
-            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
-                result = await fn(**kwargs)
-            else:
-                result = await self.loop.run_in_executor(None, lambda: fn(**kwargs))
-        if isinstance(result, dict):
-            return {"reward_score": float(result["score"]), "reward_extra_info": dict(result)}
-        return {"reward_score": float(result), "reward_extra_info": {"acc": float(result)}}
+            got = await self.loop.run_in_executor(None, lambda: fn(**kwargs))
+        if isinstance(got, Mapping) and set(got) >= {"score", "tangram_status"}:
+            out = dict(got)  # tangram's compute_score: already the full key set
+        else:
+            out = result(float(got["score"] if isinstance(got, Mapping) else got))
+        return {"reward_score": out["score"], "reward_extra_info": out}
 
 
 # Registered by hand, not with @register: this file may also be loaded by path

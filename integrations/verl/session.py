@@ -14,9 +14,13 @@ in a tool instance. It lives here instead:
   environments idle longer than a TTL (trajectories whose loop crashed, or
   plain ``tool_agent`` loops that never release).
 * it also collects each trajectory's per-action timings (queued / exec /
-  overhead) so the agent loop can hand them back to verl.
+  overhead); the tools hand them to verl in ``extra_fields["tangram_trace"]``.
 * :func:`get_client` keeps one :class:`tangram.client.TangramClient` per
   (url, token, event loop): an aiohttp session is bound to its loop.
+* :func:`retrying` retries transient service errors within a deadline;
+  :func:`delete_environment` deletes with retries and never forgets an
+  environment it could not delete (:data:`PENDING_DELETES`, retried on every
+  later delete and by the sweep).
 
 No verl import here.
 """
@@ -27,12 +31,24 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from integrations.verl.config import TangramSettings
 from tangram.client import ActionResult, TangramClient, TangramHTTPError
 
 log = logging.getLogger("integrations.verl")
+T = TypeVar("T")
+
+# the service's answers worth another try: not reachable (status 0, but not a deadline that
+# passed: the action may be running) and the gateway / overload statuses
+_TRANSIENT = frozenset({0, 502, 503, 504})
+
+
+class TangramServiceError(RuntimeError):
+    """The service could not do what a trajectory or its reward needed (after retries).
+
+    Raised instead of a made-up reward: verl's default (``use_v1``) path drops the
+    sample's group, the legacy path stops the step."""
 
 # ---------------------------------------------------------------------------- #
 # clients
@@ -46,11 +62,70 @@ def get_client(settings: TangramSettings) -> TangramClient:
     """The shared client of this event loop for ``settings.url`` / ``settings.token``."""
     loop = asyncio.get_running_loop()
     per_loop = _clients.setdefault(loop, {})
-    key = (settings.url.rstrip("/"), settings.token)
+    key = (settings.url.rstrip("/"), settings.token, settings.token_file, settings.request_timeout_s)
     c = per_loop.get(key)
     if c is None or c._closed:
-        c = per_loop[key] = TangramClient(settings.url, token=settings.token)
+        c = per_loop[key] = TangramClient(settings.url, token=settings.token, token_file=settings.token_file,
+                                          timeout_s=settings.request_timeout_s)
     return c
+
+
+def transient(exc: BaseException) -> bool:
+    return isinstance(exc, TangramHTTPError) and exc.status in _TRANSIENT and not exc.timed_out
+
+
+async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, what: str) -> T:
+    """``await call()``, retried on transient service errors for up to ``settings.retry_s``;
+    then a :class:`TangramServiceError` naming the service, what was being done and why."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, settings.retry_s)
+    delay = 0.25
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return await call()
+        except TangramHTTPError as exc:
+            if not transient(exc) or loop.time() + delay > deadline:
+                raise TangramServiceError(f"tangram service {settings.url}: {what} failed after {tries} "
+                                          f"tr{'y' if tries == 1 else 'ies'}: {exc}") from exc
+            log.info("tangram: %s: %s (retrying in %.2f s)", what, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+# environments whose delete failed: (settings, env id) -> why; retried, never dropped silently
+PENDING_DELETES: dict[tuple[TangramSettings, str], str] = {}
+
+
+async def delete_environment(settings: TangramSettings, env_id: str) -> bool:
+    """Delete ``env_id`` (retried within ``settings.retry_s``); on failure remember it in
+    :data:`PENDING_DELETES` for a later try. Also retries the earlier failures. True if deleted."""
+    ok = await _delete_once(settings, env_id)
+    for (s, e) in [k for k in PENDING_DELETES if k != (settings, env_id)]:
+        await _delete_once(s, e, quick=True)
+    return ok
+
+
+async def _delete_once(settings: TangramSettings, env_id: str, quick: bool = False) -> bool:
+    key = (settings, env_id)
+    try:
+        if quick:
+            await get_client(settings).delete_environment(env_id)
+        else:
+            await retrying(lambda: get_client(settings).delete_environment(env_id), settings,
+                           f"deleting environment {env_id}")
+    except (TangramHTTPError, TangramServiceError) as exc:
+        cause = exc.__cause__ if isinstance(exc, TangramServiceError) else exc
+        if isinstance(cause, TangramHTTPError) and cause.status == 404:
+            PENDING_DELETES.pop(key, None)
+            return True  # gone already
+        if key not in PENDING_DELETES:
+            log.warning("tangram: could not delete environment %s (kept for a later try): %s", env_id, exc)
+        PENDING_DELETES[key] = str(exc)
+        return False
+    PENDING_DELETES.pop(key, None)
+    return True
 
 
 async def close_clients() -> None:
@@ -75,19 +150,6 @@ def timing_record(kind: str, name: str, r: ActionResult) -> dict[str, Any]:
         "overhead_s": t.overhead_s if t else 0.0,
         "dop": (r.allocation or {}).get("dop"),
     }
-
-
-def summarize(records: list[Mapping[str, Any]]) -> dict[str, float]:
-    """Flat per-trajectory totals (what goes into verl's extra_fields, one batch column each)."""
-    out = {"tangram_actions": float(len(records)), "tangram_total_queued_s": 0.0, "tangram_total_exec_s": 0.0,
-           "tangram_total_overhead_s": 0.0, "tangram_failed_actions": 0.0}
-    for r in records:
-        out["tangram_total_queued_s"] += float(r.get("queued_s") or 0.0)
-        out["tangram_total_exec_s"] += float(r.get("exec_s") or 0.0)
-        out["tangram_total_overhead_s"] += float(r.get("overhead_s") or 0.0)
-        if r.get("status") != "succeeded":
-            out["tangram_failed_actions"] += 1.0
-    return out
 
 
 # ---------------------------------------------------------------------------- #
@@ -123,7 +185,6 @@ class _Traj:
     last_used: float = field(default_factory=time.monotonic)
     records: list[dict[str, Any]] = field(default_factory=list)
     lock: asyncio.Lock | None = None
-    setup_result: ActionResult | None = None
 
 
 class TrajectoryRegistry:
@@ -148,6 +209,11 @@ class TrajectoryRegistry:
             if spec is not None and t.env_id is None:
                 t.spec = spec
 
+    def settings_of(self, key: str) -> TangramSettings | None:
+        """The settings of the service that holds ``key``'s environment."""
+        t = self._t.get(key)
+        return t.settings if t else None
+
     def environment_of(self, key: str) -> str | None:
         t = self._t.get(key)
         return t.env_id if t else None
@@ -166,12 +232,6 @@ class TrajectoryRegistry:
             t.last_used = time.monotonic()
         return rec
 
-    def add_record(self, key: str, rec: dict[str, Any]) -> None:
-        t = self._t.get(key)
-        if t is not None:
-            t.records.append(dict(rec))
-            t.last_used = time.monotonic()
-
     def records(self, key: str) -> list[dict[str, Any]]:
         t = self._t.get(key)
         return list(t.records) if t else []
@@ -187,8 +247,11 @@ class TrajectoryRegistry:
                 raise ValueError(f"trajectory {key!r} was never declared and no settings were given")
             self.declare(key, settings, spec)
             t = self._t[key]
-        elif spec is not None and t.env_id is None and t.spec == EnvSpec():
-            t.spec = spec
+        elif t.env_id is None:
+            if spec is not None and t.spec == EnvSpec():
+                t.spec = spec
+            if settings is not None:
+                t.settings = settings  # the first tool to need it says which service holds it
         t.last_used = time.monotonic()
         if t.env_id is not None:
             return t.env_id
@@ -197,37 +260,29 @@ class TrajectoryRegistry:
         async with t.lock:  # parallel tool calls of one turn share one environment
             if t.env_id is not None:
                 return t.env_id
-            client = get_client(t.settings)
-            labels = {"trajectory": key[:200], **t.spec.labels}
-            env_id = await client.create_environment(
-                image=t.spec.image or t.settings.image,
-                memory_mb=t.spec.memory_mb if t.spec.memory_mb is not None else t.settings.memory_mb,
-                labels=labels)
+            env_id, setup = await create_environment(t.settings, t.spec, labels={"trajectory": key[:200]})
             t.env_id = env_id
+            if setup is not None:
+                self.record(key, "exec", "setup", setup)
             self.created += 1
             log.debug("tangram: trajectory %s -> environment %s", key, env_id)
-            if t.spec.setup_command:
-                r = await client.exec(env_id, t.spec.setup_command, cpu=1, timeout_s=t.settings.tool_timeout_s)
-                t.setup_result = r
-                self.record(key, "exec", "setup", r)
-                if not r.ok:
-                    log.warning("tangram: setup of %s failed (%s, exit %s): %s", env_id, r.status, r.exit_code,
-                                (r.stderr or r.error or "")[-500:])
             return env_id
 
+    def hand_over(self, key: str) -> str | None:
+        """Forget trajectory ``key`` without deleting its environment (whoever scores it deletes it)."""
+        t = self._t.pop(key, None)
+        return t.env_id if t is not None else None
+
     async def release(self, key: str) -> bool:
-        """Delete trajectory ``key``'s environment (if any) and forget it. Idempotent."""
+        """Delete trajectory ``key``'s environment (if any) and forget the trajectory; a failed delete
+        is kept in :data:`PENDING_DELETES` and retried later. Idempotent."""
         t = self._t.pop(key, None)
         if t is None or t.env_id is None:
             return False
-        try:
-            await get_client(t.settings).delete_environment(t.env_id)
-        except TangramHTTPError as exc:
-            if exc.status != 404:
-                log.warning("tangram: could not delete environment %s of %s: %s", t.env_id, key, exc)
-                return False
-        self.released += 1
-        return True
+        ok = await delete_environment(t.settings, t.env_id)
+        if ok:
+            self.released += 1
+        return ok
 
     async def sweep(self, ttl_s: float | None = None) -> list[str]:
         """Release every environment idle for more than its TTL; returns the released keys."""
@@ -239,11 +294,40 @@ class TrajectoryRegistry:
         for k in stale:
             log.info("tangram: releasing idle environment of trajectory %s (TTL)", k)
             await self.release(k)
+        for (s, e) in list(PENDING_DELETES):
+            await _delete_once(s, e, quick=True)
         return stale
 
     async def maybe_sweep(self) -> None:
         if time.monotonic() - self._last_sweep >= self._sweep_every_s:
             await self.sweep()
+
+
+async def create_environment(settings: TangramSettings, spec: EnvSpec,
+                             labels: Mapping[str, str] = {}) -> tuple[str, ActionResult | None]:
+    """A new environment built per ``spec`` and the result of its ``setup_command`` (if any); raises
+    :class:`TangramServiceError` if the service cannot create it or the setup fails
+    (the environment is then deleted again)."""
+    client = get_client(settings)
+    env_id = await retrying(lambda: client.create_environment(
+        image=spec.image or settings.image,
+        memory_mb=spec.memory_mb if spec.memory_mb is not None else settings.memory_mb,
+        labels={**labels, **spec.labels}), settings, "creating an environment")
+    if spec.setup_command:
+        try:
+            r = await retrying(lambda: client.exec(env_id, spec.setup_command, cpu=1,
+                                                   timeout_s=settings.tool_timeout_s),
+                               settings, f"setup_command in environment {env_id}")
+        except BaseException:
+            await delete_environment(settings, env_id)
+            raise
+        if not (r.ok and r.exit_code in (0, None)):
+            await delete_environment(settings, env_id)
+            raise TangramServiceError(
+                f"tangram service {settings.url}: setup_command failed in environment {env_id} "
+                f"({r.status}, exit code {r.exit_code}): {(r.stderr or r.error or r.stdout or '')[-500:]}")
+        return env_id, r
+    return env_id, None
 
 
 REGISTRY = TrajectoryRegistry()

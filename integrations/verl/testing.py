@@ -190,3 +190,44 @@ def toy_reward_model():
             return (input_ids == bang).sum(dim=1).to(torch.float32) * self.scale
 
     return ServedModel(CountBangs(), tokenizer=tok)
+
+
+class LocalActor:
+    """An in-process stand-in for a Ray actor handle: ``handle.method.remote(...)`` returns the
+    method's awaitable, so verl's workers can call verl's real ``RewardLoopWorker`` without Ray."""
+
+    def __init__(self, obj: Any):
+        self._obj = obj
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._obj, name)
+        return type(name, (), {"remote": staticmethod(lambda *a, **kw: method(*a, **kw))})
+
+
+def reward_loop_workers(config: Any, n: int = 1) -> list[LocalActor]:
+    """verl's own ``RewardLoopWorker`` (the reward manager the config names), as actor handles."""
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    return [LocalActor(RewardLoopWorker(config)) for _ in range(n)]
+
+
+def rollout_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Dataset columns (numpy object arrays) for ``rows`` of ``{prompt, agent_name, data_source,
+    ground_truth, tangram}``, the way verl's RLHFDataset hands them to the rollout."""
+    import numpy as np
+
+    def col(values):
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        return arr
+
+    return {
+        "raw_prompt": col([[{"role": "user", "content": r["prompt"]}] for r in rows]),
+        "agent_name": col([r.get("agent_name", "tangram_agent") for r in rows]),
+        "data_source": col([r.get("data_source", "tangram/test") for r in rows]),
+        "reward_model": col([{"style": "rule", "ground_truth": r.get("ground_truth", "")} for r in rows]),
+        "extra_info": col([{"index": i, **({"tangram": r["tangram"]} if r.get("tangram") else {})}
+                           for i, r in enumerate(rows)]),
+        "tools_kwargs": col([{} for _ in rows]),
+        "index": np.arange(len(rows)),
+    }

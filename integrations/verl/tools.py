@@ -24,12 +24,13 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from integrations.verl.config import TangramSettings, active_settings
-from integrations.verl.session import REGISTRY, EnvSpec, get_client
+from integrations.verl.session import REGISTRY, EnvSpec, TangramServiceError, get_client, retrying
 from tangram.client import TangramHTTPError
 
 log = logging.getLogger("integrations.verl")
 
-_SETTING_KEYS = ("url", "token", "image", "memory_mb", "env_ttl_s", "tool_timeout_s")
+_SETTING_KEYS = ("url", "token", "token_file", "image", "memory_mb", "env_ttl_s", "tool_timeout_s",
+                 "request_timeout_s", "retry_s")
 
 
 def trajectory_key(agent_data: Any) -> str | None:
@@ -64,8 +65,22 @@ class _TangramTool(BaseTool):
         await REGISTRY.release(f"instance:{instance_id}")
 
     @staticmethod
-    def _response(text: str, status: str, rec: dict[str, Any]) -> tuple[ToolResponse, float, dict]:
+    def _response(text: str, status: str, rec: dict[str, Any], key: str,
+                  agent_data: Any = None) -> tuple[ToolResponse, float, dict]:
+        if agent_data is not None and isinstance(getattr(agent_data, "extra_fields", None), dict):
+            # every action of the trajectory so far (its setup included), for the reward step's metrics
+            agent_data.extra_fields["tangram_trace"] = REGISTRY.records(key) or [rec]
         return ToolResponse(text=text), 0.0, {**rec, "status": status}
+
+    def _failed(self, exc: Exception, key: str, agent_data: Any) -> tuple[ToolResponse, float, dict]:
+        """The service failed (after retries): the model is told, and the trajectory is marked so
+        that its reward raises instead of scoring a trajectory the infrastructure broke."""
+        log.warning("tangram tool %s: %s", self.name, exc)
+        fields = getattr(agent_data, "extra_fields", None)
+        if isinstance(fields, dict):
+            fields.setdefault("tangram_error", f"tool {self.name}: {exc}")
+            fields["tangram_trace"] = REGISTRY.records(key)
+        return ToolResponse(text=f"Error: the sandbox service failed: {exc}"), 0.0, {"status": "error"}
 
 
 class TangramSandboxTool(_TangramTool):
@@ -102,14 +117,21 @@ class TangramSandboxTool(_TangramTool):
                                     EnvSpec.from_mapping({k: self.config.get(k) for k in
                                                           ("image", "memory_mb", "setup_command")
                                                           if self.config.get(k) is not None}))
+        agent_data = kwargs.get("agent_data")
         try:
             env_id = await REGISTRY.ensure(key, settings, spec)
-            r = await get_client(settings).exec(
+            # the environment's service, also when this tool's YAML names another one
+            settings = REGISTRY.settings_of(key) or settings
+            # handed to verl's reward step, which scores in it and deletes it
+            if agent_data is not None and isinstance(getattr(agent_data, "extra_fields", None), dict):
+                agent_data.extra_fields["tangram_environment"] = env_id
+                agent_data.extra_fields["tangram_url"] = settings.url
+            r = await retrying(lambda: get_client(settings).exec(
                 env_id, command, cpu=self.config.get("cpu", 1), profile=self.config.get("profile"),
-                timeout_s=float(self.config.get("timeout_s") or settings.tool_timeout_s))
-        except TangramHTTPError as exc:
-            log.warning("tangram tool %s: %s", self.name, exc)
-            return ToolResponse(text=f"Error: the sandbox service failed: {exc.message}"), 0.0, {"status": "error"}
+                timeout_s=float(self.config.get("timeout_s") or settings.tool_timeout_s)),
+                settings, f"tool {self.name}")
+        except (TangramHTTPError, TangramServiceError) as exc:
+            return self._failed(exc, key, agent_data)
         rec = REGISTRY.record(key, "exec", self.name, r)
         limit = int(self.config.get("max_output_chars") or 8000)
         parts = []
@@ -124,7 +146,7 @@ class TangramSandboxTool(_TangramTool):
         if err:
             parts.append("[stderr]\n" + err.rstrip("\n"))
         parts.append(f"[exit code: {r.exit_code}]")
-        return self._response("\n".join(parts), r.status, rec)
+        return self._response("\n".join(parts), r.status, rec, key, agent_data)
 
 
 class TangramApiTool(_TangramTool):
@@ -171,13 +193,12 @@ class TangramApiTool(_TangramTool):
         if method not in ("GET", "HEAD", "DELETE"):
             body["json"] = params
         key = trajectory_key(kwargs.get("agent_data")) or f"instance:{instance_id}"
-        try:
-            r = await get_client(settings).run_action(body)
-        except TangramHTTPError as exc:
-            log.warning("tangram tool %s: %s", self.name, exc)
-            return ToolResponse(text=f"Error: the API call failed: {exc.message}"), 0.0, {"status": "error"}
         if REGISTRY.environment_of(key) is None and key not in REGISTRY.keys():
             REGISTRY.declare(key, settings)  # timings of API-only trajectories are collected too
+        try:
+            r = await retrying(lambda: get_client(settings).run_action(body), settings, f"tool {self.name}")
+        except (TangramHTTPError, TangramServiceError) as exc:
+            return self._failed(exc, key, kwargs.get("agent_data"))
         rec = REGISTRY.record(key, "http", self.name, r)
         out = r.output if isinstance(r.output, dict) else {}
         payload = out.get("body")
@@ -185,4 +206,4 @@ class TangramApiTool(_TangramTool):
         limit = int(self.config.get("max_output_chars") or 8000)
         if r.status != "succeeded":
             text = f"[{r.status}: HTTP {out.get('status')}] {r.error or ''} {text or ''}".strip()
-        return self._response((text or "")[:limit], r.status, rec)
+        return self._response((text or "")[:limit], r.status, rec, key, kwargs.get("agent_data"))

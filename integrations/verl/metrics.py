@@ -1,0 +1,139 @@
+"""Tangram's per-step metrics in verl's logger (wandb, tensorboard, console, ...).
+
+The processes that see Tangram's actions (verl's agent-loop and reward-loop
+workers) are not the one that logs (the trainer). Each scored sample
+:func:`publish`-es its actions' timings (and each failure a count); the
+trainer's ``Tracking.log`` drains them into the step's metrics dict, under
+
+* ``tangram/actions``        actions of the step (tools, setups, rewards)
+* ``tangram/act_mean_s``     mean action completion time (execution)
+* ``tangram/queue_mean_s``   mean time an action waited for resources
+* ``tangram/overhead_mean_s`` mean scheduling/transport overhead
+* ``tangram/dop_mean``       mean degree of parallelism granted
+* ``tangram/failed``         samples whose rollout or reward the service failed (they raised)
+
+Transport: in a Ray job, one named actor (``tangram_metrics``, zero CPUs)
+collects what every worker publishes; without Ray, this process does. The
+hook is installed by :func:`integrations.verl.register` (the ``verl.plugins``
+entry point with ``TANGRAM_ENABLED=1``) and touches only the logs of a
+training step (those carrying ``training/global_step``). No verl import at
+module level.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Iterable, Mapping
+
+log = logging.getLogger("integrations.verl")
+
+ACTOR_NAME = "tangram_metrics"
+_FIELDS = ("actions", "exec_s", "queued_s", "overhead_s", "dop", "dop_n", "failed")
+
+
+class Accumulator:
+    """Sums since the last drain (also the body of the named Ray actor)."""
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(_FIELDS, 0.0)
+
+    def add(self, part: Mapping[str, float]) -> None:
+        for k in _FIELDS:
+            self.sums[k] += float(part.get(k, 0.0))
+
+    def drain(self) -> dict[str, float]:
+        out, self.sums = self.sums, dict.fromkeys(_FIELDS, 0.0)
+        return out
+
+
+_LOCAL = Accumulator()
+_actor: Any = None
+
+
+def summarize(records: Iterable[Mapping[str, Any]], failed: int = 0) -> dict[str, float]:
+    part = dict.fromkeys(_FIELDS, 0.0)
+    for r in records:
+        part["actions"] += 1
+        part["exec_s"] += float(r.get("exec_s") or 0.0)
+        part["queued_s"] += float(r.get("queued_s") or 0.0)
+        part["overhead_s"] += float(r.get("overhead_s") or 0.0)
+        if r.get("dop"):
+            part["dop"] += float(r["dop"])
+            part["dop_n"] += 1
+    part["failed"] = float(failed)
+    return part
+
+
+def _ray():
+    ray = sys.modules.get("ray")  # never import Ray here; a Ray worker has it loaded
+    return ray if ray is not None and ray.is_initialized() else None
+
+
+def _get_actor(ray: Any, create: bool) -> Any:
+    global _actor
+    if _actor is None:
+        try:
+            _actor = ray.get_actor(ACTOR_NAME)
+        except ValueError:
+            if not create:
+                return None
+            _actor = ray.remote(num_cpus=0)(Accumulator).options(name=ACTOR_NAME, get_if_exists=True).remote()
+    return _actor
+
+
+def publish(records: Iterable[Mapping[str, Any]], failed: int = 0) -> None:
+    """Count one sample's actions (and failures) into the current step's metrics. Never raises."""
+    part = summarize(records, failed)
+    ray = _ray()
+    try:
+        if ray is not None:
+            _get_actor(ray, create=True).add.remote(part)
+            return
+    except Exception:  # noqa: BLE001 - metrics must never fail a rollout; keep them in this process
+        log.debug("tangram: metrics actor unavailable", exc_info=True)
+    _LOCAL.add(part)
+
+
+def drain() -> dict[str, float]:
+    """The ``tangram/*`` metrics of everything published since the last drain."""
+    sums = _LOCAL.drain()
+    ray = _ray()
+    if ray is not None:
+        try:
+            actor = _get_actor(ray, create=False)
+            if actor is not None:
+                remote = ray.get(actor.drain.remote(), timeout=30)
+                sums = {k: sums[k] + remote.get(k, 0.0) for k in _FIELDS}
+        except Exception:  # noqa: BLE001
+            log.warning("tangram: could not read the step's metrics from the %s actor", ACTOR_NAME, exc_info=True)
+    n = sums["actions"]
+    return {
+        "tangram/actions": n,
+        "tangram/act_mean_s": sums["exec_s"] / n if n else 0.0,
+        "tangram/queue_mean_s": sums["queued_s"] / n if n else 0.0,
+        "tangram/overhead_mean_s": sums["overhead_s"] / n if n else 0.0,
+        "tangram/dop_mean": sums["dop"] / sums["dop_n"] if sums["dop_n"] else 0.0,
+        "tangram/failed": sums["failed"],
+    }
+
+
+_hooked = False
+
+
+def install_logger_hook() -> None:
+    """Make verl's ``Tracking.log`` add the ``tangram/*`` metrics to every training step's dict. Idempotent."""
+    global _hooked
+    if _hooked:
+        return
+    from verl.utils.tracking import Tracking
+
+    original = Tracking.log
+
+    def log_with_tangram(self, data, step, backend=None):
+        if isinstance(data, dict) and "training/global_step" in data:
+            data.update(drain())
+        return original(self, data, step, backend=backend)
+
+    log_with_tangram.__wrapped__ = original  # type: ignore[attr-defined]
+    Tracking.log = log_with_tangram
+    _hooked = True
