@@ -153,9 +153,14 @@ def transfer_queue():
     tmp = tempfile.mkdtemp(prefix="tgv-", dir="/tmp")  # short: Ray's unix socket paths
     # a shared test machine: other processes' memory must not make Ray kill TransferQueue's actors
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, log_to_driver=False,
+    # logical CPUs: TransferQueue's controller and storage unit take one each
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False,
              object_store_memory=100_000_000)
     try:
+        # what verl's trainer does first (main_ppo: tq.init(config.transfer_queue)); workers attach to it
+        from omegaconf import OmegaConf
+
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
         yield tq
     finally:
         try:
