@@ -30,7 +30,7 @@ pytest.importorskip("verl", reason="verl not installed: pip install -r scripts/t
 from integrations.verl import config as tconfig  # noqa: E402
 from integrations.verl import metrics as tmetrics  # noqa: E402
 from integrations.verl.session import PENDING_DELETES, REGISTRY, TangramServiceError, close_clients  # noqa: E402
-from integrations.verl.testing import (ScriptedLLM, calc_project, make_model_dir, reward_loop_workers,  # noqa: E402
+from integrations.verl.testing import (ScriptedLLM, calc_setup_command, make_model_dir, reward_loop_workers,  # noqa: E402
                                        rollout_rows, serve, tool_call, verl_config)
 from tangram.client import TangramClient  # noqa: E402
 
@@ -52,8 +52,9 @@ def service():
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    return calc_project(tmp_path_factory.mktemp("proj"))
+def project():
+    """The setup_command that writes the project into a new environment (sandboxes see no host files)."""
+    return calc_setup_command()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def script(prompt: str, turn: int) -> str:
 
 
 def _spec(project, **kw):
-    return {"setup_command": f"cp -r {project}/. .", "test_command": SUITE, "cpu_max": 2, "timeout_s": 120, **kw}
+    return {"setup_command": project, "test_command": SUITE, "cpu_max": 2, "timeout_s": 120, **kw}
 
 
 def mixed_rows(project):

@@ -31,11 +31,11 @@ BAD = "def add(a, b):\n    return a - b\n"
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    """A tiny real pytest project; the agent must write calc.py."""
-    from integrations.verl.testing import calc_project
+def project():
+    """The setup_command writing a tiny real pytest project (the agent must write calc.py)."""
+    from integrations.verl.testing import calc_setup_command
 
-    return calc_project(tmp_path_factory.mktemp("proj"))
+    return calc_setup_command()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def settings(service):
 
 
 def _info(project, **kw):
-    return {"tangram": {"setup_command": f"cp -r {project}/. .", "solution_file": "calc.py",
+    return {"tangram": {"setup_command": project, "solution_file": "calc.py",
                         "test_command": SUITE, "profile": "pytest-calc",
                         "cpu_max": 2, **kw}}
 

@@ -67,16 +67,29 @@ def make_model_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+CALC_FILES = {
+    "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n",
+    "test_calc.py": ("from calc import add\n\n"
+                     "def test_small():\n    assert add(1, 2) == 3\n\n"
+                     "def test_zero():\n    assert add(0, 0) == 0\n\n"
+                     "def test_negative():\n    assert add(-1, -1) == -2\n"),
+}
+
+
 def calc_project(path: str | os.PathLike) -> Path:
     """A tiny real pytest project whose three tests need a ``calc.py`` with ``add``."""
     p = Path(path)
-    (p / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
-    (p / "test_calc.py").write_text(
-        "from calc import add\n\n"
-        "def test_small():\n    assert add(1, 2) == 3\n\n"
-        "def test_zero():\n    assert add(0, 0) == 0\n\n"
-        "def test_negative():\n    assert add(-1, -1) == -2\n")
+    for name, text in CALC_FILES.items():
+        (p / name).write_text(text)
     return p
+
+
+def calc_setup_command() -> str:
+    """A ``setup_command`` that writes :data:`CALC_FILES` into the environment (a sandboxed
+    environment sees none of the host's files, as a ``git clone`` would not need them)."""
+    import shlex
+
+    return " && ".join(f"printf %s {shlex.quote(text)} > {shlex.quote(name)}" for name, text in CALC_FILES.items())
 
 
 def tool_call(name: str, **arguments: Any) -> str:
