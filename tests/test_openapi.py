@@ -37,7 +37,7 @@ class Checker:
             payload = await r.read()
             ctype = r.headers.get("Content-Type", "").split(";")[0]
             status, rheaders = r.status, dict(r.headers)
-        view_args = {"id": path.rsplit("/", 1)[1]} if "{id}" in pattern else None
+        view_args = {k[1:-1]: v for k, v in zip(pattern.split("/"), path.split("/")) if k.startswith("{")} or None
         req = MockRequest(self.url, method.lower(), path, path_pattern=pattern, args=query or {}, headers=hdrs,
                           view_args=view_args,
                           data=data, content_type="application/json" if data is not None else "")
@@ -60,7 +60,10 @@ async def test_real_responses_match_the_contract():
         assert st == 201
         eid = env["id"]
         assert (await c.call("GET", f"/v1/environments/{eid}", "/v1/environments/{id}"))[0] == 200
-        st, res = await c.call("POST", "/v1/actions", "/v1/actions",
+        assert (await c.call("GET", "/v1/environments", "/v1/environments"))[0] == 200
+        st, _ = await c.call("POST", f"/v1/environments/{eid}/renew", "/v1/environments/{id}/renew")
+        assert st == 200
+        st, res = await c.call("POST", "/v1/actions", "/v1/actions", headers={"Idempotency-Key": "once"},
                                body={"kind": "exec", "command": "echo hi", "environment": eid})
         assert st == 200 and res["stdout"] == "hi\n"
         assert (await c.call("GET", f"/v1/actions/{res['id']}", "/v1/actions/{id}"))[0] == 200

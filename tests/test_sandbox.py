@@ -12,6 +12,7 @@ from tangram.executors import sandbox as sbx
 from tests.service_helpers import assert_whole, config, find_pids, running_service
 
 CAN_SANDBOX, WHY = sbx.probe()
+MARK = f"61.{os.getpid()}"  # a sleep no other process on this machine runs
 pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not CAN_SANDBOX, reason=f"cannot sandbox here: {WHY}")]
 try:
     sbx.Limits("tangram-limits")  # the parent the local executor uses
@@ -98,13 +99,13 @@ async def test_no_way_out_of_the_action_cgroup():
     async with running_service() as svc, svc.client() as c:
         env = await c.create_environment()
         r = await c.exec(env, "echo $BASHPID > /sys/fs/cgroup/cpuset/cgroup.procs; ls /sys/fs/cgroup 2>&1; "
-                              "setsid sleep 61 & echo started")
+                              f"setsid sleep {MARK} & echo started")
         assert "started" in r.stdout
         await asyncio.sleep(0.2)
-        assert find_pids("sleep 61") == []  # killed with its action
+        assert find_pids(f"sleep {MARK}") == []  # killed with its action
         with open("/sys/fs/cgroup/cpuset/cgroup.procs") as f:
             root_members = set(f.read().split())
-        assert not any(int(p) in root_members for p in find_pids("sleep 61"))
+        assert not any(int(p) in root_members for p in find_pids(f"sleep {MARK}"))
         await c.delete_environment(env)
 
 

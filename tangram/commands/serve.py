@@ -19,6 +19,10 @@ def register(sub) -> None:
     p.add_argument("--no-auth", action="store_true",
                    help="serve without a bearer token (anyone who can reach the port runs commands); by default a "
                         "token is read from, or created in, $TANGRAM_TOKEN_FILE or ~/.config/tangram/token")
+    p.add_argument("--state-dir",
+                   help="where environments and actions are recorded (SQLite) so a restart reattaches them "
+                        "(default: service.state_dir, else $TANGRAM_STATE_DIR or ~/.local/state/tangram/<host>-<port>; "
+                        "with --port 0 and neither set, state is kept in memory only)")
     p.add_argument("--check", action="store_true",
                    help="validate the config (fields, cores and memory of this machine, profile stores) and exit "
                         "without starting or reaching any node")
@@ -52,6 +56,11 @@ def _run(args) -> int:
             path = token_path(args.token_file)
             token = read_token_file(path, "--token-file") if os.path.exists(path) else None
             svc = dataclasses.replace(svc, token=token, token_file=path)
+        if args.state_dir:
+            svc = dataclasses.replace(svc, state_dir=token_path(args.state_dir))
+        elif svc.state_dir is None and (os.environ.get("TANGRAM_STATE_DIR") or svc.port != 0):
+            base = os.environ.get("TANGRAM_STATE_DIR") or token_path(f"~/.local/state/tangram/{svc.host}-{svc.port}")
+            svc = dataclasses.replace(svc, state_dir=token_path(base))
         if args.no_auth:
             if svc.token or svc.token_file:
                 raise ConfigError("--no-auth", "a token is configured (service.token / token_file / --token-file)")
@@ -92,6 +101,7 @@ def _run(args) -> int:
         print(f"tangram serve: listening on {'https' if svc.tls_cert else 'http'}://{svc.host}:{port}", flush=True)
         if svc.token_file:
             print(f"tangram serve: bearer token in {svc.token_file}", flush=True)
+        print(f"tangram serve: state in {svc.state_dir or 'memory only (nothing survives a restart)'}", flush=True)
         log = logging.getLogger("tangram.service")
         if not svc.token:
             log.warning("--no-auth: no bearer token - anyone who can reach %s:%d can run commands here",

@@ -70,3 +70,16 @@ class EnvironmentExecutor(ABC):
 
     async def close(self) -> None:
         """Release every environment; idempotent."""
+
+    # crash recovery (tangram/service/recover.py): environments outlive the service that made them
+
+    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
+        """Take over an environment a previous run of the service made; False if it is gone."""
+        return False
+
+    async def sweep_unrecorded(self, keep: set[str]) -> list[str]:
+        """Remove every environment this executor owns that is not in ``keep``; returns their ids."""
+        return []
+
+    def detach(self) -> None:
+        """Forget every environment without removing it (a shutdown that keeps them for the next start)."""

@@ -56,6 +56,7 @@ from tangram.executors.docker_image import SANDBOX_IMAGE, SANDBOX_LABEL, ensure_
 log = logging.getLogger(__name__)
 
 ENV_LABEL = "org.arl-tangram.env"
+OWNER_LABEL = "org.arl-tangram.owner"  # the service (state directory) whose container it is
 RESERVED_LABEL_PREFIXES = ("org.arl-tangram.", "tangram.")  # the service's own: no caller may set them
 DEFAULT_PIDS_MAX = 512
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -123,6 +124,7 @@ class DockerExecutor(EnvironmentExecutor):
         self.allowed_images = tuple(allowed_images) if allowed_images is not None else (image,)
         self.default_memory_mb = int(default_memory_mb)
         self.pids_max = int(pids_max)
+        self.owner: str | None = None  # set by the service with durable state: its containers carry it
         self._envs: dict[str, str] = {}  # env id -> container id
         self._cpus: dict[str, tuple[str, int]] = {}  # container id -> (cpuset, nano cpus) last set
         self._images_checked: set[str] = set()
@@ -187,9 +189,45 @@ class DockerExecutor(EnvironmentExecutor):
         kw = {"command": REAPER, "mem_limit": f"{mem}m", "memswap_limit": f"{mem}m", "pids_limit": self.pids_max,
               "security_opt": ["no-new-privileges:true"], "cap_drop": ["ALL"], **self.run_kwargs}
         kw.update(image=image, name=f"{self.name_prefix}{env_id}-{uuid.uuid4().hex[:8]}",
-                  labels={**labels, SANDBOX_LABEL: "1", ENV_LABEL: env_id})  # ours last: they win
+                  labels={**labels, SANDBOX_LABEL: "1", ENV_LABEL: env_id,  # ours last: they win
+                          **({OWNER_LABEL: self.owner} if self.owner else {})})
         container = client.containers.run(**sandbox_run_kwargs(**kw))
         return container.id
+
+    def _owned(self, env_id: str | None = None) -> list:
+        labels = [f"{OWNER_LABEL}={self.owner}"] + ([f"{ENV_LABEL}={env_id}"] if env_id else [])
+        return self.client.containers.list(all=True, filters={"label": labels})
+
+    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
+        if self.owner is None:
+            return False
+        found = await self._ctl(self._owned, env_id)
+        if not found:
+            return False
+        c = found[0]
+        if c.status != "running":  # e.g. the engine restarted: its files are still in the container
+            try:
+                await self._ctl(c.start)
+            except Exception as e:  # noqa: BLE001 - cannot be revived: not adopted, swept
+                log.warning("docker executor: container %s of %s does not start: %s", c.id[:12], env_id, _why(e))
+                return False
+        self._envs[env_id] = c.id
+        return True
+
+    async def sweep_unrecorded(self, keep: set[str]) -> list[str]:
+        if self.owner is None:
+            return []
+        gone = []
+        for c in await self._ctl(self._owned):
+            env_id = c.labels.get(ENV_LABEL)
+            if env_id not in keep and env_id not in self._envs:
+                await self._ctl(self._remove, c.id)
+                gone.append(env_id)
+        return gone
+
+    def detach(self) -> None:
+        self._envs.clear()
+        self._cpus.clear()
 
     async def destroy_environment(self, env_id: str) -> None:
         cid = self._envs.pop(env_id, None)

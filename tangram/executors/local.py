@@ -355,6 +355,29 @@ class LocalExecutor(EnvironmentExecutor):
         self._envs[env_id] = d
         self._env_info[env_id] = (int(memory_mb or 0), bool(network))
 
+    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
+        d = os.path.join(self.root, env_id)
+        if _SAFE.search(env_id) or not os.path.isdir(d):
+            return False
+        self._envs[env_id] = d
+        self._env_info[env_id] = (int(memory_mb or 0), False)
+        return True
+
+    async def sweep_unrecorded(self, keep: set[str]) -> list[str]:
+        if self._own_root:  # a fresh temporary root holds nothing of a previous run
+            return []
+        gone = []
+        for name in os.listdir(self.root):
+            path = os.path.join(self.root, name)
+            if name not in keep and name not in self._envs and os.path.isdir(path):
+                await asyncio.to_thread(shutil.rmtree, path, True)
+                gone.append(name)
+        return gone
+
+    def detach(self) -> None:
+        self._envs.clear()
+        self._env_info.clear()
+
     async def destroy_environment(self, env_id: str) -> None:
         d = self._envs.pop(env_id, None)
         self._env_info.pop(env_id, None)
@@ -430,7 +453,8 @@ class LocalExecutor(EnvironmentExecutor):
                 group = _Group((group.dirs if group is not None else []) + limit_dirs)
                 details["memory_mb"], details["pids_max"] = memory_mb, self.pids_max
             inner = self._sandbox.argv(cwd, ["bash", "-c", command], network=network and self.allow_network)
-            script = "exec " + shlex.join(inner)
+            # bwrap itself dies with this service (SIGKILL included): its sandbox dies with it
+            script = "exec " + shlex.join(sbx.die_with(os.getpid()) + inner)
         if group is not None:
             script = group.join_prefix() + script
         try:

@@ -135,6 +135,21 @@ class Sandbox:
             os.chmod(path, 0o700)
 
 
+def die_with(service_pid: int) -> list[str]:
+    """A prefix that makes the next program get SIGKILL when its parent (this service) dies.
+
+    bwrap's ``--die-with-parent`` ties the sandbox to bwrap; this ties bwrap to
+    the service, so a ``kill -9`` of the service leaves no command running. The
+    signal is armed only while the parent lives: if the service died before
+    ``setpriv`` armed it, the parent is no longer ``service_pid`` and nothing runs.
+    """
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        return []
+    return [setpriv, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", f'[ "$PPID" = {int(service_pid)} ] && exec "$@"',
+            "sh"]
+
+
 def _all_ancestors(paths: Sequence[str]) -> list[str]:
     return sorted({anc for p in paths for anc in _ancestors(p)}, key=lambda d: (d.count("/"), d))
 

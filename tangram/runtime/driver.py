@@ -99,6 +99,8 @@ class Runtime:
         self._wakeup: asyncio.TimerHandle | None = None
         self._wakeup_at: float | None = None
         self._closed = False
+        # close() leaves environments in place for the next start (the service with durable state)
+        self.keep_environments = False
 
     @property
     def env_executors(self) -> dict[str, EnvironmentExecutor]:
@@ -463,7 +465,12 @@ class Runtime:
                     job.task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        await self.env_registry.close(self.engine.close_trajectory)
+        if self.keep_environments:
+            await self.env_registry.close_keeping(self.engine.close_trajectory)
+            for ex in self.env_executors.values():
+                ex.detach()
+        else:
+            await self.env_registry.close(self.engine.close_trajectory)
         await self.dispatcher.close()
         for closer in self._closers:
             try:

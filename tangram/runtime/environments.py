@@ -98,6 +98,15 @@ class Environments:
                 raise
         return env_id
 
+    def adopt(self, env_id: str, *, image: str | None, memory_mb: int, labels: Mapping[str, str], node: str) -> Environment:
+        """Register an environment that already exists on ``node`` (made by a previous run of the service)."""
+        env = Environment(id=env_id, image=image, memory_mb=memory_mb, labels=dict(labels))
+        made = asyncio.get_running_loop().create_future()
+        made.set_result(None)
+        env.created[node] = made  # type: ignore[assignment] - a finished creation
+        self._envs[env_id] = env
+        return env
+
     def oneshot(self, env_id: str, memory_mb: int) -> Environment:
         """Register a one-shot environment (removed after its only action)."""
         env = Environment(id=env_id, memory_mb=memory_mb, oneshot=True)
@@ -152,6 +161,19 @@ class Environments:
         task = asyncio.get_running_loop().create_task(coro)
         self.cleanups.add(task)
         task.add_done_callback(self.cleanups.discard)
+
+    async def close_keeping(self, close_trajectory) -> None:
+        """Shut down leaving every (non one-shot) environment on its node; one-shot ones are removed."""
+        if self.cleanups:
+            await asyncio.gather(*list(self.cleanups), return_exceptions=True)
+        for env in list(self._envs.values()):
+            close_trajectory(env.id)
+            if env.oneshot:
+                try:
+                    await self.destroy(env)
+                except Exception:  # noqa: BLE001 - best effort on shutdown
+                    log.exception("removing environment %s failed", env.id)
+        self._envs.clear()
 
     async def close(self, close_trajectory) -> None:
         """Wait for detached cleanups, then remove every environment (``close_trajectory`` frees its node)."""

@@ -18,6 +18,7 @@ import hmac
 import inspect
 import json
 import logging
+import sqlite3
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
@@ -28,6 +29,8 @@ from tangram.service import sandbox_fusion, wire
 from tangram.service.config import ClusterConfig, default_config
 from tangram.service.admission import FairGate, Refused, job_of
 from tangram.service.edge import GuardedSite, HeadDeadline, disarm_on_request, tls_context
+from tangram.service.recover import durable_config, reaper, reconcile
+from tangram.service.state import StateError, StateStore
 from tangram.service.keys import CONFIG_KEY, DEADLINE_KEY, METRICS_KEY, RUNTIME_KEY, WAITERS_KEY  # noqa: F401
 from tangram.service.metrics import ServiceMetrics
 
@@ -36,6 +39,7 @@ log = logging.getLogger("tangram.service")
 RuntimeFactory = Callable[[ClusterConfig], "Runtime | Awaitable[Runtime]"]
 
 GATE_KEY = web.AppKey("gate", FairGate)
+STATE_KEY = web.AppKey("state", StateStore)
 DISCONNECT_POLL_S = 0.25
 CANCEL_WAIT_S = 10.0
 PUBLIC_PATHS = frozenset({"/healthz"})
@@ -43,7 +47,7 @@ PUBLIC_PATHS = frozenset({"/healthz"})
 
 def create_app(config: ClusterConfig | None = None, *, runtime_factory: RuntimeFactory | None = None) -> web.Application:
     """The service for ``config`` (the embedded default when None)."""
-    config = config or default_config()
+    config = durable_config(config or default_config())
     deadline = HeadDeadline(config.service.header_timeout_s)
     app = web.Application(
         client_max_size=config.service.max_body_bytes,
@@ -57,7 +61,9 @@ def create_app(config: ClusterConfig | None = None, *, runtime_factory: RuntimeF
     app.on_shutdown.append(_cancel_in_flight)
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/v1/environments", create_environment)
+    app.router.add_get("/v1/environments", list_environments)
     app.router.add_get("/v1/environments/{id}", get_environment)
+    app.router.add_post("/v1/environments/{id}/renew", renew_environment)
     app.router.add_delete("/v1/environments/{id}", delete_environment)
     app.router.add_post("/v1/actions", post_action)
     app.router.add_get("/v1/actions/{id}", get_action)
@@ -70,6 +76,14 @@ def create_app(config: ClusterConfig | None = None, *, runtime_factory: RuntimeF
 
 def _runtime_ctx(factory: RuntimeFactory | None):
     async def ctx(app: web.Application) -> AsyncIterator[None]:
+        cfg = app[CONFIG_KEY]
+        try:
+            store = StateStore(cfg.service.state_dir, keep_results=cfg.service.keep_results)
+        except (StateError, OSError) as exc:
+            from tangram.service.config import ConfigError
+
+            raise ConfigError("service.state_dir", str(exc)) from None
+        app[STATE_KEY] = store
         if factory is None:
             from tangram.service.build import build_runtime
 
@@ -79,7 +93,10 @@ def _runtime_ctx(factory: RuntimeFactory | None):
             runtime = await made if inspect.isawaitable(made) else made
         app[RUNTIME_KEY] = runtime
         app[METRICS_KEY] = ServiceMetrics(runtime)
-        cfg = app[CONFIG_KEY]
+        await reconcile(store, runtime)
+        runtime.listeners.append(lambda job, outcome: store.finish_action(job.action.id, outcome.as_dict()))
+        reap = (asyncio.get_running_loop().create_task(reaper(store, runtime, cfg.service.env_ttl_s))
+                if cfg.service.env_ttl_s > 0 else None)
         # the engine sees enough waiting actions for its look-ahead; the rest wait here, fairly
         app[GATE_KEY] = FairGate(runtime, max_total=cfg.service.max_queued_total,
                                  max_per_job=cfg.service.max_queued_per_job,
@@ -87,8 +104,11 @@ def _runtime_ctx(factory: RuntimeFactory | None):
         try:
             yield
         finally:
+            if reap is not None:
+                reap.cancel()
             await app[GATE_KEY].close()
             await runtime.close()
+            store.close()
 
     return ctx
 
@@ -227,20 +247,45 @@ async def create_environment(request: web.Request) -> web.Response:
         if kwargs["image"] not in allowed:  # never a registry pull of a name a caller chose
             raise UnschedulableError("image", f"{kwargs['image']!r} is not an allowed image (allowed: {allowed})")
     env_id = await rt.create_environment(**kwargs)
+    nodes = list(rt.env_executors)
+    try:  # recorded before the caller hears of it: a crash from here on cannot lose it
+        request.app[STATE_KEY].record_environment(env_id, image=kwargs.get("image"), memory_mb=kwargs.get("memory_mb", 0),
+                                                  labels=kwargs.get("labels", {}),
+                                                  node=nodes[0] if len(nodes) == 1 else None)
+    except BaseException:
+        await asyncio.shield(rt.delete_environment(env_id))
+        raise
     return web.json_response({"id": env_id}, status=201)
 
 
+def _env_view(request: web.Request, env) -> dict:
+    return {"id": env.id, "image": env.image, "memory_mb": env.memory_mb, "labels": env.labels,
+            "node": request.app[RUNTIME_KEY].engine.placement.get(env.id), "active_actions": len(env.active),
+            "last_used": request.app[STATE_KEY].last_used(env.id)}
+
+
+async def list_environments(request: web.Request) -> web.Response:
+    envs = request.app[RUNTIME_KEY].environments()
+    return web.json_response({"environments": [_env_view(request, e) for e in envs],
+                              "ttl_s": request.app[CONFIG_KEY].service.env_ttl_s})
+
+
+async def renew_environment(request: web.Request) -> web.Response:
+    """Renew an environment's lease (any action in it renews it too)."""
+    env = request.app[RUNTIME_KEY].environment(request.match_info["id"])
+    request.app[STATE_KEY].touch_environment(env.id)
+    return web.json_response(_env_view(request, env))
+
+
 async def get_environment(request: web.Request) -> web.Response:
-    rt = request.app[RUNTIME_KEY]
-    env = rt.environment(request.match_info["id"])
-    return web.json_response({"id": env.id, "image": env.image, "memory_mb": env.memory_mb, "labels": env.labels,
-                              "node": rt.engine.placement.get(env.id), "active_actions": len(env.active)})
+    return web.json_response(_env_view(request, request.app[RUNTIME_KEY].environment(request.match_info["id"])))
 
 
 async def delete_environment(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME_KEY]
     # shielded: a client hanging up mid-delete must not leave a half-removed environment
     await asyncio.shield(rt.delete_environment(request.match_info["id"]))
+    request.app[STATE_KEY].drop_environment(request.match_info["id"])
     return web.Response(status=204)
 
 
@@ -248,13 +293,74 @@ async def post_action(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME_KEY]
     received = rt.clock()
     wait = _flag(request.query.get("wait", "true"), "wait")
+    key = _idempotency_key(request)
     kwargs = wire.parse_action(await _json_body(request))
+    store = request.app[STATE_KEY]
+    if key is not None and (seen := store.action_for_key(key)) is not None:
+        return await _answer_existing(request, seen, wait)  # a resubmission: never run twice
     action = rt.build_action(**kwargs)
     gate = request.app[GATE_KEY]
-    action_id = gate.offer(job_of(request.headers, lambda: request.remote), action, received)
+    try:
+        store.record_action(action.id, idem_key=key, environment=kwargs.get("environment"))
+    except sqlite3.IntegrityError:  # the same key raced in: answer that one
+        return await _answer_existing(request, store.action_for_key(key), wait)
+    try:
+        action_id = gate.offer(job_of(request.headers, lambda: request.remote), action, received)
+    except BaseException:
+        store.forget_action(action.id)
+        raise
+    if kwargs.get("environment"):
+        store.touch_environment(kwargs["environment"])
     if not wait:
         return web.json_response({"id": action_id, "status": gate.held_state(action_id) or rt.state(action_id)},
                                  status=202)
+    return await _wait_for(request, action_id)
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not key or len(key) > 256 or not key.isprintable():
+        raise DemandError("Idempotency-Key", "must be 1 to 256 printable characters")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DemandError("Idempotency-Key", "is not valid UTF-8") from None
+    return key
+
+
+async def _answer_existing(request: web.Request, action_id: str, wait: bool) -> web.Response:
+    rt, gate = request.app[RUNTIME_KEY], request.app[GATE_KEY]
+    try:
+        rt.result(action_id)  # raises for an id this runtime never saw or has forgotten
+        known = True
+    except UnknownActionError:
+        known = gate.held_state(action_id) is not None
+    if not known:  # from before a restart, or long finished
+        return _stored(request, action_id)
+    if not wait:
+        outcome = rt.result(action_id) if gate.held_state(action_id) is None else None
+        if outcome is not None:
+            return web.json_response(outcome.as_dict())
+        return web.json_response({"id": action_id, "status": gate.held_state(action_id) or rt.state(action_id)},
+                                 status=202)
+    return await _wait_for(request, action_id)
+
+
+def _stored(request: web.Request, action_id: str) -> web.Response:
+    rec = request.app[STATE_KEY].action(action_id)
+    if rec is None:
+        return _error(404, f"action {action_id!r} is unknown")
+    status, outcome = rec
+    if outcome is None:
+        return _error(410, f"action {action_id!r} finished long ago; its result is no longer kept "
+                           f"(service.keep_results)")
+    return web.json_response(outcome)
+
+
+async def _wait_for(request: web.Request, action_id: str) -> web.Response:
+    rt, gate = request.app[RUNTIME_KEY], request.app[GATE_KEY]
     waiters = request.app[WAITERS_KEY]
     waiters[action_id] = request
     try:
@@ -277,7 +383,10 @@ async def get_action(request: web.Request) -> web.Response:
     held = gate.held_state(action_id) or gate.cancelled_outcome(action_id)
     if held is not None:
         return web.json_response(held if isinstance(held, dict) else {"id": action_id, "status": held})
-    outcome = rt.result(action_id)
+    try:
+        outcome = rt.result(action_id)
+    except UnknownActionError:  # from before a restart, or forgotten by the runtime: the durable record
+        return _stored(request, action_id)
     if outcome is not None:
         return web.json_response(outcome.as_dict())
     return web.json_response({"id": action_id, "status": rt.state(action_id)})
@@ -290,7 +399,10 @@ async def cancel_action(request: web.Request) -> web.Response:
     gate = request.app[GATE_KEY]
     if gate.cancel_held(action_id) or gate.cancelled_outcome(action_id) is not None:
         return web.json_response(gate.cancelled_outcome(action_id))
-    rt.cancel(action_id)
+    try:
+        rt.cancel(action_id)
+    except UnknownActionError:  # finished before a restart (or long ago): nothing to cancel
+        return _stored(request, action_id)
     outcome = rt.result(action_id)
     if outcome is None:
         outcome = await rt.wait_finished(action_id, CANCEL_WAIT_S)

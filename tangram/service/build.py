@@ -79,10 +79,12 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
                           dop_caps=dict(cfg.dop_caps))
     if scale is not None:  # scale-out hook: gated managers, ClusterRuntime with its health loop
         return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
-                             model_executors=model_executors, models=models, profiles=profiles)
+                             model_executors=model_executors, models=models, profiles=profiles,
+                             keep_results=cfg.service.keep_results)
     engine = Engine(managers, params=params)
     return Runtime(engine, env_executors=env_executors, http_executor=http_executor,
-                   model_executors=model_executors, models=models, profiles=profiles)
+                   model_executors=model_executors, models=models, profiles=profiles,
+                   keep_results=cfg.service.keep_results)
 
 
 def _cpu_node(n: CpuNodeConfig):

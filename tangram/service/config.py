@@ -89,6 +89,10 @@ class ServiceConfig:
     max_queued_per_job: int = 1024
     max_queued_total: int = 4096
     engine_window: int = 0  # waiting actions the engine sees at once (0: max(64, 4 x scheduler.lookahead))
+    # durable state (tangram/service/state.py): None keeps it in memory (nothing survives the process)
+    state_dir: str | None = None
+    env_ttl_s: float = 3600.0  # an environment unused this long, with nothing running, is reclaimed (0: never)
+    keep_results: int = 100_000  # finished outcomes kept; older ids answer 410 Gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +226,7 @@ def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> Servic
     m = _mapping(raw, where)
     _known(m, where, {"host", "port", "token", "token_file", "max_body_bytes", "header_timeout_s", "body_timeout_s",
                       "tls_cert", "tls_key", "max_queued_per_job", "max_queued_total",
-                      "engine_window"})
+                      "engine_window", "state_dir", "env_ttl_s", "keep_results"})
     token = m.get("token")
     if token is not None:
         token = _str(token, f"{where}.token")
@@ -252,6 +256,9 @@ def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> Servic
         max_queued_per_job=_int(m.get("max_queued_per_job", 1024), f"{where}.max_queued_per_job", lo=1),
         max_queued_total=_int(m.get("max_queued_total", 4096), f"{where}.max_queued_total", lo=1),
         engine_window=_int(m.get("engine_window", 0), f"{where}.engine_window", lo=0),
+        state_dir=token_path(_str(m["state_dir"], f"{where}.state_dir"), base_dir) if m.get("state_dir") else None,
+        env_ttl_s=0.0 if m.get("env_ttl_s", 3600.0) == 0 else _number(m.get("env_ttl_s", 3600.0), f"{where}.env_ttl_s"),
+        keep_results=_int(m.get("keep_results", 100_000), f"{where}.keep_results", lo=1),
     )
 
 

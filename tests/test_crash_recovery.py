@@ -1,0 +1,155 @@
+"""Crash safety of ``tangram serve`` with a state directory: SIGKILL the service mid-action, start it
+again on the same state, and check that environments are reattached with their files, in-flight actions
+are answered failed/retryable, orphans are removed, resubmissions with an Idempotency-Key never run
+twice, leases expire, and old results answer 410."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.service_helpers import config, find_pids, running_service
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(180)
+MARK = f"61.{os.getpid()}"  # a sleep no other process on this machine runs
+
+
+def _serve(state: Path, cfg: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
+                             "--no-auth", "--state-dir", str(state)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if "listening on" in line:
+            return proc, line.strip().rsplit(" ", 1)[1]
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"serve did not start: {proc.stderr.read()}")
+
+
+async def _j(r):
+    return r.status, await r.json(content_type=None)
+
+
+async def test_sigkill_then_restart_reattaches_and_fails_in_flight_actions(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n")
+    state = tmp_path / "state"
+    proc, url = _serve(state, cfg)
+    try:
+        async with aiohttp.ClientSession() as s:
+            st, env = await _j(await s.post(f"{url}/v1/environments", json={"memory_mb": 256}))
+            assert st == 201
+            eid = env["id"]
+            body = {"kind": "exec", "environment": eid, "command": "echo once >> runs.txt; echo kept > f.txt"}
+            st, first = await _j(await s.post(f"{url}/v1/actions", json=body, headers={"Idempotency-Key": "k1"}))
+            assert st == 200 and first["status"] == "succeeded"
+            st, again = await _j(await s.post(f"{url}/v1/actions", json=body, headers={"Idempotency-Key": "k1"}))
+            assert (st, again["id"]) == (200, first["id"])  # the same action's result, not a second run
+            st, slow = await _j(await s.post(f"{url}/v1/actions?wait=false", headers={"Idempotency-Key": "k2"},
+                                             json={"kind": "exec", "environment": eid,
+                                                   "command": f"sleep {MARK}; echo late >> runs.txt"}))
+            assert st == 202
+            for _ in range(200):  # running, not merely queued
+                st, cur = await _j(await s.get(f"{url}/v1/actions/{slow['id']}"))
+                if cur["status"] == "running":
+                    break
+                await asyncio.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        for _ in range(100):  # the sandbox dies with the service (pdeathsig on bwrap, --die-with-parent below it)
+            if not find_pids(f"sleep {MARK}"):
+                break
+            await asyncio.sleep(0.05)
+        assert find_pids(f"sleep {MARK}") == []
+        (state / "envs" / "here" / "env-orphan").mkdir(parents=True)  # owned, never recorded
+        proc, url = _serve(state, cfg)
+        async with aiohttp.ClientSession() as s:
+            st, listed = await _j(await s.get(f"{url}/v1/environments"))
+            assert [e["id"] for e in listed["environments"]] == [eid]
+            st, res = await _j(await s.post(f"{url}/v1/actions",
+                                            json={"kind": "exec", "environment": eid, "command": "cat f.txt runs.txt"}))
+            assert (st, res["stdout"]) == (200, "kept\nonce\n")  # files intact; nothing ran twice
+            st, lost = await _j(await s.get(f"{url}/v1/actions/{slow['id']}"))
+            assert st == 200 and lost["status"] == "failed" and lost["retryable"] is True
+            st, same = await _j(await s.post(f"{url}/v1/actions", headers={"Idempotency-Key": "k2"},
+                                             json={"kind": "exec", "command": "echo resubmitted"}))
+            assert same["id"] == slow["id"] and same["retryable"] is True  # told, not silently rerun
+            st, _ = await _j(await s.get(f"{url}/v1/actions/{first['id']}"))
+            assert st == 200
+            st, _ = await _j(await s.get(f"{url}/v1/actions/never-seen"))
+            assert st == 404
+            assert not (state / "envs" / "here" / "env-orphan").exists()
+            assert (await s.delete(f"{url}/v1/environments/{eid}")).status == 204
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert list((state / "envs" / "here").iterdir()) == []
+
+
+async def test_graceful_restart_keeps_environments(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n")
+    state = tmp_path / "state"
+    proc, url = _serve(state, cfg)
+    async with aiohttp.ClientSession() as s:
+        eid = (await _j(await s.post(f"{url}/v1/environments", json={})))[1]["id"]
+        await s.post(f"{url}/v1/actions", json={"kind": "exec", "environment": eid, "command": "echo 1 > a"})
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    proc, url = _serve(state, cfg)
+    try:
+        async with aiohttp.ClientSession() as s:
+            st, r = await _j(await s.post(f"{url}/v1/actions",
+                                          json={"kind": "exec", "environment": eid, "command": "cat a"}))
+            assert r["stdout"] == "1\n"
+            await s.delete(f"{url}/v1/environments/{eid}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+async def test_a_second_service_on_the_same_state_is_refused(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n")
+    proc, _ = _serve(tmp_path / "state", cfg)
+    try:
+        second = subprocess.run([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
+                                 "--no-auth", "--state-dir", str(tmp_path / "state")], cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and "in use by another tangram service" in second.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+async def test_results_are_bounded_then_410_and_idle_environments_are_reclaimed():
+    cfg = config(service={"keep_results": 2, "env_ttl_s": 0.3})
+    async with running_service(cfg) as svc, aiohttp.ClientSession() as s:
+        ids = []
+        for i in range(25):
+            st, r = await _j(await s.post(f"{svc.url}/v1/actions", json={"kind": "exec", "command": f"echo {i}"}))
+            ids.append(r["id"])
+        st, body = await _j(await s.get(f"{svc.url}/v1/actions/{ids[10]}"))
+        assert st == 410, body  # seen, result no longer kept
+        assert (await s.get(f"{svc.url}/v1/actions/{ids[0]}")).status == 404  # past 10 x keep_results: forgotten
+        assert (await s.get(f"{svc.url}/v1/actions/{ids[-1]}")).status == 200
+        eid = (await _j(await s.post(f"{svc.url}/v1/environments", json={})))[1]["id"]
+        for _ in range(4):  # renewed: survives past its TTL
+            await asyncio.sleep(0.15)
+            assert (await s.post(f"{svc.url}/v1/environments/{eid}/renew")).status == 200
+        await asyncio.sleep(1.0)  # not renewed: reclaimed
+        st, listed = await _j(await s.get(f"{svc.url}/v1/environments"))
+        assert listed["environments"] == []
+        assert json.dumps(listed)
