@@ -98,3 +98,19 @@ def test_projection_feeds_measured_inputs_to_the_simulator():
     assert p["ratios"]["trajectory"]["step_time"] > 1.0
     big = project(inp, cores=3840, trajectories=64, pod_cores=1, ray_dop=None)
     assert big["cpu_nodes"] == 15 and "ray-tasks" not in big["policies"]
+
+
+def test_projection_adds_a_labelled_scaling_scenario_when_the_suite_did_not_scale():
+    from tangram.demo.projection import SCALING_SERIAL_FRACTION, project
+
+    inp = {"shell_s": {"dist": "lognormal", "mean": 0.1, "cv": 0.5}, "shell_source": "t", "reward_t1_s": 6.0,
+           "reward_t1_source": "t", "serial_fraction": 0.99, "serial_fraction_source": "measured",
+           "gap_s": [0.5, 1.5], "turns": 2, "env_start_s": 0.1}
+    p = project(inp, cores=64, trajectories=32, pod_cores=1, ray_dop=1, scaling_scenario=True)
+    alt = p["if_scaling"]
+    assert alt["inputs"]["serial_fraction"] == SCALING_SERIAL_FRACTION and "guess" in alt["inputs"]["serial_fraction_source"]
+    # 1-core baselines never see the elasticity; tangram's elastic reward does
+    assert alt["policies"]["trajectory"] == p["policies"]["trajectory"]
+    assert alt["policies"]["tangram"]["mean_act_s"] < p["policies"]["tangram"]["mean_act_s"]
+    assert "if_scaling" not in project({**inp, "serial_fraction": 0.1}, cores=64, trajectories=32, pod_cores=1,
+                                       ray_dop=None, scaling_scenario=True)

@@ -176,7 +176,7 @@ async def _main(args: argparse.Namespace) -> int:
         inp = inputs(spec, runs, profile, REWARD_PROFILE, args.project_serial_fraction)
         projection = project(inp, cores=args.project_cores, trajectories=args.project_trajectories,
                              pod_cores=spec.pod_cores, ray_dop=spec.pod_cores if ray is not None else None,
-                             seed=args.seed)
+                             seed=args.seed, scaling_scenario=args.project_serial_fraction is None)
     doc = document("coding", policies, reference="tangram", projection=projection, machine=machine,
                    spec={k: getattr(spec, k) for k in spec.__dataclass_fields__}, repeats=args.repeats)
     wide = Console(width=max(140, Console().width))

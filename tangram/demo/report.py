@@ -60,11 +60,18 @@ def print_table(console, policies: Mapping[str, Mapping[str, Any]], ratios: Mapp
 
 
 def print_projection(console, proj: Mapping[str, Any]) -> None:
+    _projection_table(console, proj, "the measured actions and elasticity on the simulator")
+    if proj.get("if_scaling"):
+        _projection_table(console, proj["if_scaling"], "the same, IF the suite scaled (Amdahl serial fraction "
+                                                      f"{proj['if_scaling']['inputs']['serial_fraction']}, a guess)")
+
+
+def _projection_table(console, proj: Mapping[str, Any], what: str) -> None:
     from rich.table import Table
 
     inp = proj["inputs"]
     t = Table(title=f"SIMULATED projection: {proj['trajectories']} trajectories on {proj['cores']} cores "
-                    f"({proj['cpu_nodes']} nodes), the measured actions on the simulator")
+                    f"({proj['cpu_nodes']} nodes), {what}")
     t.add_column("policy (simulated as)")
     for name in ("mean ACT (s)", "p99 ACT (s)", "step time (s)", "ratio mean ACT", "ratio step time"):
         t.add_column(name, justify="right")
@@ -78,9 +85,9 @@ def print_projection(console, proj: Mapping[str, Any]) -> None:
                   f"{inp['shell_source']}); reward {inp['reward_t1_s']:.2f} s at DoP 1 ({inp['reward_t1_source']}); "
                   f"Amdahl serial fraction {inp['serial_fraction']} ({inp['serial_fraction_source']})")
     if inp["serial_fraction"] > 0.5:
-        console.print("  With this elasticity a reward gains nothing from more cores, so the projection shows "
+        console.print("  With this elasticity a reward gains nothing from more cores, so this projection shows "
                       "pooling alone; measure the suite where cores scale (tangram demo --calibrate) or pass "
-                      "--project-serial-fraction to see elastic DoP at work.")
+                      "--project-serial-fraction.")
 
 
 def write_chart(path: Path, policies: Mapping[str, Mapping[str, Any]], ratios: Mapping[str, Any],
@@ -93,8 +100,13 @@ def write_chart(path: Path, policies: Mapping[str, Mapping[str, Any]], ratios: M
     names = list(policies)
     metrics = [("mean ACT", "mean_act_s", "mean_act"), ("p99 ACT", "p99_act_s", "p99_act"),
                ("step time", "step_time_s", "step_time")]
-    ncols = 2 if projection else 1
-    fig, axes = plt.subplots(1, ncols, figsize=(7.5 * ncols, 4.6), squeeze=False)
+    panels = []
+    if projection:
+        panels.append((projection, "the measured action durations and elasticity on the simulator"))
+        if projection.get("if_scaling"):
+            sf = projection["if_scaling"]["inputs"]["serial_fraction"]
+            panels.append((projection["if_scaling"], f"the same IF the suite scaled (serial fraction {sf}, a guess)"))
+    fig, axes = plt.subplots(1, 1 + len(panels), figsize=(7.5 * (1 + len(panels)), 4.6), squeeze=False)
     ax = axes[0][0]
     width = 0.8 / max(1, len(names))
     for i, p in enumerate(names):
@@ -113,22 +125,21 @@ def write_chart(path: Path, policies: Mapping[str, Mapping[str, Any]], ratios: M
     ax.set_title("measured on this machine: median, bars = min..max over runs\n"
                  "labels: seconds and baseline / tangram (> 1x: tangram better)", fontsize=9)
     ax.legend(fontsize=8)
-    if projection:
-        ax2 = axes[0][1]
-        pn = list(projection["policies"])
+    for ax2, (proj, what) in zip(axes[0][1:], panels):
+        pn = list(proj["policies"])
+        w = 0.8 / max(1, len(pn))
         for i, p in enumerate(pn):
-            xs = [j + i * width for j in range(len(metrics))]
-            vals = [projection["policies"][p][k] for _, k, _ in metrics]
-            bars = ax2.bar(xs, vals, width, label=LABELS.get(p, p), hatch="//", alpha=0.8, color=COLORS.get(p))
-            r = projection["ratios"].get(p)
+            xs = [j + i * w for j in range(len(metrics))]
+            vals = [proj["policies"][p][k] for _, k, _ in metrics]
+            bars = ax2.bar(xs, vals, w, label=LABELS.get(p, p), hatch="//", alpha=0.8, color=COLORS.get(p))
+            r = proj["ratios"].get(p)
             ax2.bar_label(bars, labels=[f"{v:.1f}s" if not r else f"{v:.1f}s\n{r[m]:.2f}x"
                                         for v, (_, _, m) in zip(vals, metrics)], fontsize=7, padding=2)
         ax2.set_ylim(0, ax2.get_ylim()[1] * 1.15)
-        ax2.set_xticks([j + width * (len(pn) - 1) / 2 for j in range(len(metrics))])
+        ax2.set_xticks([j + w * (len(pn) - 1) / 2 for j in range(len(metrics))])
         ax2.set_xticklabels([m for m, _, _ in metrics])
         ax2.set_ylabel("seconds (lower is better)")
-        ax2.set_title(f"SIMULATED: {projection['trajectories']} trajectories on {projection['cores']} cores\n"
-                      "the measured action durations and elasticity on the simulator", fontsize=9)
+        ax2.set_title(f"SIMULATED: {proj['trajectories']} trajectories on {proj['cores']} cores\n{what}", fontsize=9)
         ax2.legend(fontsize=8)
     fig.suptitle("ARL-Tangram demo: action-level (tangram) vs Ray tasks vs per-trajectory pods", fontsize=10)
     fig.tight_layout()
