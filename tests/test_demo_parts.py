@@ -46,10 +46,10 @@ def test_machine_measurement_is_real():
     from tangram.demo.machine import explain, measure
 
     cores = sorted(os.sched_getaffinity(0))[:2]
-    m = measure(cores, work=300_000)
+    m = measure(cores, work=1_000_000)
     # a busy machine makes the number noisy, never meaningless: n x (one alone) / (n together)
     assert m["cores"] == len(cores) and m["one_process_s"] > 0 and m["all_processes_s"] > 0
-    assert abs(m["parallel_speedup"] - len(cores) * m["one_process_s"] / m["all_processes_s"]) < 0.05
+    assert abs(m["parallel_speedup"] - len(cores) * m["one_process_s"] / m["all_processes_s"]) <= 0.0051
     assert 0.0 <= m["busy_before"] <= 1.0
     text = " ".join(explain(m))
     assert f"ideal {len(cores)}x" in text

@@ -46,8 +46,8 @@ def measure(cores: Sequence[int], work: int = 3_000_000) -> dict:
         together = max(pool.map(_spin, cores, [work] * len(cores)))
     speedup = len(cores) * alone / together if together > 0 else 1.0
     return {"cores": len(cores), "cpu_count": os.cpu_count(), "busy_before": round(busy, 3),
-            "load_avg_1m": round(load1, 2), "one_process_s": round(alone, 3),
-            "all_processes_s": round(together, 3), "parallel_speedup": round(speedup, 2)}
+            "load_avg_1m": round(load1, 2), "one_process_s": round(alone, 6),
+            "all_processes_s": round(together, 6), "parallel_speedup": round(speedup, 2)}
 
 
 def explain(m: dict) -> list[str]:
