@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlencode
 
-from tangram.demo.report import percentile
+from tangram.demo.results import document, percentile, policy_entry
 from tangram.demo.search import Question
 
 # openai-python's retry policy (openai/_constants.py, openai/_base_client.py)
@@ -184,20 +184,17 @@ def summarize(r: DeepSearchResult, run_no: int = 0) -> dict[str, Any]:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
+COUNTS = ("searches", "caller_429s", "retries")  # summed over runs (the rest: medians, results.policy_entry)
+
+
 def policy_summary(runs: list[DeepSearchResult]) -> dict[str, Any]:
-    """The shared demo shape for one policy: pooled percentiles, mean step time, the runs."""
-    pooled = DeepSearchResult([s for r in runs for s in r.samples], statistics.fmean(r.step_time_s for r in runs))
-    out = summarize(pooled)
+    """The shared demo shape for one policy (tangram.demo.results), counts summed over runs."""
+    per_run = [summarize(r, i) for i, r in enumerate(runs)]
+    out = policy_entry(per_run)
     del out["run"]
-    out["runs"] = [summarize(r, i) for i, r in enumerate(runs)]
+    for k in COUNTS:
+        out[k] = sum(r[k] for r in per_run)
     return out
-
-
-def ratios(tangram: dict, baseline: dict) -> dict[str, float | None]:
-    def ratio(key: str) -> float | None:
-        return round(baseline[key] / tangram[key], 3) if tangram.get(key) else None
-
-    return {"mean_act": ratio("mean_act_s"), "p99_act": ratio("p99_act_s"), "step_time": ratio("step_time_s")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,13 +268,11 @@ async def demo(spec: DeepSearchSpec, api: ApiSpec = ApiSpec(), *, repeats: int =
             policies[name] = policy_summary(rs)
             policies[name]["upstream_429s_sent"] = sum(u["refused_429"] for u in upstream[name])
     policies["tangram"]["upstream_429s_absorbed"] = absorbed
-    return {
-        "workload": "deepsearch",
-        "policies": policies,
-        # baseline / tangram per baseline; a baseline whose searches failed for good finishes them sooner
-        "ratios": {name: ratios(policies["tangram"], policies[name]) for name in baselines if name in policies},
-        "projection": None,  # a rollout against one real API: nothing is projected
-        "spec": {**{k: getattr(spec, k) for k in spec.__dataclass_fields__},
-                 "api": {k: getattr(api, k) for k in api.__dataclass_fields__}, "repeats": repeats},
-        "corpus": {"articles": len(index.articles), "index_s": round(index.index_s, 3), "questions": len(questions)},
-    }
+    # ratios: baseline / tangram; a baseline whose searches failed for good finishes them sooner
+    return document(
+        "deepsearch", policies, reference="tangram",
+        projection=None,  # a rollout against one real API: nothing is projected
+        spec={**{k: getattr(spec, k) for k in spec.__dataclass_fields__},
+              "api": {k: getattr(api, k) for k in api.__dataclass_fields__}, "repeats": repeats},
+        corpus={"articles": len(index.articles), "index_s": round(index.index_s, 3), "questions": len(questions)},
+    )

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tangram.demo.report import percentile
+from tangram.demo.results import document, percentile, policy_entry
 from tangram.demo.search import QA_FILE, QA_PACKAGE, package_file
 
 MARGIN_MB = 32  # device memory beyond the largest teacher: never room for a second one
@@ -272,21 +272,23 @@ def summarize(r: MopdResult, run_no: int = 0) -> dict[str, Any]:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
+COUNTS = ("actions", "restores", "restore_s")  # summed over runs (the rest: medians, results.policy_entry)
+
+
 def policy_summary(runs: list[MopdResult]) -> dict[str, Any]:
-    pooled = MopdResult([s for r in runs for s in r.samples], statistics.fmean(r.step_time_s for r in runs),
-                        sum(r.restores for r in runs), sum(r.restore_s for r in runs),
-                        max(r.peak_device_mb for r in runs))
-    out = summarize(pooled)
+    """The shared demo shape for one policy (tangram.demo.results), counts summed over runs."""
+    per_run = [summarize(r, i) for i, r in enumerate(runs)]
+    out = policy_entry(per_run)
     del out["run"]
-    out["runs"] = [summarize(r, i) for i, r in enumerate(runs)]
+    for k in COUNTS:
+        out[k] = round(sum(r[k] for r in per_run), 4)
+    out["peak_device_mb"] = max(r["peak_device_mb"] for r in per_run)
     return out
 
 
 async def demo(spec: MopdSpec = MopdSpec(), *, repeats: int = 1, baseline: bool = True,
                progress: Callable[[str, int], Callable[[], None]] | None = None) -> dict[str, Any]:
     """Run the rollout under evict-on-execution, then under static deployment; the demo document."""
-    from tangram.demo.deepsearch import ratios
-
     if spec.trajectories < 1 or spec.devices < 1:
         raise ValueError("trajectories and devices must be >= 1")
     trajectories = load_trajectories(spec.trajectories)
@@ -308,13 +310,10 @@ async def demo(spec: MopdSpec = MopdSpec(), *, repeats: int = 1, baseline: bool 
     if device == "cpu":
         notes.append("no CUDA device: the devices are virtual devices on the CPU, sharing its cores and memory; "
                      "restore times and device memory are those of copies in host RAM")
-    return {
-        "workload": "mopd",
-        "policies": summary,
-        "ratios": {"static": ratios(summary["tangram"], summary["static"])} if "static" in summary else {},
-        "projection": None,  # measured on this machine's devices only
-        "device": device,
-        "notes": notes,
-        "spec": {**{k: getattr(spec, k) for k in spec.__dataclass_fields__}, "repeats": repeats,
-                 "state_mb": sizes, "device_mb": max(sizes.values()) + MARGIN_MB},
-    }
+    return document(
+        "mopd", summary, reference="tangram",
+        projection=None,  # measured on this machine's devices only
+        device=device, notes=notes,
+        spec={**{k: getattr(spec, k) for k in spec.__dataclass_fields__}, "repeats": repeats,
+              "state_mb": sizes, "device_mb": max(sizes.values()) + MARGIN_MB},
+    )

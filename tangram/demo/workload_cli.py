@@ -47,6 +47,10 @@ def _table(console, title: str, doc: dict, extra: list[tuple[str, str, str]]) ->
     for policy, s in doc["policies"].items():
         t.add_row(policy, *("-" if s.get(k) is None else fmt.format(s[k]) for _, k, fmt in cols))
     console.print(t)
+    from tangram.demo.results import verdict
+
+    for name, r in (doc.get("ratios") or {}).items():
+        console.print(verdict(name, r, doc.get("reference", "tangram")))
 
 
 def run_workload(args: argparse.Namespace) -> int:
