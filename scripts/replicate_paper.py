@@ -339,7 +339,7 @@ QUICK = {
     "gpu_shapes": [(1, 4), (1, 8), (2, 8), (3, 8), (4, 8), (5, 8)],
     "breakdown_batch": 1024,
     "e2e_batch": 256,
-    "sweep_batches": [256, 1024, 4096],
+    "sweep_batches": [256, 1024, 2048],
     "sweep_workloads": None,
 }
 SMOKE = {  # seconds: checks the script end to end, the numbers mean little

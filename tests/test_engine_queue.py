@@ -29,19 +29,21 @@ def _random_action(rng: random.Random, i: int) -> Action:
     return make_action(f"a{i}", cpu=rng.choice((1, 2, 4)))
 
 
+@pytest.mark.parametrize("order", ["fcfs", "aging"])
 @pytest.mark.parametrize("seed", range(12))
-def test_a_round_over_the_lanes_plans_what_the_whole_queue_would(seed):
+def test_a_round_over_the_lanes_plans_what_the_whole_queue_would(seed, order):
     """The view holds, per lane, what free units could start plus the look-ahead: the same plan."""
     rng = random.Random(seed)
     eng, clock = make_engine(make_node("n0", cores=8, mem=9000), make_node("n1", cores=6, mem=7000), api={"llm": 3},
-                             params=PolicyParams(lookahead=4))
+                             params=PolicyParams(lookahead=4, order=order))
     for i in range(rng.randint(20, 120)):
         clock.advance(0.1)
         eng.submit(_random_action(rng, i))
         if eng.running and rng.random() < 0.3:
             eng.complete(rng.choice(list(eng.running)))
     snap = eng.snapshot()
-    full = replace(snap, waiting=tuple(r.action for r in eng.waiting.values()))
+    full = replace(snap, waiting=tuple(eng._lanes.in_order()))
+    assert {a.id for a in full.waiting} == set(eng.waiting)
     assert len(snap.waiting) == len(full.waiting)
     got, want = plan(snap), plan(full)
     assert [(d.action.id, d.node, dict(d.units)) for d in got.dispatches] == \

@@ -69,6 +69,10 @@ class Lanes:
         self._lanes.setdefault(lane, SortedList(key=_sort_key)).add(hit[1])
         self._where[action_id] = (lane, hit[1])
 
+    def in_order(self) -> list[Action]:
+        """Every waiting action in the order a round would read them (O(n log n): introspection)."""
+        return [e[2] for e in sorted((e for entries in self._lanes.values() for e in entries), key=_sort_key)]
+
     def max_key(self) -> float:
         """The largest order key waiting (-inf when empty)."""
         return max((entries[-1][0] for entries in self._lanes.values()), default=float("-inf"))
