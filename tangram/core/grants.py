@@ -64,6 +64,20 @@ def _fmt(cores: list[int]) -> str:
 # ---------------------------------------------------------------------- #
 # GPU services
 
+MIB = 2 ** 20  # device memory is counted in MiB
+GB = 10 ** 9  # link bandwidth is quoted in GB/s
+
+
+def restore_seconds(mb_per_device: float, gbps: float, overhead_s: float = 0.0) -> float:
+    """Seconds to restore a service onto a chunk: every device loads its ``mb_per_device`` MiB
+    in parallel over its own host link at ``gbps`` GB/s, after a fixed ``overhead_s``.
+
+    The one formula the GPU executors, the simulator and the policy's
+    restore estimates share (memory in MiB, bandwidth in decimal GB/s).
+    """
+    return overhead_s + mb_per_device * MIB / (gbps * GB)
+
+
 def service_name(model: str, dop: int) -> str:
     """``"rm@dop2"``: a model at one DoP is its own service."""
     return f"{model}@dop{int(dop)}"

@@ -24,9 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from tangram.core.grants import CacheDecision
+from tangram.core.grants import CacheDecision, restore_seconds
 
-MB = 2 ** 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +72,7 @@ class SimulatedGpuExecutor:
         self._busy: dict[int, str] = {}
 
     def restore_s(self, mb_per_device: int) -> float:
-        return self.params.restore_overhead_s + mb_per_device * MB / (self.params.restore_gbps * 1e9)
+        return restore_seconds(mb_per_device, self.params.restore_gbps, self.params.restore_overhead_s)
 
     def exec_s(self, n_inputs: int, dop: int) -> float:
         return math.ceil(max(n_inputs, 0) / (self.params.batch_size * dop)) * self.params.batch_latency_s

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from tangram.core.grants import restore_seconds
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, CountingManager
 from tangram.managers.buddy import Chunk
@@ -144,7 +145,7 @@ class SimGpuManager(CountingManager):
                 res.remove(i)
         res.append(_Instance(service, chunk.start, chunk.size, need, now))
         self.restores += 1
-        return need / self._bw  # every GPU of the chunk loads its shard in parallel
+        return restore_seconds(need * 1024, self._bw)  # every GPU of the chunk loads its shard in parallel
 
     def take_restore_s(self, holder: str) -> float:
         return self._restore.pop(holder, 0.0)

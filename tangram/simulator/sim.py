@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tangram.core.engine import Engine
+from tangram.core.grants import restore_seconds
 from tangram.core.model import Action, Demand
 from tangram.simulator.bounds import pooled_bound_mean
 from tangram.simulator.errors import WorkloadError
@@ -268,7 +269,8 @@ class Simulation:
                 demands = {"gpu": Demand.choices(opts)}
                 # what a miss costs at each DoP, as the service cache restores it (sharded state)
                 size_mb = math.ceil(self.wl.services[it.service].size_gb * 1024)
-                kw["restore_s"] = {m: math.ceil(size_mb / m) / 1024 / self.wl.cluster.restore_gbps for m in opts}
+                kw["restore_s"] = {m: restore_seconds(math.ceil(size_mb / m), self.wl.cluster.restore_gbps)
+                                   for m in opts}
         else:
             demands = {cls.rtype: cls.demand}
         return Action.build(rec.id, demands, **kw)
@@ -399,7 +401,7 @@ class Simulation:
         decision = self.gpu.lease(pool, holder)
         if decision is None or decision.hit:
             return 0.0
-        seconds = decision.restore_mb_per_device / 1024 / self.wl.cluster.restore_gbps
+        seconds = restore_seconds(decision.restore_mb_per_device, self.wl.cluster.restore_gbps)
         self.gpu.restored(pool, holder, seconds)  # counted as part of the action's execution
         return seconds
 
