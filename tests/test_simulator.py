@@ -29,9 +29,26 @@ def small_search(batch: int = 16):
     return wl.with_cluster(replace(wl.cluster, api=api))
 
 
-def expected_actions(wl, seed: int = 0) -> int:
-    sim = Simulation(wl, "tangram", seed=seed)
-    return sum(len(t.items) for step in range(wl.steps) for t in sim._scripts(step))
+def check_complete(wl, res) -> None:
+    """Every trajectory of every step ran each of its job's rewards once, after all its other actions.
+
+    Counted from the workload's definition (trajectories x steps x reward classes),
+    not from the simulator's own scripts; and the summary counts what was recorded.
+    """
+    assert res.summary["actions"] == len(res.records)
+    rewards = {j.name: [c.name for c in j.rewards] for j in wl.jobs}
+    by_traj: dict[str, list] = {}
+    for r in res.records:
+        by_traj.setdefault(r.traj.id, []).append(r)
+    expected_trajectories = sum(j.trajectories for j in wl.jobs) * wl.steps
+    assert len(by_traj) == expected_trajectories
+    for recs in by_traj.values():
+        names = rewards[recs[0].traj.job.name]
+        got = sorted((r for r in recs if r.item.cls.kind == "reward"), key=lambda r: r.submit)
+        assert [r.item.cls.name for r in got] == names
+        others = [r.end for r in recs if r.item.cls.kind != "reward"]
+        if got and others:  # the rewards run at the trajectory's end
+            assert max(others) <= got[0].submit + 1e-9
 
 
 # --------------------------------------------------------------------------- #
@@ -52,7 +69,7 @@ def test_every_cpu_action_completes_with_invariants_checked(policy):
     wl = small_coding().with_steps(2)
     s = Simulation(wl, policy, seed=1, check=True)
     res = s.run()
-    assert res.summary["actions"] == expected_actions(wl, 1)
+    check_complete(wl, res)
     assert not s.engine.waiting and not s.engine.running
     assert all(r.end >= r.start >= r.submit for r in res.records)
     assert len(res.summary["step_times_s"]) == 2
@@ -63,7 +80,7 @@ def test_every_search_and_gpu_action_completes(policy):
     wl = small_search()
     s = Simulation(wl, policy, seed=2, check=True)
     res = s.run()
-    assert res.summary["actions"] == expected_actions(wl, 2)
+    check_complete(wl, res)
     assert not s.engine.waiting and not s.engine.running
 
 
@@ -72,7 +89,7 @@ def test_mopd_and_shared_pool_complete():
         wl = load_workload(name).with_batch(12)
         for policy in ("tangram", "static-services", "serverless"):
             res = simulate(wl, policy, seed=0, check=True)
-            assert res.summary["actions"] == expected_actions(wl, 0)
+            check_complete(wl, res)
     shared = simulate(load_workload("mopd+search").with_batch(12), "tangram").summary
     assert set(shared["job_step_time_s"]) == {"mopd", "deepsearch"}
 
@@ -86,7 +103,19 @@ def test_lower_bound_is_below_mean_act(policy):
     s = simulate(small_coding(), policy, seed=0).summary
     assert s["lower_bound_mean_act_s"] <= s["mean_act_s"] + 1e-9
     assert s["lower_bound_step_time_s"] <= s["step_time_s"] + 1e-9
-    assert s["mean_queue_s"] + s["mean_exec_s"] == pytest.approx(s["mean_act_s"])
+
+
+@pytest.mark.parametrize("policy", ["tangram", "fixed-dop:1", "fixed-dop:4"])
+def test_each_action_runs_for_its_true_duration_at_the_dop_it_got(policy):
+    wl = small_coding()
+    res = simulate(wl, policy, seed=0)
+    for r in res.records:
+        true_s = r.item.cls.elasticity.duration(r.item.t1, r.units) if r.item.cls.elasticity else r.item.t1
+        assert r.run_s == pytest.approx(true_s)
+        # start to end: the environment's set-up (first action of a trajectory) and the run, nothing else
+        assert r.end - r.start == pytest.approx(r.setup_s + r.restore_s + r.run_s)
+    mean_exec = sum(r.end - r.start for r in res.records) / len(res.records)
+    assert res.summary["mean_exec_s"] == pytest.approx(mean_exec)
 
 
 def test_tangram_beats_trajectory_and_fixed_dop_1_when_contended():
@@ -110,9 +139,15 @@ def test_api_naive_retries_and_tangram_never_does():
 
 def test_static_services_reserve_their_gpus_for_the_whole_step():
     wl = load_workload("mopd").with_batch(16)
-    static = simulate(wl, "static-services").summary
-    assert static["pools"]["gpu"]["reserved_frac"] == pytest.approx(1.0)
+    res = simulate(wl, "static-services")
+    static = res.summary
+    dedicated = wl.baselines.static
+    assert static["pools"]["gpu"]["capacity"] == sum(dop * n for dop, n in dedicated.values())
+    gpu = [r for r in res.records if r.item.cls.rtype == "gpu"]
+    assert gpu and all(r.units == dedicated[r.item.service][0] and r.restore_s == 0.0 for r in gpu)
     assert static["mean_restore_s"] == 0.0
+    # the dedicated GPUs are reserved all step long but busy only while an action runs on them
+    assert static["pools"]["gpu"]["utilisation"] < static["pools"]["gpu"]["reserved_frac"]
 
 
 # --------------------------------------------------------------------------- #
