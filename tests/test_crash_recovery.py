@@ -68,13 +68,15 @@ async def test_sigkill_then_restart_reattaches_and_fails_in_flight_actions(tmp_p
                 await asyncio.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        for _ in range(100):  # the sandbox dies with the service (pdeathsig on bwrap, --die-with-parent below it)
+        (state / "envs" / "here" / "env-orphan").mkdir(parents=True)  # owned, never recorded
+        proc, url = _serve(state, cfg)
+        # the sandbox dies with the service (pdeathsig on bwrap, --die-with-parent below it); what a kill
+        # landing in the instant before those are armed leaves is swept at start (its cgroups name a dead pid)
+        for _ in range(100):
             if not find_pids(f"sleep {MARK}"):
                 break
             await asyncio.sleep(0.05)
         assert find_pids(f"sleep {MARK}") == []
-        (state / "envs" / "here" / "env-orphan").mkdir(parents=True)  # owned, never recorded
-        proc, url = _serve(state, cfg)
         async with aiohttp.ClientSession() as s:
             st, listed = await _j(await s.get(f"{url}/v1/environments"))
             assert [e["id"] for e in listed["environments"]] == [eid]
@@ -153,3 +155,47 @@ async def test_results_are_bounded_then_410_and_idle_environments_are_reclaimed(
         st, listed = await _j(await s.get(f"{svc.url}/v1/environments"))
         assert listed["environments"] == []
         assert json.dumps(listed)
+
+
+@pytest.mark.docker
+async def test_docker_node_sigkill_then_restart_reattaches_the_container(tmp_path, docker_client):
+    endpoint = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"cpu_nodes:\n  - {{name: d0, executor: docker, endpoint: '{endpoint}', cores: 1, memory_mb: 2048}}\n"
+                   "gpu_nodes: []\n")
+    state = tmp_path / "state"
+    proc, url = _serve(state, cfg)
+    try:
+        async with aiohttp.ClientSession() as s:
+            eid = (await _j(await s.post(f"{url}/v1/environments", json={"labels": {"suite": "crash"}})))[1]["id"]
+            st, r = await _j(await s.post(f"{url}/v1/actions",
+                                          json={"kind": "exec", "environment": eid, "command": "echo kept > /work/f"}))
+            assert r["status"] == "succeeded", r
+            st, slow = await _j(await s.post(f"{url}/v1/actions?wait=false",
+                                             json={"kind": "exec", "environment": eid, "command": f"sleep {MARK}"}))
+            for _ in range(200):
+                if find_pids(f"sleep {MARK}"):
+                    break
+                await asyncio.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert find_pids(f"sleep {MARK}")  # an exec outlives its client: still running in the container
+        owner = docker_client.containers.list(filters={"label": "suite=crash"})[0].labels["org.arl-tangram.owner"]
+        stray = docker_client.containers.run("tangram-sandbox:latest", ["/bin/sleep", "600"], detach=True,
+                                             network_mode="none",
+                                             labels={"org.arl-tangram.owner": owner, "org.arl-tangram.env": "env-x"},
+                                             volumes={"/usr": {"bind": "/usr", "mode": "ro"}})
+        proc, url = _serve(state, cfg)
+        async with aiohttp.ClientSession() as s:
+            st, r = await _j(await s.post(f"{url}/v1/actions",
+                                          json={"kind": "exec", "environment": eid, "command": "cat /work/f"}))
+            assert r.get("stdout") == "kept\n", r  # the same container, its files intact
+            assert find_pids(f"sleep {MARK}") == []  # what the dead service left running was killed
+            st, lost = await _j(await s.get(f"{url}/v1/actions/{slow['id']}"))
+            assert lost["status"] == "failed" and lost["retryable"] is True
+            assert docker_client.containers.list(all=True, filters={"id": stray.id}) == []  # owned, unrecorded
+            assert (await s.delete(f"{url}/v1/environments/{eid}")).status == 204
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert docker_client.containers.list(all=True, filters={"label": "suite=crash"}) == []

@@ -126,3 +126,16 @@ async def test_isolation_none_is_explicit_and_warned(caplog):
         r = await c.exec(None, "id -u")
         assert r.allocation["isolation"] == "none" and r.stdout.strip() == str(os.geteuid())
     assert any("isolation none" in rec.getMessage() for rec in caplog.records)
+
+
+async def test_output_is_capped_and_flagged_truncated():
+    import aiohttp
+
+    async with running_service() as svc, aiohttp.ClientSession() as s:
+        body = {"kind": "exec", "command": "head -c 20000000 /dev/zero | tr '\\0' x; echo tail >&2"}
+        async with s.post(f"{svc.url}/v1/actions", json=body) as r:
+            res = await r.json()
+        assert res["status"] == "succeeded" and len(res["stdout"]) == 8 << 20 and res["stderr"] == "tail\n"
+        assert res["truncated"] is True
+        async with s.post(f"{svc.url}/v1/actions", json={"kind": "exec", "command": "echo small"}) as r:
+            assert "truncated" not in await r.json()

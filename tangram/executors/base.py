@@ -28,6 +28,7 @@ class ExecResult:
     exec_s: float | None = None  # the executor's own measure of the run, without its set-up
     isolation: str | None = None  # how an exec action was confined (cgroup, affinity, docker-cpuset, none)
     node_down: bool = False  # its node died under it: the action did not fail on its own
+    truncated: bool = False  # exec: output past the executor's cap was dropped while it streamed
     restored: bool = False  # GPU: the model's state was restored onto the chunk for this run
     restore_s: float = 0.0  # GPU: seconds that restore took
     rate_headers: Mapping[str, str] | None = None  # http: the upstream's rate-limit headers (Retry-After, ...)
@@ -72,6 +73,10 @@ class EnvironmentExecutor(ABC):
         """Release every environment; idempotent."""
 
     # crash recovery (tangram/service/recover.py): environments outlive the service that made them
+
+    def set_owner(self, owner: str) -> None:
+        """Mark what this executor makes as owned by ``owner`` (the state directory's id), so a later run
+        with the same state can tell its own leftovers from other services' (shared engines)."""
 
     async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
         """Take over an environment a previous run of the service made; False if it is gone."""

@@ -194,6 +194,9 @@ class DockerExecutor(EnvironmentExecutor):
         container = client.containers.run(**sandbox_run_kwargs(**kw))
         return container.id
 
+    def set_owner(self, owner: str) -> None:
+        self.owner = owner
+
     def _owned(self, env_id: str | None = None) -> list:
         labels = [f"{OWNER_LABEL}={self.owner}"] + ([f"{ENV_LABEL}={env_id}"] if env_id else [])
         return self.client.containers.list(all=True, filters={"label": labels})
@@ -211,8 +214,18 @@ class DockerExecutor(EnvironmentExecutor):
             except Exception as e:  # noqa: BLE001 - cannot be revived: not adopted, swept
                 log.warning("docker executor: container %s of %s does not start: %s", c.id[:12], env_id, _why(e))
                 return False
+        # commands of the dead service may still run inside (an exec outlives its client): kill every
+        # process of an action (they all carry TANGRAM_ACTION_TOKEN); PID 1, the reaper, stays
+        await self._ctl(self._kill_all_inside, c.id)
         self._envs[env_id] = c.id
         return True
+
+    def _kill_all_inside(self, cid: str) -> None:
+        api = self.client.api
+        script = ('for f in $(grep -lz "^TANGRAM_ACTION_TOKEN=" /proc/[0-9]*/environ 2>/dev/null); do '
+                  'p=${f#/proc/}; p=${p%/environ}; [ "$p" != "$$" ] && kill -9 $p 2>/dev/null; done; exit 0')
+        ex = api.exec_create(cid, ["sh", "-c", script], stdout=True, stderr=True)
+        api.exec_start(ex["Id"])
 
     async def sweep_unrecorded(self, keep: set[str]) -> list[str]:
         if self.owner is None:
@@ -317,7 +330,7 @@ class DockerExecutor(EnvironmentExecutor):
             status = SUCCEEDED if rc == 0 else FAILED
             error = None if rc == 0 else f"exit code {rc}"
         return ExecResult(status=status, exit_code=rc, stdout=out, stderr=err, error=error, isolation=isolation,
-                          details=details)
+                          truncated=truncated, details=details)
 
     def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str],
                   stdin: bytes | None = None) -> tuple[str, str, int | None, str, bool]:

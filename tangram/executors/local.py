@@ -503,7 +503,7 @@ class LocalExecutor(EnvironmentExecutor):
             self._remove_group(group)
         return ExecResult(status=status, exit_code=rc, stdout=proto.out.decode(errors="replace"),
                           stderr=proto.err.decode(errors="replace"), error=error, exec_s=own_exec_s,
-                          isolation=self.sandbox, details=details)
+                          isolation=self.sandbox, truncated=proto.truncated, details=details)
 
     async def _spawn(self, script: str, cwd: str, env: dict, affinity: list[int] | None,
                      stdin: bytes | None = None):

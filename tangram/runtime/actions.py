@@ -63,6 +63,7 @@ class ActionOutcome:
     error: str | None = None
     allocation: dict[str, Any] = field(default_factory=dict)
     timing: Timing = field(default_factory=Timing)
+    truncated: bool = False  # output past the executor's cap was dropped
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id, "status": self.status}
@@ -70,6 +71,8 @@ class ActionOutcome:
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
+        if self.truncated:
+            d["truncated"] = True
         d["allocation"] = self.allocation
         d["timing"] = self.timing.as_dict()
         return d

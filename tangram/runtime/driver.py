@@ -362,7 +362,7 @@ class Runtime:
         outcome = ActionOutcome(
             id=a.id, status=result.status, exit_code=result.exit_code, stdout=result.stdout,
             stderr=result.stderr, output=result.output, error=result.error,
-            allocation=allocation_of(placement, result.isolation), timing=timing,
+            allocation=allocation_of(placement, result.isolation), timing=timing, truncated=result.truncated,
         )
         job.outcome = outcome
         job.task = None

@@ -165,6 +165,19 @@ class GuardedEnvExecutor(EnvironmentExecutor):
             return  # a dead endpoint would only make shutdown hang
         await self.inner.close()
 
+    # crash recovery: straight to the node's executor
+    def set_owner(self, owner: str) -> None:
+        self.inner.set_owner(owner)
+
+    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
+        return await self.inner.adopt_environment(env_id, memory_mb=memory_mb)
+
+    async def sweep_unrecorded(self, keep: set[str]) -> list[str]:
+        return await self.inner.sweep_unrecorded(keep)
+
+    def detach(self) -> None:
+        self.inner.detach()
+
 
 class GuardedModelRunner:
     """A GPU node's model executor that fails fast while the node is down."""

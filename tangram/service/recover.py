@@ -46,8 +46,7 @@ async def reconcile(store: StateStore, rt: Any) -> dict[str, int]:
     """Reattach, sweep, fail in-flight actions; returns the counts (logged)."""
     rt.keep_environments = store.directory is not None
     for ex in rt.env_executors.values():
-        if hasattr(ex, "owner"):
-            ex.owner = store.service_id
+        ex.set_owner(store.service_id)
     nodes = list(rt.env_executors)
     adopted: set[str] = set()
     dropped = 0
