@@ -77,3 +77,31 @@ async def test_teacher_logprobs_survive_evict_and_restore_and_match_transformers
         st = svc.runtime.engine.manager_of("gpu@g0").stats()
         assert st["restores"] == 3 and st["evictions"] == 2 and st["hits"] == 0
         assert_whole(svc.runtime)
+
+
+async def test_verl_reward_scores_a_response_by_teacher_logprobs_through_the_scheduler():
+    from integrations.verl import reward as R
+    from integrations.verl.config import TangramSettings
+    from integrations.verl.session import close_clients
+
+    async with running_service(one_device_config()) as svc:
+        settings = TangramSettings(enabled=True, url=svc.url)
+        spec = {"model": "smollm2", "op": "logprobs", "prompt_template": "Question: {prompt}\nAnswer:"}
+        try:
+            res, r = await R.run_reward(spec, settings=settings, prompt="What is the capital of France?",
+                                        solution=" The capital of France is Paris, on the Seine.")
+            ref = direct_logprobs(PROMPT, RESPONSE)
+            assert r.ok and res["tangram_status"] == "succeeded"
+            assert res["score"] == pytest.approx(sum(ref) / len(ref), abs=1e-5)
+            total, _ = await R.run_reward({**spec, "reduce": "sum"}, settings=settings,
+                                          prompt="What is the capital of France?", solution=RESPONSE)
+            assert total["score"] == pytest.approx(sum(ref), abs=1e-3)
+            # a fluent answer is likelier under the teacher than a garbled one
+            bad, _ = await R.run_reward(spec, settings=settings, prompt="What is the capital of France?",
+                                        solution=" Seine the Paris France of capital is the, on.")
+            assert bad["score"] < res["score"]
+        finally:
+            await close_clients()
+        assert_whole(svc.runtime)
+    with pytest.raises(ValueError, match="reduce"):
+        R.logprob_score([[-1.0]], "max")

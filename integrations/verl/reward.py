@@ -23,7 +23,11 @@ either), a mapping with
 * reward-model rewards (GPU ``model`` actions): ``model`` (the service's model
   name), ``op`` (default ``score``), ``gpu`` (an int or a list of allowed
   DoPs, default 1), ``template`` (default ``"{response}"``; may use
-  ``{prompt}``, ``{response}``, ``{ground_truth}``).
+  ``{prompt}``, ``{response}``, ``{ground_truth}``);
+* teacher log-prob rewards (``op: logprobs``, a causal-LM teacher such as
+  ``tangram.demo.teachers:smollm2``): the teacher's log-probabilities of the
+  response's tokens given ``prompt_template`` (default ``"{prompt}"``),
+  reduced by ``reduce`` (``mean``, the default, or ``sum``) into the score.
 
 The result is a dict with the same keys for every sample (:data:`REWARD_KEYS`;
 verl stacks ``reward_extra_info`` per key over a batch): ``score``, ``acc``
@@ -181,12 +185,16 @@ def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environm
 
 
 def model_action(spec: Mapping[str, Any], *, prompt: str, response: str, ground_truth: Any) -> dict[str, Any]:
-    template = str(spec.get("template") or "{response}")
-    text = template.format(prompt=prompt or "", response=response or "",
-                           ground_truth="" if ground_truth is None else ground_truth)
+    op = str(spec.get("op") or "score")
+    fields = {"prompt": prompt or "", "response": response or "", "ground_truth": "" if ground_truth is None else ground_truth}
     gpu = spec.get("gpu") or 1
-    body: dict[str, Any] = {"kind": "model", "model": str(spec["model"]), "op": str(spec.get("op") or "score"),
-                            "inputs": [text], "resources": {"gpu": list(gpu) if isinstance(gpu, (list, tuple)) else int(gpu)}}
+    body: dict[str, Any] = {"kind": "model", "model": str(spec["model"]), "op": op,
+                            "resources": {"gpu": list(gpu) if isinstance(gpu, (list, tuple)) else int(gpu)}}
+    if op == "logprobs":  # the teacher's log-probs of the response given the prompt
+        body["inputs"] = [str(spec.get("prompt_template") or "{prompt}").format(**fields)]
+        body["tokens"] = [response or ""]
+    else:
+        body["inputs"] = [str(spec.get("template") or "{response}").format(**fields)]
     if spec.get("timeout_s"):
         body["timeout_s"] = float(spec["timeout_s"])
     if spec.get("profile"):
@@ -207,6 +215,18 @@ def model_score(output: Any) -> float:
         else:
             break
     return float(x)
+
+
+def logprob_score(output: Any, reduce: str = "mean") -> float:
+    """A teacher's per-token log-probs of one response (``[[lp, ...]]``) reduced to a score."""
+    if reduce not in ("mean", "sum"):
+        raise ValueError(f"reduce: 'mean' or 'sum', got {reduce!r}")
+    if not isinstance(output, (list, tuple)) or len(output) != 1 or not isinstance(output[0], (list, tuple)):
+        raise ValueError("expected one list of log-probs")
+    lps = [float(x) for x in output[0]]
+    if not lps:
+        raise ValueError("the response has no tokens")
+    return sum(lps) / len(lps) if reduce == "mean" else sum(lps)
 
 
 def result(score: float, r: ActionResult | None = None, actions: int = 0) -> dict[str, Any]:
@@ -255,6 +275,8 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
         raise TangramServiceError(f"tangram service {settings.url}: the {kind} reward action did not run ({why})")
     if kind == "model":
         try:
+            if body["op"] == "logprobs":
+                return result(logprob_score(r.output, str(spec.get("reduce") or "mean")), r), r
             return result(model_score(r.output), r), r
         except (TypeError, ValueError) as exc:
             raise TangramServiceError(f"tangram service {settings.url}: reward model "
