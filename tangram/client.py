@@ -13,8 +13,8 @@ than reporting the error.
 
 The token is ``token``, else the contents of ``token_file``, else the
 ``TANGRAM_TOKEN`` environment variable, else the file named by
-``TANGRAM_TOKEN_FILE`` (:func:`resolve_token`); it is never part of a repr or
-an error message.
+``TANGRAM_TOKEN_FILE``, else ``~/.config/tangram/token`` when it exists
+(:func:`resolve_token`); it is never part of a repr or an error message.
 
     async with TangramClient("http://127.0.0.1:8471", token=...) as c:
         env = await c.create_environment(memory_mb=2048)
@@ -34,21 +34,31 @@ import aiohttp
 _IDEMPOTENT = frozenset({"GET", "DELETE", "HEAD"})
 
 
+DEFAULT_TOKEN_FILE = "~/.config/tangram/token"  # where `tangram serve` writes one when none is configured
+
+
 def resolve_token(token: str | None = None, token_file: str | os.PathLike | None = None) -> str | None:
     """The bearer token: ``token``, else ``token_file``'s contents, else ``$TANGRAM_TOKEN``, else the
-    contents of ``$TANGRAM_TOKEN_FILE``; None if none is set. An unreadable or empty file raises."""
+    contents of ``$TANGRAM_TOKEN_FILE``, else of ``~/.config/tangram/token`` if it exists (the file
+    ``tangram serve`` writes); None if there is none. A named file that is unreadable or empty raises."""
     if token:
         return token
-    path = token_file or (None if os.environ.get("TANGRAM_TOKEN") else os.environ.get("TANGRAM_TOKEN_FILE"))
+    if not token_file and os.environ.get("TANGRAM_TOKEN"):
+        return os.environ["TANGRAM_TOKEN"].strip()
+    path = token_file or os.environ.get("TANGRAM_TOKEN_FILE")
     if not path:
-        return os.environ.get("TANGRAM_TOKEN") or None
+        default = os.path.expanduser(DEFAULT_TOKEN_FILE)
+        if not os.path.exists(default):
+            return None
+        path = default
+    path = os.path.expanduser(os.fspath(path))
     try:
         with open(path, encoding="utf-8") as f:
             value = f.read().strip()
     except OSError as exc:
-        raise ValueError(f"token file {os.fspath(path)!r} cannot be read: {exc.strerror or exc}") from None
+        raise ValueError(f"token file {path!r} cannot be read: {exc.strerror or exc}") from None
     if not value:
-        raise ValueError(f"token file {os.fspath(path)!r} is empty")
+        raise ValueError(f"token file {path!r} is empty")
     return value
 
 

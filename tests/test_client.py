@@ -106,6 +106,7 @@ def test_token_from_argument_file_or_environment(tmp_path, monkeypatch):
 
     monkeypatch.delenv("TANGRAM_TOKEN", raising=False)
     monkeypatch.delenv("TANGRAM_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/tangram/token here
     f = tmp_path / "tok"
     f.write_text("from-file\n")
     assert resolve_token() is None
@@ -119,5 +120,10 @@ def test_token_from_argument_file_or_environment(tmp_path, monkeypatch):
     (tmp_path / "empty").write_text("")
     with pytest.raises(ValueError, match="empty"):
         resolve_token(None, tmp_path / "empty")
+    monkeypatch.delenv("TANGRAM_TOKEN")
+    monkeypatch.delenv("TANGRAM_TOKEN_FILE")
+    (tmp_path / ".config" / "tangram").mkdir(parents=True)
+    (tmp_path / ".config" / "tangram" / "token").write_text("written-by-serve\n")
+    assert resolve_token() == "written-by-serve"  # the file `tangram serve` writes by default
     c = TangramClient("http://127.0.0.1:1", token="from-arg")
     assert "from-arg" not in repr(c)
