@@ -98,7 +98,7 @@ def test_run_script_overrides_compose_into_a_valid_verl_config(tmp_path, monkeyp
     (fake / "python3").chmod(0o755)
     out = tmp_path / "args.txt"
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "ARGS_OUT": str(out),
-           "TANGRAM_URL": "http://10.0.0.5:8471", "TANGRAM_TOKEN": "s3cret"}
+           "TANGRAM_URL": "http://10.0.0.5:8471", "TANGRAM_TOKEN_FILE": "/shared/tangram/token"}
     script = REPO / "integrations" / "verl" / "examples" / "run_grpo_tangram.sh"
     subprocess.run(["bash", str(script), "trainer.total_epochs=1"], env=env, check=True, timeout=60)
     args = out.read_text().splitlines()
@@ -106,8 +106,11 @@ def test_run_script_overrides_compose_into_a_valid_verl_config(tmp_path, monkeyp
     overrides = [a for a in args[2:] if not a.startswith("actor_rollout_ref.model.path=")]
     cfg = verl_config(make_model_dir(tmp_path / "m"), overrides)
     s = settings_from_config(cfg)
-    assert (s.enabled, s.url, s.token, s.reward_cpu_max) == (True, "http://10.0.0.5:8471", "s3cret", 8)
-    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.TANGRAM_ENABLED == "1"
+    assert (s.enabled, s.url, s.token_file, s.token, s.reward_cpu_max) == (
+        True, "http://10.0.0.5:8471", "/shared/tangram/token", None, 8)
+    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars.TANGRAM_ENABLED == "1" and env_vars.TANGRAM_TOKEN_FILE == "/shared/tangram/token"
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_tool_response_length >= 8000
     assert Path(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path).is_file()
     assert Path(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path).is_file()
     assert cfg.reward.reward_manager.name == "tangram"
