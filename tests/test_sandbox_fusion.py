@@ -206,6 +206,11 @@ def test_default_compute_score_codecontests(served):
     assert default_compute_score("codecontests", right, truth, **kw) == 1.0
     assert default_compute_score("codecontests", half, truth, **kw) == pytest.approx(2 / 3)
     assert default_compute_score("codecontests", _fenced("print("), truth, **kw) == 0.0
+    # apps/taco call-based problems: verl wraps the function and feeds its arguments as JSON lines
+    calls = json.dumps({"fn_name": "add", "inputs": ["1\n2", "[1]\n[2, 3]"], "outputs": ["3", "[1, 2, 3]"]})
+    assert default_compute_score("apps", _fenced("def add(a, b):\n    return a + b"), calls, **kw) == 1.0
+    assert default_compute_score("taco", _fenced("class Solution:\n    def add(self, a, b):\n        return b"),
+                                 calls, **kw) == 0.0
 
 
 def test_concurrent_calls_are_scheduled_actions(served):

@@ -40,7 +40,8 @@ log = logging.getLogger("tangram.service.sandbox_fusion")
 PREFIX = "/sandbox/"
 # the action's own bound on top of compile_timeout + run_timeout: interpreter start, file writes, fetches
 ACTION_GRACE_S = 10.0
-# memory the runner itself holds besides the program: its interpreter (~10 MiB RSS) and two output buffers
+# memory the runner itself holds besides the program: its interpreter (~10 MiB RSS); plus, per call,
+# four times the output cap (two capped streams, and their copies while the report is written)
 RUNNER_MEM_MB = 16
 FIELD_OF_RESOURCE = {"resources.mem_mb": "memory_limit_MB", "mem_mb": "memory_limit_MB"}
 
@@ -72,7 +73,7 @@ class SandboxFusionEndpoint:
         try:
             req = proto.parse_run_code(body, self.languages)
         except DemandError as exc:
-            if exc.field == "language" and body.get("language") in self.unavailable:
+            if exc.field == "language" and isinstance(body, dict) and body.get("language") in self.unavailable:
                 return _invalid("language", f"{body['language']!r} is disabled on this service: "
                                             f"{self.unavailable[body['language']]}")
             return _invalid(exc.field, exc.reason)
@@ -81,7 +82,7 @@ class SandboxFusionEndpoint:
         stdin = proto.encode_request(req, lang, max_output_bytes=self.cfg.max_output_bytes)
         resources: dict[str, Any] = {"cpu": self.cfg.cpu}
         if req.memory_limit_mb > 0:
-            resources["mem_mb"] = req.memory_limit_mb + RUNNER_MEM_MB + 2 * (self.cfg.max_output_bytes >> 20)
+            resources["mem_mb"] = req.memory_limit_mb + RUNNER_MEM_MB + 4 * -(-self.cfg.max_output_bytes >> 20)
         try:
             action = rt.build_action("exec", resources, command=self.command,
                                      timeout_s=req.compile_timeout + req.run_timeout + ACTION_GRACE_S,
@@ -155,6 +156,8 @@ def register(app: web.Application, cfg: SandboxFusionConfig, *, token: str | Non
     if cfg.key is None and token is not None:
         return  # the admin token never goes into a URL: no key, no route (404)
     endpoint = SandboxFusionEndpoint(cfg)
+    log.info("SandboxFusion-compatible endpoint: POST %s (languages: %s)",
+             PREFIX + ("<key>/" if cfg.key else "") + "run_code", ", ".join(sorted(endpoint.languages)) or "none")
     if cfg.key is None:
         app.router.add_post(PREFIX + "run_code", endpoint.run_code)
         return
