@@ -207,10 +207,11 @@ def test_default_compute_score_codecontests(served):
     assert default_compute_score("codecontests", half, truth, **kw) == pytest.approx(2 / 3)
     assert default_compute_score("codecontests", _fenced("print("), truth, **kw) == 0.0
     # apps/taco call-based problems: verl wraps the function and feeds its arguments as JSON lines
-    calls = json.dumps({"fn_name": "add", "inputs": ["1\n2", "[1]\n[2, 3]"], "outputs": ["3", "[1, 2, 3]"]})
-    assert default_compute_score("apps", _fenced("def add(a, b):\n    return a + b"), calls, **kw) == 1.0
-    assert default_compute_score("taco", _fenced("class Solution:\n    def add(self, a, b):\n        return b"),
-                                 calls, **kw) == 0.0
+    # (a name none of the wrapper's star imports defines: it looks the function up in its globals)
+    calls = json.dumps({"fn_name": "combine", "inputs": ["1\n2", "[1]\n[2, 3]"], "outputs": ["3", "[1, 2, 3]"]})
+    assert default_compute_score("apps", _fenced("def combine(a, b):\n    return a + b"), calls, **kw) == 1.0
+    wrong = _fenced("class Solution:\n    def combine(self, a, b):\n        return b")
+    assert default_compute_score("taco", wrong, calls, **kw) == 0.0
 
 
 def test_concurrent_calls_are_scheduled_actions(served):
@@ -326,6 +327,23 @@ async def test_no_key_no_token_serves_the_plain_route():
         async with aiohttp.ClientSession() as s:
             async with s.post(svc.url + "/sandbox/run_code", json={"code": "print(6*7)", "language": "python"}) as r:
                 assert r.status == 200 and (await r.json())["run_result"]["stdout"] == "42\n"
+        assert_whole(svc.runtime)
+
+
+async def test_body_limit_and_malformed_bodies():
+    import aiohttp
+
+    async with running_service(config(sandbox_fusion={"max_body_bytes": 4096})) as svc, \
+            aiohttp.ClientSession() as s:
+        url = svc.url + "/sandbox/run_code"
+        async with s.post(url, json={"code": "#" * 5000, "language": "python"}) as r:
+            assert r.status == 413 and (await r.json())["field"] == "body"
+        async with s.post(url, data=b"[" * 1500 + b"]" * 1500) as r:  # deep nesting: a 422, never a 500
+            assert r.status == 422 and (await r.json())["field"] == "body"
+        async with s.post(url, json=["code", "language"]) as r:
+            assert r.status == 422 and (await r.json())["field"] == "body"
+        async with s.post(url, json={"code": "print(2)", "language": "python"}) as r:
+            assert r.status == 200 and (await r.json())["run_result"]["stdout"] == "2\n"
         assert_whole(svc.runtime)
 
 
