@@ -347,6 +347,28 @@ async def test_body_limit_and_malformed_bodies():
         assert_whole(svc.runtime)
 
 
+async def test_admission_refusal_is_a_504_clients_retry():
+    """Calls are admitted like every action; a full job queue answers 504 + Retry-After, which
+    SandboxFusion clients (verl's call_sandbox_api) retry, where a 429 would count as a failed case."""
+    import asyncio
+
+    import aiohttp
+
+    async with running_service(config(service={"max_queued_per_job": 1})) as svc, aiohttp.ClientSession() as s:
+        url = svc.url + "/sandbox/run_code"
+        slow = asyncio.ensure_future(s.post(url, json={"code": "import time; time.sleep(1.5)", "language": "python"}))
+        while not svc.runtime.engine.running:
+            await asyncio.sleep(0.02)
+        async with s.post(url, json={"code": "print(1)", "language": "python"}) as r:
+            assert r.status == 504 and int(r.headers["Retry-After"]) >= 1
+            assert "max_queued_per_job" in (await r.json())["error"]
+        async with await slow as r:
+            assert r.status == 200 and (await r.json())["status"] == "Success"
+        async with s.post(url, json={"code": "print(1)", "language": "python"}) as r:
+            assert r.status == 200  # room again once the first call finished
+        assert_whole(svc.runtime)
+
+
 async def test_no_key_with_token_has_no_route():
     import aiohttp
 
@@ -458,3 +480,27 @@ async def test_docker_node_runs_calls_in_containers(docker_client):
             body = await r.json()
         assert body["status"] == "Success" and body["run_result"]["stdout"] == "42\n", body
         assert_whole(svc.runtime)
+
+
+def test_responses_match_the_openapi_contract(served):
+    """docs/openapi.yaml describes this route: real answers (200 of each status, 422, 404) fit it."""
+    from openapi_core import OpenAPI
+    from openapi_core.testing import MockRequest, MockResponse
+
+    spec = OpenAPI.from_file_path(str(REPO / "docs" / "openapi.yaml"))
+    url, _ = served
+    pattern = "/sandbox/{key}/run_code"
+    bodies = [({"code": "print(input())", "language": "python", "stdin": "x", "fetch_files": ["main.py"]}, 200),
+              ({"code": CPP_SUM, "language": "cpp", "stdin": "1 2"}, 200),
+              ({"code": "exit 4", "language": "bash", "run_timeout": 5, "memory_limit_MB": 256}, 200),
+              ({"code": "x", "language": "java"}, 422)]
+    for key, (body, want) in [(KEY, b) for b in bodies] + [("wrong-key-0123456789", (bodies[0][0], 404))]:
+        path = f"/sandbox/{key}/run_code"
+        data = json.dumps(body).encode()
+        r = requests.post(url + path, data=data, headers={"Content-Type": "application/json"}, timeout=60)
+        assert r.status_code == want, r.text
+        req = MockRequest(url, "post", path, path_pattern=pattern, view_args={"key": key}, data=data,
+                          headers={"Content-Type": "application/json"}, content_type="application/json")
+        spec.validate_request(req)
+        spec.validate_response(req, MockResponse(r.content, status_code=r.status_code, headers=dict(r.headers),
+                                                 content_type="application/json"))

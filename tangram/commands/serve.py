@@ -40,7 +40,7 @@ def _run(args) -> int:
     import signal
     import sys
 
-    from tangram.core.errors import DemandError
+    from tangram.core.errors import FieldError
     from tangram.service.config import ConfigError, default_token_file, load_config, read_token_file, token_path
     from tangram.service.sandbox_protocol import read_key_file
 
@@ -73,7 +73,7 @@ def _run(args) -> int:
             try:
                 sandbox = dataclasses.replace(sandbox, key=read_key_file(token_path(args.sandbox_key_file),
                                                                          "--sandbox-key-file"))
-            except DemandError as exc:
+            except FieldError as exc:
                 raise ConfigError(exc.field, exc.reason) from None
         if sandbox.key is not None and sandbox.key == svc.token:
             raise ConfigError("--sandbox-key-file", "the sandbox key must differ from the service token")

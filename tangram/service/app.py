@@ -31,14 +31,14 @@ from tangram.service.admission import FairGate, Refused, job_of
 from tangram.service.edge import GuardedSite, HeadDeadline, disarm_on_request, tls_context
 from tangram.service.recover import durable_config, reaper, reconcile
 from tangram.service.state import StateError, StateStore
-from tangram.service.keys import CONFIG_KEY, DEADLINE_KEY, METRICS_KEY, RUNTIME_KEY, WAITERS_KEY  # noqa: F401
+from tangram.service.keys import (  # noqa: F401
+    CONFIG_KEY, DEADLINE_KEY, GATE_KEY, METRICS_KEY, RUNTIME_KEY, WAITERS_KEY)
 from tangram.service.metrics import ServiceMetrics
 
 log = logging.getLogger("tangram.service")
 
 RuntimeFactory = Callable[[ClusterConfig], "Runtime | Awaitable[Runtime]"]
 
-GATE_KEY = web.AppKey("gate", FairGate)
 STATE_KEY = web.AppKey("state", StateStore)
 DISCONNECT_POLL_S = 0.25
 CANCEL_WAIT_S = 10.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from tangram.core.errors import ConfigError, DemandError  # ConfigError re-exported: the service's config errors
+from tangram.core.errors import ConfigError, DemandError, FieldError  # ConfigError re-exported: the service's config errors
 from tangram.service.sandbox_protocol import SandboxFusionConfig, check_key, parse_languages, read_key_file
 
 DEFAULT_HOST = "127.0.0.1"
@@ -305,7 +305,9 @@ def _sandbox_fusion(raw: Any, where: str, base_dir: str | Path | None = None) ->
                                       f"{where}.key_file")
         if "languages" in m:
             kw["languages"] = parse_languages(m["languages"], f"{where}.languages")
-    except DemandError as exc:
+    except ConfigError:
+        raise
+    except FieldError as exc:
         raise ConfigError(exc.field, exc.reason) from None
     if "cpu" in m:
         kw["cpu"] = _int(m["cpu"], f"{where}.cpu", lo=1)

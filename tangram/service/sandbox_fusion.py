@@ -32,7 +32,8 @@ from aiohttp import web
 from tangram.core.errors import DemandError
 from tangram.service import sandbox_protocol as proto
 from tangram.service import sandbox_runner
-from tangram.service.keys import CONFIG_KEY, RUNTIME_KEY, WAITERS_KEY
+from tangram.service.admission import Refused, job_of
+from tangram.service.keys import CONFIG_KEY, GATE_KEY, RUNTIME_KEY, WAITERS_KEY
 from tangram.service.sandbox_protocol import SandboxFusionConfig
 
 log = logging.getLogger("tangram.service.sandbox_fusion")
@@ -87,12 +88,24 @@ class SandboxFusionEndpoint:
             action = rt.build_action("exec", resources, command=self.command,
                                      timeout_s=req.compile_timeout + req.run_timeout + ACTION_GRACE_S,
                                      action_class=f"sandbox_fusion.{req.language}", payload={"stdin": stdin})
-            action_id = rt.submit(action, received_at=received)
+            # admitted like every action: bounded per job (X-Tangram-Job, else the caller's address) and in total
+            gate = request.app[GATE_KEY]
+            action_id = gate.offer(job_of(request.headers, lambda: request.remote), action, received)
         except DemandError as exc:  # e.g. more memory than any node has: 422 at once, never queued
             return _invalid(FIELD_OF_RESOURCE.get(exc.field, exc.field), exc.reason)
+        except Refused as exc:  # 504, which SandboxFusion clients (verl) retry after a pause; 429/503 they do not
+            return web.json_response({"error": exc.reason, "status": exc.status}, status=504,
+                                     headers={"Retry-After": str(exc.retry_after_s)})
         waiters = request.app[WAITERS_KEY]
         waiters[action_id] = request  # a client that hangs up cancels its action
         try:
+            try:
+                await gate.submitted(action_id)  # held for its job's turn
+            except asyncio.CancelledError:
+                gate.cancel_held(action_id)
+                raise
+            except DemandError as exc:  # refused by the engine when its turn came
+                return _invalid(FIELD_OF_RESOURCE.get(exc.field, exc.field), exc.reason)
             outcome = await rt.wait(action_id)
         finally:
             waiters.pop(action_id, None)
@@ -167,6 +180,12 @@ def register(app: web.Application, cfg: SandboxFusionConfig, *, token: str | Non
         given = request.match_info["key"].encode()
         if not hmac.compare_digest(given, expected):  # constant time; same answer as a route that is not there
             return web.json_response({"error": "Not Found"}, status=404)
-        return await endpoint.run_code(request)
+        try:
+            return await endpoint.run_code(request)
+        except (web.HTTPException, asyncio.CancelledError):
+            raise
+        except Exception:  # noqa: BLE001 - a bug: logged here without the path, which holds the key
+            log.exception("POST /sandbox/<key>/run_code failed")
+            return web.json_response({"error": "internal error (see the service log)"}, status=500)
 
     app.router.add_post(PREFIX + "{key}/run_code", keyed)

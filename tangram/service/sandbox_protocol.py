@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from tangram.core.errors import DemandError
+from tangram.core.errors import DemandError, FieldError
 
 SUCCESS, FAILED, SANDBOX_ERROR = "Success", "Failed", "SandboxError"
 FINISHED, ERROR, TLE = "Finished", "Error", "TimeLimitExceeded"
@@ -76,31 +76,31 @@ def default_languages() -> dict[str, Language]:
 
 
 def parse_languages(raw: Any, where: str) -> dict[str, Language]:
-    """``{name: {source, run, compile?, paths?}}`` from the config, validated; raises DemandError."""
+    """``{name: {source, run, compile?, paths?}}`` from the config, validated; raises FieldError."""
     if not isinstance(raw, Mapping):
-        raise DemandError(where, f"must be a mapping of language name to toolchain, got {type(raw).__name__}")
+        raise FieldError(where, f"must be a mapping of language name to toolchain, got {type(raw).__name__}")
     out: dict[str, Language] = {}
     for name, spec in raw.items():
         w = f"{where}.{name}"
         if not isinstance(spec, Mapping):
-            raise DemandError(w, "must be a mapping with source, run, compile?, paths?")
+            raise FieldError(w, "must be a mapping with source, run, compile?, paths?")
         unknown = set(spec) - {"source", "run", "compile", "paths"}
         if unknown:
-            raise DemandError(f"{w}.{sorted(unknown)[0]}", "unknown field (expected source, run, compile, paths)")
+            raise FieldError(f"{w}.{sorted(unknown)[0]}", "unknown field (expected source, run, compile, paths)")
         source = spec.get("source")
         if not isinstance(source, str) or not _relative(source):
-            raise DemandError(f"{w}.source", "must be a relative file name such as main.py")
+            raise FieldError(f"{w}.source", "must be a relative file name such as main.py")
         argv = {}
         for key in ("run", "compile"):
             v = spec.get(key)
             if v is None and key == "compile":
                 continue
             if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
-                raise DemandError(f"{w}.{key}", "must be a non-empty list of strings (an argv; {source} is the file)")
+                raise FieldError(f"{w}.{key}", "must be a non-empty list of strings (an argv; {source} is the file)")
             argv[key] = tuple(v)
         paths = spec.get("paths", [])
         if not isinstance(paths, list) or not all(isinstance(p, str) and os.path.isabs(p) for p in paths):
-            raise DemandError(f"{w}.paths", "must be a list of absolute paths")
+            raise FieldError(f"{w}.paths", "must be a list of absolute paths")
         out[str(name)] = Language(str(name), source, argv["run"], argv.get("compile"), tuple(paths))
     return out
 
@@ -135,9 +135,9 @@ def toolchain_paths(cfg: SandboxFusionConfig) -> tuple[str, ...]:
 
 
 def check_key(key: str, where: str) -> str:
-    """A sandbox key: URL-safe and long enough; raises DemandError naming ``where``."""
+    """A sandbox key: URL-safe and long enough; raises FieldError naming ``where``."""
     if not KEY_CHARS.match(key):
-        raise DemandError(where, "a sandbox key is 16-256 characters of [A-Za-z0-9._~-] (it is a URL path segment)")
+        raise FieldError(where, "a sandbox key is 16-256 characters of [A-Za-z0-9._~-] (it is a URL path segment)")
     return key
 
 
@@ -145,7 +145,7 @@ def read_key_file(path: str, where: str) -> str:
     try:
         key = Path(path).read_text().strip()
     except OSError as exc:
-        raise DemandError(where, f"cannot read {path}: {exc.strerror or exc}") from None
+        raise FieldError(where, f"cannot read {path}: {exc.strerror or exc}") from None
     return check_key(key, where)
 
 
