@@ -18,6 +18,7 @@ LAYER_OF = {
     "tangram.core": "model",
     "tangram.core.engine": "engine",
     "tangram.core.estimator": "engine",
+    "tangram.core.queue": "engine",
     "tangram.policy": "policy",
     "tangram.managers": "managers",
     "tangram.executors": "executors",
