@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Fault suite: a small rollout against a real ``tangram serve`` while faults are injected.
+
+Each of ``--envs`` environments runs ``--steps`` exec actions in order; step
+``i`` appends its key to ``runs.txt`` in the environment, then sleeps. A
+client resubmits a step with the same ``Idempotency-Key`` after a dropped
+connection, and under a new key (a new attempt) after ``failed`` with
+``retryable`` or ``cancelled``. Meanwhile, at seeded random times, bounded in
+count (``--max-faults``) and time (``--duration-s``), the suite
+
+* SIGKILLs the service and starts it again on the same state directory, and
+* cancels individual running actions (``DELETE /v1/actions/<id>``).
+
+The Docker engine is not killed here (it is shared on the machines this
+runs on); the Docker executor's recovery is covered by
+``tests/test_crash_recovery.py``.
+
+Checks, printed with ``--json``: every step completed exactly once (its key
+appears once in its environment's ``runs.txt``, and every attempt reported
+succeeded appears exactly once), no action was lost (each submission got a
+final answer: succeeded, failed/retryable or cancelled), every environment
+kept its files across restarts, and after the run no process, directory,
+cgroup, core or memory reservation is left. ``lost`` and ``leaks`` must be 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    def __init__(self, state: Path, cfg: Path, port: int):
+        self.state, self.cfg, self.port = state, cfg, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.pids: list[int] = []
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tangram.cli", "serve", "--config", str(self.cfg), "--port", str(self.port),
+             "--no-auth", "--state-dir", str(self.state), "--log-level", "ERROR"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if "listening on" in line:
+                self.pids.append(self.proc.pid)
+                return
+            if not line and self.proc.poll() is not None:
+                break
+        raise SystemExit("chaos: tangram serve did not start")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+async def call(session: aiohttp.ClientSession, method: str, url: str, *, patience_s: float = 90.0, **kw):
+    """One request, retried while the service is down (connection refused or dropped)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            async with session.request(method, url, **kw) as r:
+                return r.status, await r.json(content_type=None)
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def rollout(svc: Service, args, stats: dict, running: dict) -> dict:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+        envs = []
+        for i in range(args.envs):
+            st, body = await call(s, "POST", f"{svc.url}/v1/environments", json={"memory_mb": 128})
+            assert st == 201, body
+            envs.append(body["id"])
+        succeeded: dict[str, list[str]] = {e: [] for e in envs}
+
+        async def run_step(env: str, key: str, cmd: str) -> dict | None:
+            """Submit (resubmitting with the same key while the service is down) and poll to the end."""
+            body = {"kind": "exec", "environment": env, "command": cmd, "timeout_s": 60}
+            st, r = await call(s, "POST", f"{svc.url}/v1/actions?wait=false", headers={"Idempotency-Key": key},
+                               json=body)
+            if st not in (200, 202):
+                stats.setdefault("errors", []).append({"submit": key, "status": st, "body": r})
+                return None
+            running[key] = r["id"]
+            try:
+                while r.get("status") not in ("succeeded", "failed", "timeout", "cancelled"):
+                    await asyncio.sleep(0.05)
+                    st, r = await call(s, "GET", f"{svc.url}/v1/actions/{running[key]}")
+                    if st != 200:  # an acknowledged action the service no longer knows: lost
+                        stats.setdefault("errors", []).append({"poll": key, "status": st, "body": r})
+                        return None
+                return r
+            finally:
+                running.pop(key, None)
+
+        async def trajectory(env: str) -> None:
+            for step in range(args.steps):
+                attempt = 0
+                while True:
+                    key = f"{env}-s{step}-a{attempt}"
+                    cmd = f"echo {env}-s{step} >> runs.txt; echo {key} >> attempts.txt; sleep {args.step_s}"
+                    stats["submitted"] += 1
+                    r = await run_step(env, key, cmd)
+                    if r is None:
+                        stats["lost"] += 1
+                        break
+                    stats["answers"][r["status"] + ("/retryable" if r.get("retryable") else "")] += 1
+                    if r["status"] == "succeeded":
+                        succeeded[env].append((f"{env}-s{step}", key))
+                        break
+                    if r["status"] == "cancelled" or r.get("retryable"):
+                        attempt += 1
+                        stats["retried"] += 1
+                        # the killed attempt may have written its line: undo it, as a client retrying would
+                        for u in range(args.steps * 4):  # the undo itself may be hit by a restart: retried too
+                            undo = await run_step(env, f"{key}-undo{u}",
+                                                  f"grep -vx '{env}-s{step}' runs.txt > t || true; mv t runs.txt")
+                            if undo is None or undo["status"] == "succeeded" or not undo.get("retryable"):
+                                break
+                        if undo is None or undo["status"] != "succeeded":
+                            stats["lost"] += 1
+                            stats.setdefault("errors", []).append({"undo": key, "result": undo})
+                            break
+                        continue
+                    stats["lost"] += 1  # failed for another reason: not expected in this rollout
+                    stats.setdefault("errors", []).append(r)
+                    break
+
+        await asyncio.gather(*(trajectory(e) for e in envs))
+        kept = True
+        double = 0
+        for env in envs:
+            st, r = await call(s, "POST", f"{svc.url}/v1/actions",
+                               json={"kind": "exec", "environment": env, "command": "cat runs.txt; echo --; cat attempts.txt"})
+            runs, _, attempts = (r.get("stdout") or "").partition("--")
+            lines, tried = runs.split(), attempts.split()
+            # exactly once: each step's line once, each attempt answered succeeded ran once (no rerun on resubmit)
+            double += sum(1 for x in set(lines) if lines.count(x) > 1)
+            double += sum(1 for _, key in succeeded[env] if tried.count(key) != 1)
+            kept = kept and lines == [step for step, _ in succeeded[env]]
+        st, statsdoc = await call(s, "GET", f"{svc.url}/v1/stats")
+        busy = {n: p for n, p in statsdoc["pools"].items() if p["type"] != "mem" and p["free"] != p["capacity"]}
+        for env in envs:
+            await call(s, "DELETE", f"{svc.url}/v1/environments/{env}")
+        st, statsdoc = await call(s, "GET", f"{svc.url}/v1/stats")
+        mem_held = {n: p for n, p in statsdoc["pools"].items() if p["type"] == "mem" and p["free"] != p["capacity"]}
+        return {"files_kept": kept, "double_runs": double, "units_held": busy, "memory_held": mem_held}
+
+
+async def inject(svc: Service, args, stats: dict, running: dict, rng: random.Random, stop: asyncio.Event) -> None:
+    t_end = time.monotonic() + args.duration_s
+    async with aiohttp.ClientSession() as s:
+        while not stop.is_set() and time.monotonic() < t_end and sum(stats["faults"].values()) < args.max_faults:
+            await asyncio.sleep(rng.uniform(0.3, 1.5) * args.step_s * 3)
+            if stop.is_set():
+                break
+            if rng.random() < 0.5:
+                svc.kill()
+                stats["faults"]["service_sigkill"] += 1
+                await asyncio.sleep(0.2)
+                await asyncio.to_thread(svc.start)
+            else:
+                ids = [aid for key, aid in list(running.items()) if "-undo" not in key]
+                if not ids:
+                    continue
+                try:
+                    async with s.delete(f"{svc.url}/v1/actions/{rng.choice(ids)}") as r:
+                        await r.read()
+                    stats["faults"]["action_cancel"] += 1
+                except aiohttp.ClientError:
+                    continue
+
+
+def leaks(svc: Service, state: Path) -> dict:
+    out: dict = {}
+    procs = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if str(state).encode() in open(f"/proc/{d}/cmdline", "rb").read():
+                    procs.append(int(d))
+            except OSError:
+                pass
+    out["processes"] = procs
+    envs_root = state / "envs"
+    out["directories"] = sorted(str(p) for p in envs_root.glob("*/*")) if envs_root.exists() else []
+    groups = []
+    for parent in ("/sys/fs/cgroup/memory/tangram-limits", "/sys/fs/cgroup/pids/tangram-limits",
+                   "/sys/fs/cgroup/cpuset/tangram"):
+        if os.path.isdir(parent):
+            groups += [g for g in os.listdir(parent) if any(g.startswith(f"p{pid}-") for pid in svc.pids)]
+    out["cgroups"] = groups
+    return out
+
+
+async def main_async(args) -> dict:
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="tangram-chaos-") as tmp:
+        tmp = Path(tmp)
+        cfg = tmp / "cluster.yaml"
+        cfg.write_text(f"cpu_nodes:\n  - {{name: local, executor: local, cores: {args.cores}, memory_mb: 2048}}\n"
+                       "gpu_nodes: []\n")
+        svc = Service(tmp / "state", cfg, free_port())
+        svc.start()
+        stats = {"submitted": 0, "retried": 0, "lost": 0, "answers": _Counter(),
+                 "faults": _Counter(service_sigkill=0, action_cancel=0)}
+        running: dict = {}
+        stop = asyncio.Event()
+        t0 = time.monotonic()
+        injector = asyncio.create_task(inject(svc, args, stats, running, rng, stop))
+        try:
+            result = await rollout(svc, args, stats, running)
+        finally:
+            stop.set()
+            await injector
+        svc.stop()
+        leaked = leaks(svc, tmp / "state")
+        n_leaks = sum(len(v) for v in leaked.values()) + len(result["units_held"]) + len(result["memory_held"])
+        return {
+            "seed": args.seed, "envs": args.envs, "steps": args.steps, "duration_s": round(time.monotonic() - t0, 2),
+            "faults": dict(stats["faults"]), "faults_injected": sum(stats["faults"].values()),
+            "actions_submitted": stats["submitted"], "answers": dict(stats["answers"]),
+            "retried": stats["retried"], "actions_lost": stats["lost"], "double_runs": result["double_runs"],
+            "files_kept": result["files_kept"], "leaks": n_leaks,
+            "leak_detail": {**leaked, "units_held": result["units_held"], "memory_held": result["memory_held"]},
+            "errors": stats.get("errors", [])[:5],
+        }
+
+
+class _Counter(dict):
+    def __missing__(self, key):
+        return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--envs", type=int, default=4, help="trajectories (environments) in the rollout")
+    p.add_argument("--steps", type=int, default=12, help="exec actions per trajectory")
+    p.add_argument("--step-s", type=float, default=0.3, help="seconds each action sleeps (a window to be hit in)")
+    p.add_argument("--cores", type=int, default=2, help="cores of the service's local node")
+    p.add_argument("--max-faults", type=int, default=10, help="at most this many faults")
+    p.add_argument("--duration-s", type=float, default=120.0, help="no fault after this many seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    args = p.parse_args()
+    report = asyncio.run(main_async(args))
+    ok = report["actions_lost"] == 0 and report["leaks"] == 0 and report["double_runs"] == 0 and report["files_kept"]
+    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
