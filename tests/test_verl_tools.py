@@ -209,3 +209,93 @@ async def test_token_comes_from_the_environment_unless_the_yaml_sets_one(tmp_pat
         finally:
             await close_clients()
             REGISTRY._t.clear()
+
+
+async def test_a_tool_with_its_own_url_keeps_the_environment_on_that_service(tools, service, tmp_path):
+    """The trajectory was declared against a dead default; the tool's YAML names the live service:
+    the environment is created, used, handed over and deleted on that one service."""
+    from integrations.verl.config import TangramSettings
+
+    sh = tools["run_shell"]
+    sh.config["url"] = service
+    traj = SimpleNamespace(request_id="req-u", tangram_trajectory="traj-U", extra_fields={})
+    REGISTRY.declare("traj-U", TangramSettings(url="http://127.0.0.1:9"))
+    try:
+        resp, _, _ = await _call(sh, {"command": "echo here > f; cat f"}, traj)
+        assert "here" in resp.text and "[exit code: 0]" in resp.text
+        assert traj.extra_fields["tangram_url"] == service
+        env = traj.extra_fields["tangram_environment"]
+        assert REGISTRY.environment_of("traj-U") == env and (await _stats(service))["environments"] == 1
+    finally:
+        del sh.config["url"]
+        await REGISTRY.release("traj-U")
+        assert (await _stats(service))["environments"] == 0
+        await close_clients()
+
+
+async def test_a_failed_delete_is_kept_and_retried_until_it_succeeds(tools, service):
+    from integrations.verl.config import TangramSettings
+    from integrations.verl.session import PENDING_DELETES, delete_environment
+
+    live = TangramSettings(url=service, retry_s=0.5)
+    async with TangramClient(service) as c:
+        env = await c.create_environment()
+    dead = TangramSettings(url="http://127.0.0.1:9", retry_s=0.5)
+    try:
+        # the service that holds it cannot be reached: not deleted, not forgotten
+        assert await delete_environment(dead, env) is False and (dead, env) in PENDING_DELETES
+        assert (await _stats(service))["environments"] == 1
+        # the same environment on the reachable service: a later delete of anything retries it
+        PENDING_DELETES[(live, env)] = PENDING_DELETES.pop((dead, env))
+        async with TangramClient(service) as c:
+            other = await c.create_environment()
+        assert await delete_environment(live, other) is True
+        assert not PENDING_DELETES and (await _stats(service))["environments"] == 0
+    finally:
+        PENDING_DELETES.clear()
+        await close_clients()
+
+
+async def test_transient_errors_are_retried_within_the_deadline_then_raise():
+    """A service answering 503 twice then 200 is retried through; one that keeps failing raises
+    TangramServiceError naming it once retry_s is spent."""
+    from aiohttp import web
+
+    from integrations.verl.config import TangramSettings
+    from integrations.verl.session import TangramServiceError, get_client, retrying
+
+    hits = {"flaky": 0, "down": 0}
+
+    async def flaky(request):
+        hits["flaky"] += 1
+        if hits["flaky"] <= 2:
+            return web.json_response({"error": "overloaded"}, status=503)
+        return web.json_response({"environments": 0})
+
+    async def down(request):
+        hits["down"] += 1
+        return web.json_response({"error": "overloaded"}, status=503)
+
+    app = web.Application()
+    app.router.add_get("/flaky/v1/stats", flaky)
+    app.router.add_get("/down/v1/stats", down)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        s = TangramSettings(url=f"http://127.0.0.1:{port}/flaky", retry_s=10)
+        assert await retrying(lambda: get_client(s).stats(), s, "stats") == {"environments": 0}
+        assert hits["flaky"] == 3
+        s = TangramSettings(url=f"http://127.0.0.1:{port}/down", retry_s=1)
+        with pytest.raises(TangramServiceError, match=r"/down: stats failed after \d+ tries: HTTP 503"):
+            await retrying(lambda: get_client(s).stats(), s, "stats")
+        assert 2 <= hits["down"] <= 5
+        # a 4xx is not transient: no retry
+        s = TangramSettings(url=f"http://127.0.0.1:{port}/nowhere", retry_s=10)
+        with pytest.raises(TangramServiceError, match="after 1 try"):
+            await retrying(lambda: get_client(s).stats(), s, "stats")
+    finally:
+        await close_clients()
+        await runner.cleanup()
