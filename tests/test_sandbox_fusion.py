@@ -163,6 +163,17 @@ def test_files_and_fetch_files(served):
     assert "never-written.txt" not in files  # as SandboxFusion: a missing file is left out
 
 
+def test_output_is_capped_and_a_cut_report_is_a_sandbox_error(served):
+    _, run_url = served
+    flood = "import sys\nsys.stdout.write('y' * (5 << 20))\nsys.stderr.write('e' * 10)"
+    resp, _ = call_sandbox_api(run_url, flood, None, 10, 10, 512, "python")
+    assert resp["status"] == "Success" and len(resp["run_result"]["stdout"]) == 1 << 20  # 1 MiB per stream
+    assert resp["run_result"]["stderr"] == "e" * 10
+    body = {"code": "head -c 7000000 /dev/zero > big", "language": "bash", "fetch_files": ["big"]}
+    resp = requests.post(run_url, json=body, timeout=60).json()  # its base64 outgrows the action's 8 MiB output
+    assert resp["status"] == "SandboxError" and "cut short" in resp["message"]
+
+
 def test_large_stdin(served):
     """Inputs far past a command line's size reach the program whole (they travel on the action's stdin)."""
     _, run_url = served

@@ -161,8 +161,13 @@ def check_summary(cfg) -> str:
     api = ", ".join(p.name for p in cfg.api_pools) or "none"
     token = (f"from {cfg.service.token_file}" + ("" if cfg.service.token else " (created at start)")
              if cfg.service.token_file else "set" if cfg.service.token else "none")
+    sf = cfg.sandbox_fusion
+    if sf.key is None and (cfg.service.token or cfg.service.token_file):
+        sandbox = "off (no sandbox key)"
+    else:
+        sandbox = f"POST /sandbox/{'<key>/' if sf.key else ''}run_code ({', '.join(sorted(sf.languages)) or 'no languages'})"
     return (f"config OK: cpu nodes: {cpu}; gpu nodes: {gpu}; api pools: {api}; "
-            f"profile classes: {classes}; token: {token}")
+            f"profile classes: {classes}; token: {token}; sandbox_fusion: {sandbox}")
 
 
 def _use_pidfd_child_watcher() -> None:
