@@ -199,3 +199,24 @@ async def test_docker_node_sigkill_then_restart_reattaches_the_container(tmp_pat
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert docker_client.containers.list(all=True, filters={"label": "suite=crash"}) == []
+
+
+def test_a_version_1_state_database_migrates_forward(tmp_path):
+    import sqlite3
+
+    from tangram.service.state import MIGRATIONS, SCHEMA_VERSION, StateError, StateStore, _statements
+
+    db = sqlite3.connect(tmp_path / "state.sqlite3")
+    for stmt in _statements(MIGRATIONS[0]):
+        db.execute(stmt)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.execute("INSERT INTO environments VALUES ('env-old', NULL, 64, '{}', 'local', 1.0, 2.0)")
+    db.commit()
+    db.close()
+    store = StateStore(str(tmp_path))
+    assert store.schema_version == SCHEMA_VERSION == 2
+    assert [(e["id"], e["memory_mb"], e["network"]) for e in store.environments()] == [("env-old", 64, False)]
+    store.db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    store.close()
+    with pytest.raises(StateError, match="newer than this tangram"):
+        StateStore(str(tmp_path))

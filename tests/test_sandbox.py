@@ -139,3 +139,23 @@ async def test_output_is_capped_and_flagged_truncated():
         assert res["truncated"] is True
         async with s.post(f"{svc.url}/v1/actions", json={"kind": "exec", "command": "echo small"}) as r:
             assert "truncated" not in await r.json()
+
+
+async def test_network_only_when_the_environment_asks_and_the_node_allows():
+    from tangram.client import TangramHTTPError
+
+    async with running_service() as svc, svc.client() as c:
+        with pytest.raises(TangramHTTPError) as e:
+            await c._request("POST", "/v1/environments", json={"network": True})
+        assert (e.value.status, e.value.field) == (422, "network")
+    cfg = config(cpu_nodes=[{"name": "local", "executor": "local", "cores": 1, "memory_mb": 1024,
+                             "allow_network": True}])
+    async with running_service(cfg) as svc, svc.client() as c:
+        probe = f"exec 3<>/dev/tcp/127.0.0.1/{svc.port} && echo connected"
+        closed = await c.create_environment()
+        assert "connected" not in (await c.exec(closed, probe)).stdout  # not asked: loopback of its own
+        body = await c._request("POST", "/v1/environments", json={"network": True}, expect=(201,))
+        opened = body["id"]
+        assert (await c.exec(opened, probe)).stdout == "connected\n"
+        for env in (closed, opened):
+            await c.delete_environment(env)

@@ -78,7 +78,7 @@ class EnvironmentExecutor(ABC):
         """Mark what this executor makes as owned by ``owner`` (the state directory's id), so a later run
         with the same state can tell its own leftovers from other services' (shared engines)."""
 
-    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
+    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0, network: bool = False) -> bool:
         """Take over an environment a previous run of the service made; False if it is gone."""
         return False
 

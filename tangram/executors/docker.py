@@ -164,7 +164,9 @@ class DockerExecutor(EnvironmentExecutor):
         return cid
 
     async def create_environment(self, env_id: str, *, image: str | None = None, memory_mb: int = 0,
-                                 labels: Mapping[str, str] | None = None) -> None:
+                                 labels: Mapping[str, str] | None = None, network: bool = False) -> None:
+        if network:
+            raise ValueError("network: containers of this executor never get a network")
         if not isinstance(env_id, str) or not env_id or _SAFE.search(env_id):
             raise ValueError(f"env_id: must be a non-empty name of [A-Za-z0-9_.-], got {env_id!r}")
         if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 0:
@@ -201,7 +203,7 @@ class DockerExecutor(EnvironmentExecutor):
         labels = [f"{OWNER_LABEL}={self.owner}"] + ([f"{ENV_LABEL}={env_id}"] if env_id else [])
         return self.client.containers.list(all=True, filters={"label": labels})
 
-    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
+    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0, network: bool = False) -> bool:
         if self.owner is None:
             return False
         found = await self._ctl(self._owned, env_id)

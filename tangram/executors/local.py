@@ -355,12 +355,12 @@ class LocalExecutor(EnvironmentExecutor):
         self._envs[env_id] = d
         self._env_info[env_id] = (int(memory_mb or 0), bool(network))
 
-    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
+    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0, network: bool = False) -> bool:
         d = os.path.join(self.root, env_id)
         if _SAFE.search(env_id) or not os.path.isdir(d):
             return False
         self._envs[env_id] = d
-        self._env_info[env_id] = (int(memory_mb or 0), False)
+        self._env_info[env_id] = (int(memory_mb or 0), bool(network))
         return True
 
     async def sweep_unrecorded(self, keep: set[str]) -> list[str]:

@@ -403,11 +403,12 @@ class Runtime:
     # environments
 
     async def create_environment(self, *, image: str | None = None, memory_mb: int = 0,
-                                 labels: Mapping[str, str] | None = None, env_id: str | None = None) -> str:
+                                 labels: Mapping[str, str] | None = None, env_id: str | None = None,
+                                 network: bool = False) -> str:
         """Register a trajectory's environment; its memory is reserved on the node of its first action."""
         caps = [p.capacity for p in self.engine.pool_states().values() if p.rtype == "mem"]
         return await self.env_registry.create(image=image, memory_mb=memory_mb, labels=labels, env_id=env_id,
-                                              largest_node_mb=max(caps) if caps else None)
+                                              largest_node_mb=max(caps) if caps else None, network=network)
 
     def environment(self, env_id: str) -> Environment:
         return self.env_registry.visible(env_id)

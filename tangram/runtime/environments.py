@@ -32,6 +32,7 @@ class Environment:
     created: dict[str, "asyncio.Task[None]"] = field(default_factory=dict)  # node -> creation
     active: set[str] = field(default_factory=set)  # unfinished action ids
     oneshot: bool = False
+    network: bool = False  # asked for a network (granted only by an executor whose node allows it)
 
 
 class Environments:
@@ -66,7 +67,7 @@ class Environments:
         return list(self._envs.values())
 
     async def create(self, *, image: str | None, memory_mb: int, labels: Mapping[str, str] | None,
-                     env_id: str | None, largest_node_mb: int | None) -> str:
+                     env_id: str | None, largest_node_mb: int | None, network: bool = False) -> str:
         """Validate and register an environment; on a single node it is made now."""
         if image is not None and (not isinstance(image, str) or not image):
             raise DemandError("image", f"must be a non-empty string, got {image!r}")
@@ -82,7 +83,7 @@ class Environments:
         env_id = env_id or f"env-{uuid.uuid4().hex[:16]}"
         if env_id in self._envs:
             raise DemandError("id", f"environment {env_id!r} exists")
-        env = Environment(id=env_id, image=image, memory_mb=memory_mb, labels=dict(labels or {}))
+        env = Environment(id=env_id, image=image, memory_mb=memory_mb, labels=dict(labels or {}), network=network)
         self._envs[env_id] = env
         nodes = list(self.executors)
         if len(nodes) == 1:  # one node: the environment can only live there, make it now
@@ -98,9 +99,10 @@ class Environments:
                 raise
         return env_id
 
-    def adopt(self, env_id: str, *, image: str | None, memory_mb: int, labels: Mapping[str, str], node: str) -> Environment:
+    def adopt(self, env_id: str, *, image: str | None, memory_mb: int, labels: Mapping[str, str], node: str,
+              network: bool = False) -> Environment:
         """Register an environment that already exists on ``node`` (made by a previous run of the service)."""
-        env = Environment(id=env_id, image=image, memory_mb=memory_mb, labels=dict(labels))
+        env = Environment(id=env_id, image=image, memory_mb=memory_mb, labels=dict(labels), network=network)
         made = asyncio.get_running_loop().create_future()
         made.set_result(None)
         env.created[node] = made  # type: ignore[assignment] - a finished creation
@@ -127,7 +129,8 @@ class Environments:
         if task is None:
             ex = self.executors[node]
             task = asyncio.get_running_loop().create_task(
-                ex.create_environment(env.id, image=env.image, memory_mb=env.memory_mb, labels=env.labels))
+                ex.create_environment(env.id, image=env.image, memory_mb=env.memory_mb, labels=env.labels,
+                                      **({"network": True} if env.network else {})))
             env.created[node] = task
         try:
             await asyncio.shield(task)

@@ -169,8 +169,8 @@ class GuardedEnvExecutor(EnvironmentExecutor):
     def set_owner(self, owner: str) -> None:
         self.inner.set_owner(owner)
 
-    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0) -> bool:
-        return await self.inner.adopt_environment(env_id, memory_mb=memory_mb)
+    async def adopt_environment(self, env_id: str, *, memory_mb: int = 0, network: bool = False) -> bool:
+        return await self.inner.adopt_environment(env_id, memory_mb=memory_mb, network=network)
 
     async def sweep_unrecorded(self, keep: set[str]) -> list[str]:
         return await self.inner.sweep_unrecorded(keep)

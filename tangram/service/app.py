@@ -246,12 +246,16 @@ async def create_environment(request: web.Request) -> web.Response:
         allowed = sorted({i for n in docker_nodes for i in n.allowed_images()})
         if kwargs["image"] not in allowed:  # never a registry pull of a name a caller chose
             raise UnschedulableError("image", f"{kwargs['image']!r} is not an allowed image (allowed: {allowed})")
+    if kwargs.get("network") and not any(n.executor == "local" and n.allow_network
+                                         for n in request.app[CONFIG_KEY].cpu_nodes):
+        raise UnschedulableError("network", "no node allows environments a network (cpu_nodes[].allow_network)")
     env_id = await rt.create_environment(**kwargs)
     nodes = list(rt.env_executors)
     try:  # recorded before the caller hears of it: a crash from here on cannot lose it
         request.app[STATE_KEY].record_environment(env_id, image=kwargs.get("image"), memory_mb=kwargs.get("memory_mb", 0),
                                                   labels=kwargs.get("labels", {}),
-                                                  node=nodes[0] if len(nodes) == 1 else None)
+                                                  node=nodes[0] if len(nodes) == 1 else None,
+                                                  network=kwargs.get("network", False))
     except BaseException:
         await asyncio.shield(rt.delete_environment(env_id))
         raise

@@ -56,12 +56,12 @@ async def reconcile(store: StateStore, rt: Any) -> dict[str, int]:
         ok = False
         if ex is not None:
             try:
-                ok = await ex.adopt_environment(rec["id"], memory_mb=rec["memory_mb"])
+                ok = await ex.adopt_environment(rec["id"], memory_mb=rec["memory_mb"], network=rec["network"])
             except Exception:  # noqa: BLE001 - an engine down at start: the environment is lost, say so
                 log.exception("reattaching environment %s failed", rec["id"])
         if ok:
             rt.env_registry.adopt(rec["id"], image=rec["image"], memory_mb=rec["memory_mb"], labels=rec["labels"],
-                                  node=node)
+                                  node=node, network=rec["network"])
             adopted.add(rec["id"])
         else:
             store.drop_environment(rec["id"])

@@ -30,7 +30,7 @@ import time
 import uuid
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # forward migrations: MIGRATIONS[v] takes a database at version v to v + 1
 MIGRATIONS: list[str] = [
     """
@@ -42,6 +42,10 @@ MIGRATIONS: list[str] = [
         seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, idem_key TEXT UNIQUE,
         environment TEXT, status TEXT NOT NULL, outcome TEXT, submitted_at REAL NOT NULL, finished_at REAL);
     CREATE INDEX actions_unfinished ON actions (status) WHERE outcome IS NULL;
+    """,
+    # 1 -> 2: environments remember whether they asked for a network
+    """
+    ALTER TABLE environments ADD COLUMN network INTEGER NOT NULL DEFAULT 0;
     """,
 ]
 FINAL = ("succeeded", "failed", "timeout", "cancelled")
@@ -73,7 +77,11 @@ class StateStore:
         if directory is not None:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")  # a committed row survives a power cut
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
         self.service_id = self._meta("service_id") or self._set_meta("service_id", uuid.uuid4().hex[:12])
         self._finished_since_trim = 0
 
@@ -126,10 +134,12 @@ class StateStore:
     # ------------------------------------------------------------------ #
     # environments
 
-    def record_environment(self, env_id: str, *, image: str | None, memory_mb: int, labels: dict, node: str | None) -> None:
+    def record_environment(self, env_id: str, *, image: str | None, memory_mb: int, labels: dict, node: str | None,
+                           network: bool = False) -> None:
         now = time.time()
-        self.db.execute("INSERT OR REPLACE INTO environments VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (env_id, image, memory_mb, json.dumps(labels), node, now, now))
+        self.db.execute("INSERT OR REPLACE INTO environments (id, image, memory_mb, labels, node, created_at, "
+                        "last_used, network) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (env_id, image, memory_mb, json.dumps(labels), node, now, now, int(network)))
 
     def touch_environment(self, env_id: str) -> None:
         self.db.execute("UPDATE environments SET last_used=? WHERE id=?", (time.time(), env_id))
@@ -138,9 +148,11 @@ class StateStore:
         self.db.execute("DELETE FROM environments WHERE id=?", (env_id,))
 
     def environments(self) -> Iterator[dict[str, Any]]:
-        for row in self.db.execute("SELECT id, image, memory_mb, labels, node, created_at, last_used FROM environments"):
+        rows = self.db.execute("SELECT id, image, memory_mb, labels, node, created_at, last_used, network "
+                               "FROM environments").fetchall()
+        for row in rows:
             yield {"id": row[0], "image": row[1], "memory_mb": row[2], "labels": json.loads(row[3]),
-                   "node": row[4], "created_at": row[5], "last_used": row[6]}
+                   "node": row[4], "created_at": row[5], "last_used": row[6], "network": bool(row[7])}
 
     def last_used(self, env_id: str) -> float | None:
         row = self.db.execute("SELECT last_used FROM environments WHERE id=?", (env_id,)).fetchone()

@@ -162,14 +162,19 @@ def parse_environment(body: Any) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
     for key in body:
-        if key not in ("image", "memory_mb", "labels"):
-            raise DemandError(str(key), "unknown field (expected image, memory_mb, labels)")
+        if key not in ("image", "memory_mb", "labels", "network"):
+            raise DemandError(str(key), "unknown field (expected image, memory_mb, labels, network)")
     check_tree(body)
     out: dict[str, Any] = {}
     if body.get("image") is not None:
         out["image"] = _string(body["image"], "image", limit=LIMITS["name"], nul=False)
     if "memory_mb" in body:
         out["memory_mb"] = _int(body["memory_mb"], "memory_mb", lo=0, hi=1 << 30)
+    if body.get("network") is not None:
+        if not isinstance(body["network"], bool):
+            raise DemandError("network", f"must be true or false, got {_tname(body['network'])}")
+        if body["network"]:
+            out["network"] = True
     if body.get("labels") is not None:
         labels = body["labels"]
         if not isinstance(labels, Mapping):
