@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tangram.core.errors import ConfigError
+from tangram.core.fields import Fields
 from tangram.scaleout.docker_nodes import DockerTls
 from tangram.scaleout.ray_gpu import GpuHostConfig
 
@@ -88,19 +89,5 @@ def parse_scaleout(raw: Any, where: str = "scaleout") -> ScaleoutConfig:
     return ScaleoutConfig(interval, timeout, failures, docker, gpu_host)
 
 
-def _mapping(v: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(v, Mapping):
-        raise ConfigError(where, f"must be a mapping, got {type(v).__name__}")
-    return v
-
-
-def _known(m: Mapping[str, Any], where: str, keys: set[str]) -> None:
-    unknown = sorted(str(k) for k in m if k not in keys)
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", f"unknown field (expected one of {sorted(keys)})")
-
-
-def _pos(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ConfigError(where, f"must be a positive number, got {v!r}")
-    return float(v)
+_FIELDS = Fields(ConfigError)
+_mapping, _known, _pos = _FIELDS.mapping, _FIELDS.known, _FIELDS.positive

@@ -14,8 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from tangram.core.errors import ConfigError, DemandError, FieldError  # ConfigError re-exported: the service's config errors
-from tangram.service.sandbox_protocol import SandboxFusionConfig, check_key, parse_languages, read_key_file
+from tangram.core.errors import ConfigError  # re-exported: the service's config errors
+from tangram.core.fields import Fields
+from tangram.core.grants import parse_cpulist
+from tangram.service.sandbox_protocol import SandboxFusionConfig, parse_sandbox_fusion
+from tangram.service.tokens import (  # noqa: F401 - re-exported: where tangram serve and clients find tokens
+    DEFAULT_TOKEN_FILE,
+    client_token,
+    default_token_file,
+    read_token_file,
+    token_path,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8471
@@ -214,7 +223,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
 
         parse_scaleout(root["scaleout"])
         scaleout = dict(root["scaleout"])
-    sandbox = _sandbox_fusion(root.get("sandbox_fusion", {}), "sandbox_fusion", base_dir)
+    sandbox = parse_sandbox_fusion(root.get("sandbox_fusion", {}), "sandbox_fusion", base_dir)
     if sandbox.key is not None and sandbox.key == service.token:
         raise ConfigError("sandbox_fusion.key", "must differ from the service token (it goes into URLs)")
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
@@ -260,77 +269,6 @@ def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> Servic
         env_ttl_s=0.0 if m.get("env_ttl_s", 3600.0) == 0 else _number(m.get("env_ttl_s", 3600.0), f"{where}.env_ttl_s"),
         keep_results=_int(m.get("keep_results", 100_000), f"{where}.keep_results", lo=1),
     )
-
-
-DEFAULT_TOKEN_FILE = "~/.config/tangram/token"
-
-
-def default_token_file() -> str:
-    """Where ``tangram serve`` keeps its token when none is configured, and where clients look for it:
-    ``$TANGRAM_TOKEN_FILE``, else ``~/.config/tangram/token``."""
-    return token_path(os.environ.get("TANGRAM_TOKEN_FILE") or DEFAULT_TOKEN_FILE)
-
-
-def client_token() -> str | None:
-    """The token a client on this machine uses: ``$TANGRAM_TOKEN``, else the default token file if readable."""
-    tok = os.environ.get("TANGRAM_TOKEN")
-    if tok:
-        return tok.strip()
-    try:
-        return Path(default_token_file()).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def token_path(path: str, base_dir: str | Path | None = None) -> str:
-    """``~`` expanded; a relative path is relative to ``base_dir`` (the config file's folder)."""
-    p = Path(path).expanduser()
-    if not p.is_absolute() and base_dir is not None:
-        p = Path(base_dir) / p
-    return str(p.resolve())
-
-
-def _sandbox_fusion(raw: Any, where: str, base_dir: str | Path | None = None) -> SandboxFusionConfig:
-    """The SandboxFusion-compatible endpoint: its key, demand, limits and language toolchains."""
-    m = _mapping(raw, where)
-    _known(m, where, {"key", "key_file", "cpu", "max_body_bytes", "max_output_bytes", "languages", "runner_python"})
-    kw: dict[str, Any] = {}
-    try:
-        if m.get("key") is not None and m.get("key_file") is not None:
-            raise ConfigError(f"{where}.key_file", "give either key or key_file")
-        if m.get("key") is not None:
-            kw["key"] = check_key(_str(m["key"], f"{where}.key"), f"{where}.key")
-        if m.get("key_file") is not None:
-            kw["key"] = read_key_file(token_path(_str(m["key_file"], f"{where}.key_file"), base_dir),
-                                      f"{where}.key_file")
-        if "languages" in m:
-            kw["languages"] = parse_languages(m["languages"], f"{where}.languages")
-    except ConfigError:
-        raise
-    except FieldError as exc:
-        raise ConfigError(exc.field, exc.reason) from None
-    if "cpu" in m:
-        kw["cpu"] = _int(m["cpu"], f"{where}.cpu", lo=1)
-    if "max_body_bytes" in m:
-        kw["max_body_bytes"] = _int(m["max_body_bytes"], f"{where}.max_body_bytes", lo=1024)
-    if "max_output_bytes" in m:
-        kw["max_output_bytes"] = _int(m["max_output_bytes"], f"{where}.max_output_bytes", lo=1024)
-    if "runner_python" in m:
-        py = _str(m["runner_python"], f"{where}.runner_python")
-        if not os.path.isabs(py):
-            raise ConfigError(f"{where}.runner_python", f"must be an absolute path, got {py!r}")
-        kw["runner_python"] = py
-    return SandboxFusionConfig(**kw)
-
-
-def read_token_file(path: str, where: str = "token_file") -> str:
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(where, f"cannot read {path}: {exc.strerror or exc}") from None
-    if not token:
-        raise ConfigError(where, f"{path} is empty")
-    return token
 
 
 def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
@@ -462,25 +400,11 @@ def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
 
 
 def _local_node() -> CpuNodeConfig:
-    try:
-        cores = tuple(sorted(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        cores = tuple(range(os.cpu_count() or 1))
-    return CpuNodeConfig(name="local", executor="local", cores=cores, memory_mb=_memory_mb())
+    """This machine: the cores this process may use, its memory (capped by a cgroup limit)."""
+    from tangram.managers.cpu import discover_local_node
 
-
-def _memory_mb() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
-    except (ValueError, OSError, AttributeError):
-        return 0
+    node = discover_local_node("local")
+    return CpuNodeConfig(name="local", executor="local", cores=tuple(node.cores), memory_mb=node.memory_mb)
 
 
 def _detect_cuda_node() -> tuple[GpuNodeConfig, ...]:
@@ -515,45 +439,9 @@ def _replace(cfg: ClusterConfig, **kw: Any) -> ClusterConfig:
     return dataclasses.replace(cfg, **kw)
 
 
-def _mapping(v: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(v, Mapping):
-        raise ConfigError(where, f"must be a mapping, got {type(v).__name__}")
-    return v
-
-
-def _list(v: Any, where: str) -> list:
-    if not isinstance(v, (list, tuple)):
-        raise ConfigError(where, f"must be a list, got {type(v).__name__}")
-    return list(v)
-
-
-def _known(m: Mapping[str, Any], where: str, keys: set[str]) -> None:
-    unknown = sorted(str(k) for k in m if k not in keys)
-    if unknown:
-        prefix = "" if where == "<root>" else f"{where}."
-        raise ConfigError(f"{prefix}{unknown[0]}", f"unknown field (expected one of {sorted(keys)})")
-
-
-def _str(v: Any, where: str) -> str:
-    if not isinstance(v, str) or not v:
-        raise ConfigError(where, "is required" if v is None else f"must be a non-empty string, got {v!r}")
-    return v
-
-
-def _int(v: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(where, f"must be an integer, got {v!r}")
-    if lo is not None and v < lo:
-        raise ConfigError(where, f"must be >= {lo}, got {v}")
-    if hi is not None and v > hi:
-        raise ConfigError(where, f"must be <= {hi}, got {v}")
-    return v
-
-
-def _number(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0) or math.isinf(v):
-        raise ConfigError(where, f"must be a positive finite number, got {v!r}")
-    return float(v)
+_FIELDS = Fields(ConfigError)
+_mapping, _list, _known, _str, _int = _FIELDS.mapping, _FIELDS.list, _FIELDS.known, _FIELDS.string, _FIELDS.integer
+_number = _FIELDS.positive
 
 
 def _cores(v: Any, where: str, *, available: tuple[int, ...] | None = None) -> tuple[int, ...]:
@@ -571,13 +459,7 @@ def _cores(v: Any, where: str, *, available: tuple[int, ...] | None = None) -> t
     ids: list[int] = []
     if isinstance(v, str):
         try:
-            for part in v.split(","):
-                part = part.strip()
-                if "-" in part:
-                    a, b = part.split("-", 1)
-                    ids.extend(range(int(a), int(b) + 1))
-                elif part:
-                    ids.append(int(part))
+            ids = parse_cpulist(v)
         except ValueError:
             raise ConfigError(where, f"not a core list like '0-7,16': {v!r}") from None
     elif isinstance(v, (list, tuple)):

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from tangram.core.errors import DemandError, FieldError
+from tangram.core.errors import ConfigError, DemandError, FieldError
+from tangram.core.fields import Fields
+from tangram.service.tokens import token_path
 
 SUCCESS, FAILED, SANDBOX_ERROR = "Success", "Failed", "SandboxError"
 FINISHED, ERROR, TLE = "Finished", "Error", "TimeLimitExceeded"
@@ -368,3 +370,42 @@ def _text(v: Any, field: str) -> str:
 def _tname(v: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
             int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+
+
+# ---------------------------------------------------------------------------- #
+# the sandbox_fusion: section of the cluster config
+
+_F = Fields(ConfigError)
+
+
+def parse_sandbox_fusion(raw: Any, where: str, base_dir: str | Path | None = None) -> SandboxFusionConfig:
+    """The SandboxFusion-compatible endpoint: its key, demand, limits and language toolchains."""
+    m = _F.mapping(raw, where)
+    _F.known(m, where, {"key", "key_file", "cpu", "max_body_bytes", "max_output_bytes", "languages", "runner_python"})
+    kw: dict[str, Any] = {}
+    try:
+        if m.get("key") is not None and m.get("key_file") is not None:
+            raise ConfigError(f"{where}.key_file", "give either key or key_file")
+        if m.get("key") is not None:
+            kw["key"] = check_key(_F.string(m["key"], f"{where}.key"), f"{where}.key")
+        if m.get("key_file") is not None:
+            kw["key"] = read_key_file(token_path(_F.string(m["key_file"], f"{where}.key_file"), base_dir),
+                                      f"{where}.key_file")
+        if "languages" in m:
+            kw["languages"] = parse_languages(m["languages"], f"{where}.languages")
+    except ConfigError:
+        raise
+    except FieldError as exc:
+        raise ConfigError(exc.field, exc.reason) from None
+    if "cpu" in m:
+        kw["cpu"] = _F.integer(m["cpu"], f"{where}.cpu", lo=1)
+    if "max_body_bytes" in m:
+        kw["max_body_bytes"] = _F.integer(m["max_body_bytes"], f"{where}.max_body_bytes", lo=1024)
+    if "max_output_bytes" in m:
+        kw["max_output_bytes"] = _F.integer(m["max_output_bytes"], f"{where}.max_output_bytes", lo=1024)
+    if "runner_python" in m:
+        py = _F.string(m["runner_python"], f"{where}.runner_python")
+        if not os.path.isabs(py):
+            raise ConfigError(f"{where}.runner_python", f"must be an absolute path, got {py!r}")
+        kw["runner_python"] = py
+    return SandboxFusionConfig(**kw)

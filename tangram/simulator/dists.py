@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from tangram.core.fields import Fields
 from tangram.simulator.errors import WorkloadError
 
 
@@ -40,15 +41,14 @@ class Dist:
         return max(int(round(self.draw(rng))), int(max(self.lo, 0)))
 
 
+_FIELDS = Fields(WorkloadError)
+
+
 def _num(raw: Any, field: str, *, positive: bool = False, allow_zero: bool = True) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        raise WorkloadError(field, f"expected a number, got {raw!r}")
-    x = float(raw)
-    if math.isnan(x) or math.isinf(x):
-        raise WorkloadError(field, f"must be finite, got {raw!r}")
-    if positive and (x < 0 or (x == 0 and not allow_zero)):
-        raise WorkloadError(field, f"must be {'> 0' if not allow_zero else '>= 0'}, got {raw!r}")
-    return x
+    """A finite number; with ``positive``, ``>= 0`` (or ``> 0`` without ``allow_zero``)."""
+    if not positive:
+        return _FIELDS.number(raw, field)
+    return _FIELDS.number(raw, field, lo=0.0) if allow_zero else _FIELDS.number(raw, field, above=0.0)
 
 
 def parse_dist(raw: Any, field: str, *, allow_zero: bool = True) -> Dist:

@@ -39,7 +39,7 @@ import yaml
 
 from tangram.core.model import GPU_DOPS, Demand, Elasticity, parse_demand
 from tangram.core.errors import DemandError
-from tangram.simulator.dists import Dist, parse_dist, _num
+from tangram.simulator.dists import _FIELDS, Dist, parse_dist, _num
 from tangram.simulator.errors import WorkloadError
 
 BUILTIN_PACKAGE = "tangram.workloads"
@@ -252,9 +252,7 @@ def parse_workload(raw: dict, *, source: str = "") -> Workload:
 
 
 def _int(raw: Any, field: str, *, minimum: int = 0) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
-        raise WorkloadError(field, f"must be an integer >= {minimum}, got {raw!r}")
-    return raw
+    return _FIELDS.integer(raw, field, lo=minimum)
 
 
 def parse_cluster(raw: Any, f: str) -> Cluster:
