@@ -108,6 +108,7 @@ async def main() -> None:
     ap.add_argument("--window", choices=["sliding", "fixed"], default="sliding")
     ap.add_argument("--latency-s", type=float, nargs=2, default=(0.05, 0.3),
                     help="upstream latency range per call (a hosted search API answers in tens to hundreds of ms)")
+    ap.add_argument("--json", action="store_true", help="accepted for symmetry: the output is always one JSON object")
     args = ap.parse_args()
     runs = [await one_run(args, seed) for seed in range(args.runs)]
     print(json.dumps({"limits": {"concurrency": args.concurrency, "quota": args.quota, "period_s": args.period_s,
