@@ -236,7 +236,7 @@ async def sweep(
             executor = executor_for(spec)
             env_id = f"profile-{spec.name}-{os.getpid()}"
             try:
-                await executor.create_environment(env_id, image=spec.image, labels={"tangram.profile": spec.name})
+                await executor.create_environment(env_id, image=spec.image, labels={"profile": spec.name})
                 try:
                     if spec.image is not None and spec.workdir is not None:
                         await copy_workdir(executor, env_id, spec.workdir)

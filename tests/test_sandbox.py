@@ -159,3 +159,22 @@ async def test_network_only_when_the_environment_asks_and_the_node_allows():
         assert (await c.exec(opened, probe)).stdout == "connected\n"
         for env in (closed, opened):
             await c.delete_environment(env)
+
+
+async def test_read_only_paths_under_tmp_stay_visible(tmp_path):
+    """A toolchain or project that lives under /tmp (a venv, a fresh clone) is bound over the private /tmp,
+    read-only; the rest of the host's /tmp stays hidden."""
+    shared = tmp_path / "project"
+    shared.mkdir()
+    (shared / "data.txt").write_text("visible\n")
+    (tmp_path / "secret.txt").write_text("hidden\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    box = sbx.Sandbox(readonly=(str(shared),))
+    box.prepare_workdir(str(work))
+    argv = box.argv(str(work), ["bash", "-c", f"cat {shared}/data.txt; cat {tmp_path}/secret.txt 2>&1; "
+                                              f"touch {shared}/x 2>&1 || echo read-only"])
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out = (await proc.communicate())[0].decode()
+    assert "visible\n" in out and "hidden" not in out and "read-only" in out
+    assert not (shared / "x").exists()

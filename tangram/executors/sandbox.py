@@ -101,9 +101,12 @@ class Sandbox:
             a += ["--unshare-user", "--cap-drop", "ALL"]
         binds = [p for p in self.toolchain + tuple(self.readonly) + tuple(readonly) if os.path.exists(p)]
         etc = [f"/etc/{n}" for n in _ETC + (_ETC_NET if network else ()) if os.path.exists(f"/etc/{n}")]
+        # the private /tmp first: a toolchain or read-only path under /tmp (a venv, a clone) is bound over it
+        a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
         # parents of mount points would be made 0700 (root's): make them traversable first
         for d in _all_ancestors(binds + etc):
-            a += ["--perms", "0755", "--dir", d]
+            if d != "/tmp":
+                a += ["--perms", "0755", "--dir", d]
         for p in binds:
             a += ["--ro-bind", p, p]
         for link in ("bin", "lib", "lib32", "lib64", "sbin", "libx32"):
@@ -117,7 +120,6 @@ class Sandbox:
         if self.etc_dir is not None:
             for name in ("passwd", "group"):
                 a += ["--ro-bind", os.path.join(self.etc_dir, name), f"/etc/{name}"]
-        a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
         for d in _all_ancestors([workdir]):  # after /tmp: the work directory may live under it
             if d != "/tmp":
                 a += ["--perms", "0755", "--dir", d]
