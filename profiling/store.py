@@ -27,6 +27,7 @@ do not know; a file with a newer ``version`` is refused rather than misread.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -34,6 +35,8 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
+
+from tangram.profiles import ProfileStoreError, parse_entry
 
 STORE_VERSION = 1
 
@@ -133,21 +136,13 @@ class ProfileStore:
 
 
 def validate_entry(entry: Any, *, where: str = "entry") -> None:
-    if not isinstance(entry, Mapping):
-        raise StoreError(f"{where}: expected an object")
-    t1 = entry.get("t1_s")
-    if isinstance(t1, bool) or not isinstance(t1, (int, float)) or not (t1 > 0) or math.isinf(t1):
-        raise StoreError(f"{where}.t1_s: must be a positive finite number, got {t1!r}")
-    eff = entry.get("efficiency")
-    if not isinstance(eff, Mapping) or not eff:
+    """An entry the service can load (:func:`tangram.profiles.parse_entry`) with what profiling adds."""
+    try:
+        parse_entry(entry, where)
+    except ProfileStoreError as exc:
+        raise StoreError(str(exc)) from None
+    if not entry.get("efficiency"):
         raise StoreError(f"{where}.efficiency: must be a non-empty object mapping DoP to E(m)")
-    for k, v in eff.items():
-        try:
-            m = int(k)
-        except (TypeError, ValueError):
-            raise StoreError(f"{where}.efficiency[{k!r}]: DoP keys must be integers") from None
-        if m < 1 or isinstance(v, bool) or not isinstance(v, (int, float)) or not (0.0 < v <= 1.0):
-            raise StoreError(f"{where}.efficiency[{k!r}]: E(m) must be within (0, 1] for m >= 1, got {v!r}")
     n = entry.get("samples")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise StoreError(f"{where}.samples: must be a non-negative integer, got {n!r}")
@@ -177,10 +172,8 @@ def entry_from_fit(fit, *, measured: Mapping[int, list[float]] | None = None, **
 
 def profile_from_entry(entry: Mapping[str, Any], *, max_dop: int | None = None):
     """The :class:`tangram.core.model.Profile` of a store entry (E as a table)."""
-    from tangram.core.model import Elasticity, Profile
-
     validate_entry(entry)
-    return Profile(t1_s=float(entry["t1_s"]), elasticity=Elasticity.from_table(entry["efficiency"]), max_dop=max_dop)
+    return dataclasses.replace(parse_entry(entry), max_dop=max_dop)
 
 
 def refine(store: ProfileStore, estimator, *, min_observations: int = 1) -> dict[str, tuple[float, float]]:

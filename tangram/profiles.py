@@ -49,10 +49,11 @@ def parse_profiles(doc: Any) -> dict[str, Profile]:
     classes = doc.get("classes")
     if not isinstance(classes, Mapping):
         raise ProfileStoreError("classes", "must be an object mapping class names to profiles")
-    return {str(name): _parse_class(f"classes.{name}", entry) for name, entry in classes.items()}
+    return {str(name): parse_entry(entry, f"classes.{name}") for name, entry in classes.items()}
 
 
-def _parse_class(where: str, entry: Any) -> Profile:
+def parse_entry(entry: Any, where: str = "entry") -> Profile:
+    """One class of a store as a :class:`Profile` (the one reader of an entry, for the service and profiling)."""
     if not isinstance(entry, Mapping):
         raise ProfileStoreError(where, "must be an object")
     t1 = entry.get("t1_s")
