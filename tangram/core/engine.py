@@ -12,10 +12,11 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from tangram.core.errors import UnknownActionError, UnschedulableError
 from tangram.core.estimator import DurationEstimator
+from tangram.core.grants import Grant
 from tangram.core.model import Action, Demand
 from tangram.core.queue import LaneKey, Lanes, lane_bound
 from tangram.managers.base import ResourceManager
@@ -38,7 +39,7 @@ class ActionRecord:
     started_at: float | None = None
     finished_at: float | None = None
     dispatch: Dispatch | None = None
-    grants: dict[str, Any] = field(default_factory=dict)  # pool -> manager's grant
+    grants: dict[str, Grant] = field(default_factory=dict)  # pool -> manager's grant
     estimated_end: float = 0.0
     error: str | None = None  # why it failed, when the driver said so (:meth:`Engine.fail`)
 
@@ -71,7 +72,7 @@ class Started:
 
     record: ActionRecord
     dispatch: Dispatch
-    grants: Mapping[str, Any]
+    grants: Mapping[str, Grant]
 
     @property
     def action(self) -> Action:
@@ -272,7 +273,7 @@ class Engine:
     def _start(self, d: Dispatch) -> Started:
         rec = self._unqueue(d.action.id)
         a = d.action
-        grants: dict[str, Any] = {}
+        grants: dict[str, Grant] = {}
         try:
             if d.place_mem_mb:
                 holder = a.trajectory or a.id

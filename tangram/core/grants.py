@@ -9,7 +9,7 @@ service cache (evict these, restore that).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Union
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -27,6 +27,23 @@ class Chunk:
 
     def buddy(self) -> "Chunk":
         return Chunk(self.start ^ self.size, self.size)
+
+
+# What ResourceManager.allocate returns for one pool: the exclusive core ids of a CPU
+# pool, the buddy chunk of a GPU pool, or a plain unit count (memory MiB, API slots,
+# a counting manager's cores)
+Cores = tuple[int, ...]
+Grant = Union[Cores, Chunk, int]
+
+
+def cores_of(grant: Grant) -> Cores:
+    """The core ids a grant pins (none for a plain count)."""
+    return tuple(sorted(grant)) if isinstance(grant, tuple) else ()
+
+
+def devices_of(grant: Grant) -> tuple[int, ...]:
+    """The GPU devices a grant holds (none unless it is a chunk)."""
+    return tuple(grant.devices) if isinstance(grant, Chunk) else ()
 
 
 # ---------------------------------------------------------------------- #

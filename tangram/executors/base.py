@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from tangram.core.grants import Grant
+
 SUCCEEDED, FAILED, TIMEOUT, CANCELLED = "succeeded", "failed", "timeout", "cancelled"
 
 
@@ -46,7 +48,7 @@ class Placement:
     cores: Sequence[int] = ()  # CPU actions: the exclusive core set
     cpu_quota: float | None = None  # CPUs worth of CFS quota (defaults to len(cores))
     gpu_devices: Sequence[int] = ()  # GPU actions: the chunk's devices
-    grants: Mapping[str, Any] = field(default_factory=dict)
+    grants: Mapping[str, Grant] = field(default_factory=dict)  # pool -> what its manager granted
 
 
 class EnvironmentExecutor(ABC):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Iterable, Mapping
 
+from tangram.core.grants import Grant
 from tangram.core.model import Action
 from tangram.managers.buddy import BuddyAllocator, Chunk
 from tangram.core.pools import PoolState
@@ -28,8 +29,8 @@ class ResourceManager(ABC):
         """The current state of every pool this manager owns."""
 
     @abstractmethod
-    def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> Any:
-        """Take ``units`` of ``pool`` for ``holder``; returns the grant (cores, a chunk, ...)."""
+    def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> Grant:
+        """Take ``units`` of ``pool`` for ``holder``; returns the grant (cores, a chunk or a count)."""
 
     @abstractmethod
     def release(self, pool: str, holder: str) -> bool:

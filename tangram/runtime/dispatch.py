@@ -11,7 +11,7 @@ import logging
 from typing import Any, Iterable, Mapping
 
 from tangram.core.engine import Started
-from tangram.core.grants import Chunk
+from tangram.core.grants import cores_of, devices_of
 from tangram.core.model import Action, render_command
 from tangram.executors.base import EnvironmentExecutor, ExecResult, Placement
 
@@ -105,9 +105,9 @@ def placement_of(s: Started) -> Placement:
     gpus: tuple[int, ...] = ()
     for pname, grant in s.grants.items():
         if pname.startswith("cpu@"):
-            cores = _cores_of(grant)
+            cores = cores_of(grant)
         elif pname.startswith("gpu@"):
-            gpus = _devices_of(grant)
+            gpus = devices_of(grant)
     return Placement(action_id=s.record.id, node=d.node, dop=d.dop, cores=cores, gpu_devices=gpus,
                      grants=dict(s.grants))
 
@@ -139,20 +139,3 @@ async def _maybe_close(obj: Any) -> None:
             await r
     except Exception:  # noqa: BLE001 - best effort on shutdown
         log.exception("closing %r failed", obj)
-
-
-def _cores_of(grant: Any) -> tuple[int, ...]:
-    cores = getattr(grant, "cores", grant)
-    if isinstance(cores, (tuple, list, set, frozenset, range)):
-        return tuple(sorted(int(c) for c in cores))
-    return ()  # a plain count (CountingManager): no explicit core set
-
-
-def _devices_of(grant: Any) -> tuple[int, ...]:
-    chunk = getattr(grant, "chunk", grant)
-    if isinstance(chunk, Chunk):
-        return tuple(chunk.devices)
-    devices = getattr(grant, "devices", None)
-    if devices is not None:
-        return tuple(int(d) for d in devices)
-    return ()
