@@ -19,6 +19,7 @@ LAYER_OF = {
     "tangram.core.engine": "engine",
     "tangram.core.estimator": "engine",
     "tangram.core.queue": "engine",
+    "tangram.core.running": "engine",
     "tangram.policy": "policy",
     "tangram.managers": "managers",
     "tangram.executors": "executors",

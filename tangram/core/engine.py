@@ -19,6 +19,7 @@ from tangram.core.estimator import DurationEstimator
 from tangram.core.grants import Grant
 from tangram.core.model import Action, Demand
 from tangram.core.queue import LaneKey, Lanes, lane_bound
+from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
 from tangram.policy.order import order_key
 from tangram.policy.schedule import plan as elastic_plan
@@ -247,7 +248,7 @@ class Engine:
             pools=pools,
             nodes=nodes,
             waiting=self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra),
-            running=_RunningView(self._running_by_pool, self.clock()),
+            running=RunningView(self._running_by_pool, self.clock()),
             placement=MappingProxyType(self.placement),  # read only during the synchronous call
             class_estimates=self.estimator.class_estimates(),
             params=self.params,
@@ -485,39 +486,3 @@ class Engine:
         yield from self.finished.values()
         yield from self.running.values()
         yield from self.waiting.values()
-
-
-def _seconds_left(started: float, estimated_end: float, now: float) -> float:
-    """Expected time left of a running action.
-
-    Past its estimate, an action is assumed to run half as long again as it
-    has so far (the longer it ran, the longer it is likely to run), rather
-    than "any moment now", which would make waiting for it look free.
-    """
-    if estimated_end > now:
-        return estimated_end - now
-    return 0.5 * (now - started)
-
-
-class _RunningView(Mapping[str, tuple[tuple[float, int], ...]]):
-    """pool -> ``(seconds left, units)`` of its running actions, computed on demand.
-
-    The policy reads it only for the pools it arranges elastically; building
-    it for every pool on every round cost more than the round itself.
-    """
-
-    __slots__ = ("_by_pool", "_now")
-
-    def __init__(self, by_pool: dict[str, dict[str, tuple[float, float, int]]], now: float):
-        self._by_pool = by_pool
-        self._now = now
-
-    def __getitem__(self, pool: str) -> tuple[tuple[float, int], ...]:
-        now = self._now
-        return tuple((_seconds_left(b, e, now), u) for b, e, u in self._by_pool[pool].values())
-
-    def __iter__(self):
-        return iter(self._by_pool)
-
-    def __len__(self) -> int:
-        return len(self._by_pool)
