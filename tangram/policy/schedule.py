@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import heapq
 import math
-from functools import lru_cache
 from types import MappingProxyType
 from typing import Sequence
 
-import numpy as np
-
 from tangram.core.model import Action
-from tangram.policy.arrange import (CHUNK_SIZES, ChunkOperator, UnitsOperator, greedy_exact, pack_one, packable,
-                                    prefix_table_rows)
+from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
+from tangram.policy.rows import convex_row as _convex_row
+from tangram.policy.rows import duration as _duration
+from tangram.policy.rows import explored_options as _explored_options
+from tangram.policy.rows import option_row as _option_row
+from tangram.policy.rows import worthwhile_options as _worthwhile_options
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
 _EPS = 1e-9
 # greedy eviction rarely evicts many; the DP is pruned for the last few prefixes first
 _EVICTION_WINDOW = 8
-# an extra unit must buy at least 5% of the speedup it would give perfectly parallel work
-_MIN_MARGINAL_GAIN = 0.05
 
 
 class _Candidate:
@@ -314,99 +313,6 @@ def _node_preference(a: Action, node: str, snap: Snapshot, free) -> tuple:
 
 # --------------------------------------------------------------------------- #
 # 2./3. elastic allocation per key pool
-
-
-def _duration(a: Action, units: int, snap: Snapshot) -> float:
-    if a.scalable:
-        row_units, durs = _full_row(a)
-        if units == 0 or units == row_units[0]:
-            return float(durs[0])
-        return a.duration(units)
-    d = a.t1_s
-    if d is not None:
-        return d
-    return snap.class_estimates.get(a.action_class, snap.params.default_duration_s)
-
-
-_ROWS: dict[int, tuple[Action, np.ndarray, np.ndarray, tuple[int, ...], bool]] = {}
-
-
-def _full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:
-    """The worthwhile options of ``a``'s key resource and their durations, once per action.
-
-    A memo, not state: the arrays depend only on the frozen action. An
-    option is worthwhile only if each unit it adds over the previous kept
-    one buys at least ``_MIN_MARGINAL_GAIN`` of what a perfectly parallel
-    action would gain: cores that speed nothing up would be held for nothing
-    (the DP, which sums durations only, would take them for a 0.1% gain).
-    """
-    hit = _ROWS.get(id(a))
-    if hit is not None and hit[0] is a:
-        return hit[1], hit[2]
-    return _build_row(a)[1:3]
-
-
-def _build_row(a: Action):
-    units = np.asarray(a.demands[a.key].options, dtype=np.int64)
-    durs = a.elasticity.durations(a.t1_s, units)
-    keep = [0]
-    for i in range(1, len(units)):
-        j = keep[-1]
-        gain = durs[j] / durs[i] - 1.0
-        if gain >= _MIN_MARGINAL_GAIN * (units[i] - units[j]) / units[j]:
-            keep.append(i)
-    if len(keep) < len(units):
-        units, durs = units[keep], durs[keep]
-    if len(_ROWS) >= 65536:
-        _ROWS.clear()
-    entry = _ROWS[id(a)] = (a, units, durs, tuple(int(u) for u in units), greedy_exact(units, durs))
-    return entry
-
-
-def _convex_row(a: Action) -> bool:
-    """Whether the greedy units operator is exact for ``a``'s row (and any DoP cap of it)."""
-    hit = _ROWS.get(id(a))
-    if hit is not None and hit[0] is a:
-        return hit[4]
-    return _build_row(a)[4]
-
-
-def _worthwhile_options(a: Action) -> tuple[int, ...]:
-    hit = _ROWS.get(id(a))
-    if hit is not None and hit[0] is a:
-        return hit[3]
-    return _build_row(a)[3]
-
-
-def _option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None = None) -> tuple[np.ndarray, np.ndarray]:
-    units, durs = _full_row(a)
-    limit = cap
-    caps = params.dop_caps.get(a.action_class)
-    if caps is not None:
-        limit = min(limit, max(caps, int(units[0])))
-    k = int(np.searchsorted(units, limit, side="right"))
-    units, durs = units[:k], durs[:k]
-    if a.restore_s and a.service is not None and pool is not None and pool.chunked:
-        # evict-on-execution: a DoP whose service is not resident first pays its restore
-        extra = [0.0 if f"{a.service}@dop{u}" in pool.resident else a.restore_s.get(int(u), 0.0) for u in units]
-        durs = durs + np.asarray(extra)
-    return units, durs
-
-
-@lru_cache(maxsize=4096)
-def _explored_options(options: tuple[int, ...], cap: int) -> tuple[int, ...]:
-    """The counts the look-ahead tries for one waiting action (depth > 1).
-
-    The minimum, the powers of two and the largest feasible count: a
-    geometric subset keeps the bounded search cheap on 256-core nodes while
-    still seeing "wait for many cores" against "start now on few".
-    """
-    feasible = [o for o in options if o <= cap]
-    if len(feasible) <= 8:
-        return tuple(feasible)
-    keep = {feasible[0], feasible[-1]}
-    keep.update(o for o in feasible if o & (o - 1) == 0)
-    return tuple(sorted(keep))
 
 
 def _elastic_allocation(snap: Snapshot, cands: list[_Candidate], lookahead) -> None:
