@@ -184,3 +184,11 @@ def test_the_bottom_and_the_policy_import_nothing_heavy():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad += [f"{m} imports {n}" for n in names if n.split(".")[0] in heavy]
     assert not bad, bad
+
+
+MAX_LINES = 500
+
+
+def test_no_product_module_is_over_the_size_limit():
+    big = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines (split them by job): {big}"

@@ -29,12 +29,12 @@ import numpy as np
 from tangram.core.engine import Engine
 from tangram.core.grants import restore_seconds
 from tangram.core.model import Action, Demand
-from tangram.simulator.bounds import pooled_bound_mean
 from tangram.simulator.errors import WorkloadError
 from tangram.managers.basic import FIXED, ApiLimit, BasicManager
 from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
 from tangram.simulator.managers import CachedCountingManager, SimGpuManager
 from tangram.simulator.policies import PolicySpec, policy_spec
+from tangram.simulator.summary import summarize
 from tangram.simulator.workload import MEM_FRACTION, ActionClass, Job, Workload
 
 GEN, FINISH, READY, RETRY, TICK = range(5)
@@ -117,6 +117,7 @@ class Simulation:
         self.reserved: dict[str, float] = {}
         self.busy: dict[str, float] = {}
         self.step_times: list[float] = []
+        self.lb_step: list[float] = []  # per step: the longest trajectory's lower bound
         self.job_step_times: dict[str, list[float]] = {j.name: [] for j in workload.jobs}
         self._dops: dict[tuple, np.ndarray] = {}
         self._build_engine(c)
@@ -306,13 +307,11 @@ class Simulation:
             for job in self.wl.jobs:
                 ends = [tr.end for tr in trajs if tr.job is job]
                 self.job_step_times[job.name].append((max(ends) if ends else step_start) - step_start)
-            if not hasattr(self, "lb_step"):
-                self.lb_step = []
             self.lb_step.append(self._lb_steps)
             step_start = max(end, self.now)
         if self.engine.waiting or self.engine.running:
             raise RuntimeError(f"simulation ended with {len(self.engine.waiting)} waiting, {len(self.engine.running)} running")
-        return SimResult(self._summary(), self.done)
+        return SimResult(summarize(self), self.done)
 
     def _loop(self) -> None:
         heap = self._heap
@@ -493,105 +492,6 @@ class Simulation:
             self.reserved["cpu"] += self.wl.baselines.pod_cores * (now - pod.start)
             self._started(self.engine.complete(pod.id))
         self._started(self.engine.close_trajectory(tr.id))
-
-    # ------------------------------------------------------------------ #
-    # results
-
-    def _pooled_bound(self, recs) -> float:
-        groups: dict[str, tuple[list[float], list[float]]] = {}
-        for r in recs:
-            g = groups.setdefault(r.item.cls.rtype, ([], []))
-            g[0].append(r.submit)
-            g[1].append(r.work)
-        return pooled_bound_mean(groups, _pooled_capacity(self))
-
-    def _summary(self) -> dict[str, Any]:
-        recs = self.done
-        act = np.array([r.end - r.submit for r in recs]) if recs else np.zeros(1)
-        queue = np.array([r.start - r.submit for r in recs]) if recs else np.zeros(1)
-        execs = act - queue
-        lb = np.array([r.lb for r in recs]) if recs else np.zeros(1)
-        total = self.now
-        kinds = {}
-        for kind in ("env", "reward"):
-            sel = [i for i, r in enumerate(recs) if r.item.cls.kind == kind]
-            if sel:
-                kinds[kind] = {
-                    "actions": len(sel),
-                    "mean_act_s": float(act[sel].mean()),
-                    "mean_queue_s": float(queue[sel].mean()),
-                    "lower_bound_mean_act_s": float(lb[sel].mean()),
-                    "total_act_s_per_trajectory": float(act[sel].sum()) / max(self.wl.trajectories * self.wl.steps, 1),
-                }
-        classes = {}
-        for r_i, r in enumerate(recs):
-            c = classes.setdefault(r.item.cls.name, [0, 0.0, 0.0, 0.0])
-            c[0] += 1
-            c[1] += act[r_i]
-            c[2] += r.units
-            c[3] += lb[r_i]
-        pools = {}
-        for k, cap in self.capacity.items():
-            reserved = self.reserved[k]
-            if k == "gpu" and self.spec.gpu_mode == "static":
-                reserved = cap * total
-            pools[k] = {
-                "capacity": cap,
-                "reserved_unit_s": round(reserved, 3),
-                "busy_unit_s": round(self.busy[k], 3),
-                "reserved_frac": round(reserved / (cap * total), 4) if cap and total else 0.0,
-                "utilisation": round(self.busy[k] / (cap * total), 4) if cap and total else 0.0,
-            }
-            if k == "mem":  # MiB; only reserved (per trajectory), never "busy"
-                pools[k]["busy_unit_s"] = pools[k]["utilisation"] = None
-        out = {
-            "policy": self.spec.name,
-            "workload": self.wl.name,
-            "seed": self.seed,
-            "trajectories": self.wl.trajectories,
-            "steps": self.wl.steps,
-            "actions": len(recs),
-            "mean_act_s": float(act.mean()),
-            "p50_act_s": float(np.percentile(act, 50)),
-            "p99_act_s": float(np.percentile(act, 99)),
-            "mean_queue_s": float(queue.mean()),
-            "mean_exec_s": float(execs.mean()),
-            "mean_setup_s": float(np.mean([r.setup_s for r in recs])) if recs else 0.0,
-            "mean_restore_s": float(np.mean([r.restore_s for r in recs])) if recs else 0.0,
-            "step_time_s": float(np.mean(self.step_times)) if self.step_times else 0.0,
-            "step_times_s": [round(x, 3) for x in self.step_times],
-            "job_step_time_s": {k: float(np.mean(v)) for k, v in self.job_step_times.items()},
-            "lower_bound_mean_act_s": float(lb.mean()),
-            # the pooled SRPT bound (tangram.simulator.bounds) on this run's arrivals, or the above if larger
-            "overload_bound_mean_act_s": max(float(lb.mean()), self._pooled_bound(recs)),
-            "restore_share_of_exec": (float(sum(r.restore_s for r in recs) / max(sum(r.restore_s + r.run_s for r in recs), 1e-12))
-                                      if recs else 0.0),
-            "lower_bound_step_time_s": float(np.mean(self.lb_step)) if self.step_times else 0.0,
-            "failed": sum(1 for r in recs if r.failed),
-            # failed calls end early (the tool returns an error): the mean over successful ones
-            "mean_act_ok_s": float(np.mean([r.end - r.submit for r in recs if not r.failed])) if recs else 0.0,
-            "retries": sum(r.retries for r in recs),
-            "by_kind": kinds,
-            "by_class": {k: {"actions": v[0], "mean_act_s": v[1] / v[0], "mean_units": v[2] / v[0],
-                             "lower_bound_mean_act_s": v[3] / v[0]} for k, v in classes.items()},
-            "pools": pools,
-            "scheduling_rounds": self.engine.rounds,
-        }
-        if self.gpu is not None:
-            if self._real_gpu:
-                st = self.gpu.stats()
-                out["gpu_restores"], out["gpu_cache_hits"], out["gpu_evictions"] = st["misses"], st["hits"], st["evictions"]
-            else:
-                out["gpu_restores"], out["gpu_cache_hits"] = self.gpu.restores, self.gpu.hits
-        return out
-
-
-def _pooled_capacity(sim: "Simulation") -> dict[str, float]:
-    c = sim.wl.cluster
-    cap = {k: float(v) for k, v in sim.capacity.items() if k.startswith("api:") and v}
-    cap["cpu"] = float(c.total_cores)
-    cap["gpu"] = float(c.total_gpus)  # the whole cluster, whatever a baseline dedicates
-    return cap
 
 
 def simulate(workload: Workload, policy: str, *, seed: int = 0, check: bool = False) -> SimResult:

@@ -1,0 +1,110 @@
+"""The summary of a finished simulation: ACT and queue statistics, bounds, pools, classes, GPU cache."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tangram.simulator.bounds import pooled_bound_mean
+
+
+def summarize(sim: Any) -> dict[str, Any]:
+    """The summary of a finished run (SimResult.summary): ACT percentiles, bounds, pools, classes."""
+    recs = sim.done
+    act = np.array([r.end - r.submit for r in recs]) if recs else np.zeros(1)
+    queue = np.array([r.start - r.submit for r in recs]) if recs else np.zeros(1)
+    execs = act - queue
+    lb = np.array([r.lb for r in recs]) if recs else np.zeros(1)
+    total = sim.now
+    kinds = {}
+    for kind in ("env", "reward"):
+        sel = [i for i, r in enumerate(recs) if r.item.cls.kind == kind]
+        if sel:
+            kinds[kind] = {
+                "actions": len(sel),
+                "mean_act_s": float(act[sel].mean()),
+                "mean_queue_s": float(queue[sel].mean()),
+                "lower_bound_mean_act_s": float(lb[sel].mean()),
+                "total_act_s_per_trajectory": float(act[sel].sum()) / max(sim.wl.trajectories * sim.wl.steps, 1),
+            }
+    classes = {}
+    for r_i, r in enumerate(recs):
+        c = classes.setdefault(r.item.cls.name, [0, 0.0, 0.0, 0.0])
+        c[0] += 1
+        c[1] += act[r_i]
+        c[2] += r.units
+        c[3] += lb[r_i]
+    pools = {}
+    for k, cap in sim.capacity.items():
+        reserved = sim.reserved[k]
+        if k == "gpu" and sim.spec.gpu_mode == "static":
+            reserved = cap * total
+        pools[k] = {
+            "capacity": cap,
+            "reserved_unit_s": round(reserved, 3),
+            "busy_unit_s": round(sim.busy[k], 3),
+            "reserved_frac": round(reserved / (cap * total), 4) if cap and total else 0.0,
+            "utilisation": round(sim.busy[k] / (cap * total), 4) if cap and total else 0.0,
+        }
+        if k == "mem":  # MiB; only reserved (per trajectory), never "busy"
+            pools[k]["busy_unit_s"] = pools[k]["utilisation"] = None
+    out = {
+        "policy": sim.spec.name,
+        "workload": sim.wl.name,
+        "seed": sim.seed,
+        "trajectories": sim.wl.trajectories,
+        "steps": sim.wl.steps,
+        "actions": len(recs),
+        "mean_act_s": float(act.mean()),
+        "p50_act_s": float(np.percentile(act, 50)),
+        "p99_act_s": float(np.percentile(act, 99)),
+        "mean_queue_s": float(queue.mean()),
+        "mean_exec_s": float(execs.mean()),
+        "mean_setup_s": float(np.mean([r.setup_s for r in recs])) if recs else 0.0,
+        "mean_restore_s": float(np.mean([r.restore_s for r in recs])) if recs else 0.0,
+        "step_time_s": float(np.mean(sim.step_times)) if sim.step_times else 0.0,
+        "step_times_s": [round(x, 3) for x in sim.step_times],
+        "job_step_time_s": {k: float(np.mean(v)) for k, v in sim.job_step_times.items()},
+        "lower_bound_mean_act_s": float(lb.mean()),
+        # the pooled SRPT bound (tangram.simulator.bounds) on this run's arrivals, or the above if larger
+        "overload_bound_mean_act_s": max(float(lb.mean()), _pooled_bound(sim, recs)),
+        "restore_share_of_exec": (float(sum(r.restore_s for r in recs) / max(sum(r.restore_s + r.run_s for r in recs), 1e-12))
+                                  if recs else 0.0),
+        "lower_bound_step_time_s": float(np.mean(sim.lb_step)) if sim.step_times else 0.0,
+        "failed": sum(1 for r in recs if r.failed),
+        # failed calls end early (the tool returns an error): the mean over successful ones
+        "mean_act_ok_s": float(np.mean([r.end - r.submit for r in recs if not r.failed])) if recs else 0.0,
+        "retries": sum(r.retries for r in recs),
+        "by_kind": kinds,
+        "by_class": {k: {"actions": v[0], "mean_act_s": v[1] / v[0], "mean_units": v[2] / v[0],
+                         "lower_bound_mean_act_s": v[3] / v[0]} for k, v in classes.items()},
+        "pools": pools,
+        "scheduling_rounds": sim.engine.rounds,
+    }
+    if sim.gpu is not None:
+        if sim._real_gpu:
+            st = sim.gpu.stats()
+            out["gpu_restores"], out["gpu_cache_hits"], out["gpu_evictions"] = st["misses"], st["hits"], st["evictions"]
+        else:
+            out["gpu_restores"], out["gpu_cache_hits"] = sim.gpu.restores, sim.gpu.hits
+    return out
+
+
+
+
+def _pooled_bound(sim: Any, recs) -> float:
+    groups: dict[str, tuple[list[float], list[float]]] = {}
+    for r in recs:
+        g = groups.setdefault(r.item.cls.rtype, ([], []))
+        g[0].append(r.submit)
+        g[1].append(r.work)
+    return pooled_bound_mean(groups, _pooled_capacity(sim))
+
+
+
+def _pooled_capacity(sim: Any) -> dict[str, float]:
+    c = sim.wl.cluster
+    cap = {k: float(v) for k, v in sim.capacity.items() if k.startswith("api:") and v}
+    cap["cpu"] = float(c.total_cores)
+    cap["gpu"] = float(c.total_gpus)  # the whole cluster, whatever a baseline dedicates
+    return cap
