@@ -241,6 +241,23 @@ async def test_legacy_path_mixed_batch_and_limits(service, project, model_dir):
         await close_clients()
 
 
+async def test_legacy_path_with_verl_naive_manager_and_compute_score(service, project, model_dir, monkeypatch):
+    """The same rewards when verl's own `naive` manager calls the async compute_score (it merges the
+    rollout's extra_fields into extra_info: the last turn and the environment travel there).
+    That reward_kwargs alone carry the service is checked in test_verl_reward.py."""
+    reward_py = Path(__file__).resolve().parent.parent / "integrations" / "verl" / "reward.py"
+    monkeypatch.delenv("TANGRAM_URL", raising=False)
+    cfg = _cfg(model_dir, service, "reward.reward_manager.name=naive",
+               f"reward.custom_reward_function.path={reward_py}", "reward.custom_reward_function.name=compute_score",
+               f"+reward.custom_reward_function.reward_kwargs.tangram_url={service}")
+    try:
+        scores, infos, llm = await run_legacy(cfg, mixed_rows(project))
+        _check_mixed(scores, infos, llm)
+        assert await _environments(service) == 0
+    finally:
+        await close_clients()
+
+
 async def test_v1_path_mixed_batch_and_limits(service, project, model_dir, transfer_queue):
     try:
         scores, infos, status, llm = await run_v1(transfer_queue, _cfg(model_dir, service), mixed_rows(project))

@@ -83,14 +83,17 @@ def _get_actor(ray: Any, create: bool) -> Any:
 
 def publish(records: Iterable[Mapping[str, Any]], failed: int = 0) -> None:
     """Count one sample's actions (and failures) into the current step's metrics. Never raises."""
+    global _actor
     part = summarize(records, failed)
     ray = _ray()
-    try:
-        if ray is not None:
-            _get_actor(ray, create=True).add.remote(part)
-            return
-    except Exception:  # noqa: BLE001 - metrics must never fail a rollout; keep them in this process
-        log.debug("tangram: metrics actor unavailable", exc_info=True)
+    for _ in range(2):  # a handle from an earlier Ray session fails once, then is looked up again
+        try:
+            if ray is not None:
+                _get_actor(ray, create=True).add.remote(part)
+                return
+        except Exception:  # noqa: BLE001 - metrics must never fail a rollout; keep them in this process
+            log.debug("tangram: metrics actor unavailable", exc_info=True)
+            _actor = None
     _LOCAL.add(part)
 
 
