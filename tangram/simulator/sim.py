@@ -250,7 +250,9 @@ class Simulation:
     def _action(self, rec: _Rec) -> Action:
         it, tr = rec.item, rec.traj
         cls = it.cls
-        kw: dict[str, Any] = dict(action_class=cls.name, trajectory=tr.id)
+        # a model's requests are a class of their own: their T1 scales with the model (t1_scale)
+        name = f"{cls.name}.{it.service}" if it.service else cls.name
+        kw: dict[str, Any] = dict(action_class=name, trajectory=tr.id)
         if cls.profiled:
             scale = self.wl.services[it.service].t1_scale if it.service else 1.0
             kw["t1_s"] = cls.duration.mean * scale
