@@ -207,6 +207,26 @@ def load_sweep(cfg, seed):
     return out
 
 
+def sweep_markdown(sweep: dict) -> str:
+    """One table per workload: tangram and the best baseline per measure, the bounds, the losses."""
+    lines = ["| workload | batch | tangram mean / p99 / step (s) | best baseline mean / p99 / step (s) "
+             "| pooled bound | no-queue bound | restore share | tangram loses on |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, w in sweep["workloads"].items():
+        for row in w["rows"]:
+            res, t = row["results"], row["results"]["tangram"]
+            best = []
+            for m in MEASURES:
+                p, r = min(((p, r) for p, r in res.items() if not p.startswith("tangram")), key=lambda pr: pr[1][m])
+                best.append(f"{r[m]:.1f} ({p})")
+            lost = ", ".join(f"{x['measure'][:-2]} vs {x['policy']} ({x['ratio']}x)" for x in row["losses"]) or "nothing"
+            share = t.get("restore_share_of_exec") or 0.0
+            lines.append(f"| {name} | {row['batch']} | {t['mean_act_s']:.1f} / {t['p99_act_s']:.1f} / "
+                         f"{t['step_time_s']:.0f} | {' / '.join(best)} | {row['overload_bound_mean_act_s']:.2f} "
+                         f"| {row['lower_bound_mean_act_s']:.2f} | {share:.0%} | {lost} |")
+    return "\n".join(lines) + "\n"
+
+
 def _plot_sweep(sweep: dict, out: Path, plt) -> list[str]:
     files = []
     titles = {"mean_act_s": "mean ACT (s)", "p99_act_s": "p99 ACT (s)", "step_time_s": "step time (s)"}
@@ -381,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps(results, indent=1))
     results["wall_s"] = round(time.perf_counter() - t0, 1)
     results["plots"] = plot(results, out)
+    if "load_sweep" in results:
+        (out / "load_sweep.md").write_text(sweep_markdown(results["load_sweep"]))
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(headline(results)))
     return 0

@@ -11,9 +11,11 @@ def register(sub) -> None:
         help="simulate rollout steps of a workload under a policy (or all of them)",
         description="Drive the real engine and policy on a virtual clock with simulated executors.",
     )
-    p.add_argument("--workload", required=True, help="built-in name (ai-coding, deepsearch, mopd, mopd+search) or a YAML file")
+    p.add_argument("--workload", required=True,
+                   help="built-in name (ai-coding, cpu-contended, deepsearch, mopd, mopd+search) or a YAML file")
     p.add_argument("--policy", default="tangram",
-                   help="tangram, trajectory, fixed-dop:N, static-services, serverless, api-naive, or all")
+                   help="tangram, tangram:fcfs|aging (queue order), trajectory, fixed-dop:N, static-services, "
+                        "serverless, api-naive, or all")
     p.add_argument("--cluster", help="YAML file with cpu_nodes/cores_per_node/gpu_nodes/gpus_per_node/api (replaces the workload's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, help="trajectories per step (per job), overriding the workload")
@@ -57,7 +59,7 @@ def _run(args) -> int:
 
 def _head(first: dict) -> dict:
     keys = ("policy", "actions", "mean_act_s", "p50_act_s", "p99_act_s", "mean_queue_s", "mean_exec_s",
-            "step_time_s", "lower_bound_mean_act_s")
+            "step_time_s", "lower_bound_mean_act_s", "overload_bound_mean_act_s")
     return {k: first[k] for k in keys}
 
 
