@@ -103,6 +103,7 @@ class Size:
 
     def start_stream(self) -> None:
         self.engine.schedule()  # start the candidates: from now on events stream through the engine
+        self.counts_at_start = (self.engine.rounds, self.engine.rounds_skipped)
 
     def measure_event(self) -> None:
         """One completion (the oldest running action) or one arrival, alternating."""
@@ -134,8 +135,8 @@ class Size:
             "event_median_ms": round(statistics.median(e), 4) if e else None,
             "event_p99_ms": round(_p99(e), 4) if e else None,
             "events": len(e),
-            "rounds_run": self.engine.rounds,
-            "rounds_skipped": self.engine.rounds_skipped,
+            "rounds_run": self.engine.rounds - self.counts_at_start[0],  # during the stream
+            "rounds_skipped": self.engine.rounds_skipped - self.counts_at_start[1],
         }
 
 
