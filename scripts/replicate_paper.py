@@ -385,10 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", nargs="*", choices=sorted(EXPERIMENTS), help="run only these experiments")
     p.add_argument("--sweep-workloads", nargs="*", help="load_sweep: only these workloads (default: every built-in)")
+    p.add_argument("--sweep-batches", nargs="*", type=int, help="load_sweep: these batch sizes instead")
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.sweep_workloads:
         cfg = {**cfg, "sweep_workloads": args.sweep_workloads}
+    if args.sweep_batches:
+        cfg = {**cfg, "sweep_batches": args.sweep_batches}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"mode": "smoke" if args.smoke else "quick" if args.quick else "full", "seed": args.seed, "config": cfg}
