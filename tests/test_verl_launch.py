@@ -54,7 +54,7 @@ def probe(cfg):
     from verl.trainer.ppo.reward import resolve_reward_manager_cls
     from verl.utils.tracking import Tracking
 
-    from integrations.verl.config import settings_from_config
+    from integrations.verl.config import settings_from_config, token_in_config
     from tangram.client import TangramClient
 
     try:
@@ -77,7 +77,7 @@ def test_readme_launch_composes_with_verl_and_reaches_ray_start_workers(tmp_path
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
     from verl.tools.tool_registry import load_all_tools
 
-    from integrations.verl.config import settings_from_config
+    from integrations.verl.config import settings_from_config, token_in_config
 
     for var in ("TANGRAM_ENABLED", "TANGRAM_URL", "TANGRAM_TOKEN", "TANGRAM_TOKEN_FILE"):
         monkeypatch.delenv(var, raising=False)
@@ -91,6 +91,8 @@ def test_readme_launch_composes_with_verl_and_reaches_ray_start_workers(tmp_path
         s = settings_from_config(cfg)
         assert s.enabled and s.url == url and s.token_file == str(token_file) and s.token is None
         assert secret not in OmegaConf.to_yaml(cfg)  # what verl prints at start
+        assert not token_in_config(cfg)
+        assert token_in_config(compose(tmp_path / "m", ["+actor_rollout_ref.rollout.custom.tangram.token=x"]))
         assert cfg.trainer.use_v1  # verl's default path
         assert cfg.reward.reward_manager.name == "tangram"
         tools = load_all_tools(tool_config_path=cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path,

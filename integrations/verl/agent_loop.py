@@ -32,7 +32,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
-from integrations.verl.config import set_active, settings_from_config
+from integrations.verl.config import set_active, settings_from_config, token_in_config
 from integrations.verl.reward import _plain, env_spec, last_turn_span
 from integrations.verl.session import REGISTRY
 
@@ -58,6 +58,9 @@ class TangramAgentLoop(ToolAgentLoop):
             _warn_once("disabled", "tangram_agent: the integration is disabled (set "
                        "+actor_rollout_ref.rollout.custom.tangram.enabled=true or TANGRAM_ENABLED=1); "
                        "running as tool_agent")
+        if token_in_config(self.config):
+            _warn_once("token", "tangram: the service token is in the trainer config, which verl prints at "
+                       "start; set custom.tangram.token_file (or TANGRAM_TOKEN_FILE) instead")
         for tool in self.tools.values():
             limit = (getattr(tool, "config", None) or {}).get("max_output_chars")
             if limit and self.max_tool_response_length and int(limit) > self.max_tool_response_length:

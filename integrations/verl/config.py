@@ -119,6 +119,13 @@ def settings_from_config(config: Any = None) -> TangramSettings:
     return s
 
 
+def token_in_config(config: Any) -> bool:
+    """Whether the trainer config holds the token itself (verl prints its config: use token_file)."""
+    custom = _section(config, "actor_rollout_ref", "rollout", "custom") or _section(config, "custom") or {}
+    blocks = (_section(config, "tangram"), custom.get("tangram") if isinstance(custom, Mapping) else None)
+    return any(isinstance(b, Mapping) and bool(b.get("token")) for b in blocks)
+
+
 # The process-level settings the trainer config set (the tangram agent loop
 # publishes them when it is built); tools and the reward function fall back to
 # them when their own YAML says nothing.
