@@ -324,3 +324,24 @@ async def test_driver_paces_by_quota_with_real_clock():
         assert sum(1 for t in starts if starts[i] <= t < starts[i] + 0.2) <= 3
     eng.check_invariants()
     assert m.held() == {"api:svc": {}}
+
+
+def test_engine_requeue_puts_the_action_first_with_its_grants_released():
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"concurrency": 1}}, clock=clock)
+    eng = Engine([m], clock=clock)
+    started = eng.submit(api_action(0))
+    eng.submit(api_action(1))
+    assert [s.action.id for s in started] == ["a0"] and list(eng.waiting) == ["a1"]
+    m.observe_response("api:svc", 429, {"Retry-After": "1"})  # the upstream refused a0: pool paused 1 s
+    assert eng.requeue("a0") == []  # nothing starts while paused
+    assert list(eng.waiting) == ["a0", "a1"] and eng.running == {}
+    assert m.held() == {"api:svc": {}} and eng.record("a0").started_at is None
+    assert eng.next_wakeup() == pytest.approx(1.0)
+    clock.t = 1.0
+    assert [s.action.id for s in eng.tick()] == ["a0"]  # first in line again
+    eng.check_invariants()
+    from tangram.core.errors import UnknownActionError
+
+    with pytest.raises(UnknownActionError):
+        eng.requeue("a1")  # not running

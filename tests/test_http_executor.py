@@ -57,6 +57,10 @@ class LimitedServer:
     async def text(self, request: web.Request) -> web.Response:
         return web.Response(text="plain", status=int(request.query.get("status", "200")))
 
+    async def limited(self, request: web.Request) -> web.Response:
+        return web.json_response({"error": "slow down"}, status=429, headers={
+            "Retry-After": "2", "X-RateLimit-Remaining": "0", "RateLimit-Reset": "1.5", "X-Other": "x"})
+
 
 @pytest.fixture
 async def server():
@@ -64,6 +68,7 @@ async def server():
     app = web.Application()
     app.router.add_route("*", "/call", state.handle)
     app.router.add_get("/text", state.text)
+    app.router.add_get("/limited", state.limited)
     app.router.add_get("/slow", state.slow)
     runner = web.AppRunner(app, shutdown_timeout=0.2)  # do not wait for /slow handlers
     await runner.setup()
@@ -91,6 +96,16 @@ async def test_http_executor_reports_status_body_latency(server):
         r = await ex.call("http://127.0.0.1:1/nothing-listens")
         assert r.status == FAILED and "Client" in r.error
     await ex.close()  # idempotent
+
+
+async def test_rate_limit_headers_come_back_in_details(server):
+    async with HttpExecutor() as ex:
+        r = await ex.call(f"{server.url}/limited")
+        assert (r.status, r.output["status"], r.error) == (FAILED, 429, "HTTP 429")
+        # only what the basic manager reads: Retry-After and the rate-limit family
+        assert r.rate_headers == {"Retry-After": "2", "X-RateLimit-Remaining": "0", "RateLimit-Reset": "1.5"}
+        r = await ex.call(f"{server.url}/text")
+        assert r.rate_headers is None
 
 
 @pytest.mark.parametrize("kwargs, field", [
