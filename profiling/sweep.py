@@ -307,8 +307,11 @@ def make_executor(kind: str, spec: ClassSpec | None = None):
         return LocalExecutor(sandbox="none")
     if kind == "docker":
         from tangram.executors.docker import DockerExecutor  # type: ignore[import-not-found]
+        from tangram.executors.docker_image import SANDBOX_IMAGE
 
-        return DockerExecutor()
+        # the user's own image, named on their command line: allowed beside the default one
+        images = {SANDBOX_IMAGE, spec.image} if spec is not None and spec.image else {SANDBOX_IMAGE}
+        return DockerExecutor(allowed_images=tuple(images))
     if kind == "subprocess":
         from profiling.executor import PinnedSubprocessExecutor
 

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 ENV_LABEL = "org.arl-tangram.env"
 OWNER_LABEL = "org.arl-tangram.owner"  # the service (state directory) whose container it is
-RESERVED_LABEL_PREFIXES = ("org.arl-tangram.", "tangram.")  # the service's own: no caller may set them
+RESERVED_LABEL_PREFIXES = ("org.arl-tangram.",)  # this executor's own: nobody else sets them
 DEFAULT_PIDS_MAX = 512
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
