@@ -102,3 +102,12 @@ def test_order_is_validated():
         PolicyParams(order="sjf")
     with pytest.raises(ValueError, match="aging_k"):
         PolicyParams(aging_k=-1.0)
+
+
+def test_the_cluster_config_chooses_the_order():
+    from tangram.service.config import parse_config
+
+    cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"order": "fcfs", "aging_k": 2.5}})
+    assert (cfg.order, cfg.aging_k) == ("fcfs", 2.5)
+    default = parse_config({"cpu_nodes": [], "gpu_nodes": []})
+    assert (default.order, default.aging_k) == (PolicyParams().order, PolicyParams().aging_k)

@@ -94,6 +94,8 @@ BAD_CONFIGS = [
     ({"api_pools": [{"name": "s", "concurrency": 0}]}, "api_pools[0].concurrency"),
     ({"scheduler": {"depth": 0}}, "scheduler.depth"),
     ({"scheduler": {"lookahead": "far"}}, "scheduler.lookahead"),
+    ({"scheduler": {"order": "sjf"}}, "scheduler.order"),
+    ({"scheduler": {"aging_k": -1}}, "scheduler.aging_k"),
     ({"service": {"port": 70000}}, "service.port"),
     ({"profiles": [3]}, "profiles[0]"),
 ]
