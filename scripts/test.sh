@@ -65,7 +65,9 @@ bash scripts/docker_engine.sh || echo "docker engine unavailable; docker tests w
 
 # --- tests ---------------------------------------------------------------------
 set +e
-python3 -m pytest -q -p no:cacheprovider "$@"
+# a crash in native code (also at interpreter exit, after pytest's own handler is gone) prints
+# every thread's Python stack instead of a bare "Segmentation fault"
+PYTHONFAULTHANDLER=1 python3 -m pytest -q -p no:cacheprovider "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
