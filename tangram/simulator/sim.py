@@ -21,7 +21,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,60 +34,11 @@ from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
 from tangram.simulator.managers import CachedCountingManager, SimGpuManager
 from tangram.simulator.policies import PolicySpec, policy_spec
 from tangram.simulator.summary import summarize
-from tangram.simulator.workload import MEM_FRACTION, ActionClass, Job, Workload
+from tangram.simulator.records import SimResult, _Item, _Rec, _Traj
+from tangram.simulator.workload import MEM_FRACTION, ActionClass, Workload
 
 GEN, FINISH, READY, RETRY, TICK = range(5)
 POD_CLASS = "pod"
-
-
-@dataclass(slots=True, eq=False)
-class _Item:
-    gen_s: float
-    cls: ActionClass
-    t1: float  # true single-unit duration (service scale applied)
-    service: str | None
-
-
-@dataclass(slots=True, eq=False)
-class _Traj:
-    id: str
-    job: Job
-    items: list[_Item]
-    step: int
-    idx: int = 0
-    pod: str | None = None  # "pending" | "creating" | "ready"
-    pod_start: float = 0.0
-    pending: "_Rec | None" = None
-    env_started: bool = False
-    mem_from: float = -1.0  # when its memory reservation began (placement), if it has one
-    end: float = 0.0
-
-
-@dataclass(slots=True, eq=False)
-class _Rec:
-    id: str
-    traj: _Traj
-    item: _Item | None
-    rtype: str
-    submit: float
-    start: float = -1.0
-    end: float = -1.0
-    run_s: float = 0.0
-    setup_s: float = 0.0
-    restore_s: float = 0.0
-    units: int = 0
-    pool_units: int = 0  # units held in the engine's pool (reserved)
-    retries: int = 0
-    failed: bool = False
-    lb: float = 0.0
-    work: float = 0.0  # fewest unit-seconds it can run in
-    attempt_start: float = -1.0
-
-
-@dataclass
-class SimResult:
-    summary: dict[str, Any]
-    records: list[_Rec] = field(repr=False, default_factory=list)
 
 
 def _true_duration(cls: ActionClass, t1: float, m: int) -> float:
