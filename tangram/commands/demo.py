@@ -144,7 +144,7 @@ async def _main(args: argparse.Namespace) -> int:
             ray = RayTasks(len(cores), reward_dop=spec.pod_cores)
             order.append("ray-tasks")
         else:
-            console.print(INSTALL_HINT)
+            console.print(INSTALL_HINT, markup=False)  # "[ray]" is not rich markup
         order.append("trajectory")
     runs: dict[str, list] = {name: [] for name in order}
     try:
