@@ -10,13 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.service_helpers import config, find_pids, running_service
+from tests.service_helpers import config, find_pids, running_service, start_serve
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)
@@ -24,18 +23,7 @@ MARK = f"61.{os.getpid()}"  # a sleep no other process on this machine runs
 
 
 def _serve(state: Path, cfg: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
-                             "--no-auth", "--state-dir", str(state)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "listening on" in line:
-            return proc, line.strip().rsplit(" ", 1)[1]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"serve did not start: {proc.stderr.read()}")
+    return start_serve(["--config", str(cfg), "--port", "0", "--no-auth", "--state-dir", str(state)])
 
 
 async def _j(r):

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,23 +14,14 @@ import pytest
 from tangram.client import TangramClient, TangramHTTPError
 from tangram.profiles import ProfileStoreError, load_profiles
 from tangram.service.config import ConfigError, load_config, parse_config
+from tests.service_helpers import start_serve
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)
 
 
 def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "listening on" in line:
-            return proc, line.strip().rsplit(" ", 1)[1]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"serve did not start: {proc.stderr.read()}")
+    return start_serve(args, wait_s=30)
 
 
 async def test_serve_subprocess_with_token(tmp_path):
