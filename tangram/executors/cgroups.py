@@ -15,7 +15,8 @@ CGROUP_V1, CGROUP_V2 = "cgroup-v1", "cgroup-v2"
 JOIN_FAILED = 125  # exit code of the prefix when the process cannot join its group
 
 
-def _write(path: str, value: str) -> None:
+def write_control(path: str, value: str) -> None:
+    """One write(2) of ``value`` to a cgroup control file (a buffered write may split it)."""
     fd = os.open(path, os.O_WRONLY)
     try:
         os.write(fd, value.encode())
@@ -71,9 +72,9 @@ class _CgroupV1:
         os.makedirs(self.cpuset, exist_ok=True)
         os.makedirs(self.cpu, exist_ok=True)
         # a v1 cpuset child starts empty: give the parent the root's cpus and mems
-        _write(os.path.join(self.cpuset, "cpuset.cpus"), _read(os.path.join(cpuset_root, "cpuset.cpus")))
+        write_control(os.path.join(self.cpuset, "cpuset.cpus"), _read(os.path.join(cpuset_root, "cpuset.cpus")))
         self.mems = _read(os.path.join(cpuset_root, "cpuset.mems"))
-        _write(os.path.join(self.cpuset, "cpuset.mems"), self.mems)
+        write_control(os.path.join(self.cpuset, "cpuset.mems"), self.mems)
 
     def create(self, name: str, cores, quota_cpus: float | None) -> _Group:
         """A cpuset group, plus a cpu group only when there is a quota to enforce.
@@ -88,12 +89,12 @@ class _CgroupV1:
         group = _Group([s] + ([c] if c else []))
         os.mkdir(s)
         try:
-            _write(os.path.join(s, "cpuset.mems"), self.mems)  # mems before cpus/tasks
-            _write(os.path.join(s, "cpuset.cpus"), _cpulist(cores))
+            write_control(os.path.join(s, "cpuset.mems"), self.mems)  # mems before cpus/tasks
+            write_control(os.path.join(s, "cpuset.cpus"), _cpulist(cores))
             if c is not None:
                 os.mkdir(c)
-                _write(os.path.join(c, "cpu.cfs_period_us"), str(self.period_us))
-                _write(os.path.join(c, "cpu.cfs_quota_us"), str(max(int(quota_cpus * self.period_us), 1000)))
+                write_control(os.path.join(c, "cpu.cfs_period_us"), str(self.period_us))
+                write_control(os.path.join(c, "cpu.cfs_quota_us"), str(max(int(quota_cpus * self.period_us), 1000)))
         except BaseException:
             self.remove(group)
             raise
@@ -120,20 +121,20 @@ class _CgroupV2:
         ctrls = _read(os.path.join(root, "cgroup.controllers")).split()
         if "cpuset" not in ctrls or "cpu" not in ctrls:
             raise OSError(errno.ENOENT, f"cgroup v2 at {root} lacks cpuset/cpu controllers ({ctrls})")
-        _write(os.path.join(root, "cgroup.subtree_control"), "+cpuset +cpu")
+        write_control(os.path.join(root, "cgroup.subtree_control"), "+cpuset +cpu")
         self.parent = os.path.join(root, parent)
         self.parents = (self.parent,)
         os.makedirs(self.parent, exist_ok=True)
-        _write(os.path.join(self.parent, "cgroup.subtree_control"), "+cpuset +cpu")
+        write_control(os.path.join(self.parent, "cgroup.subtree_control"), "+cpuset +cpu")
 
     def create(self, name: str, cores, quota_cpus: float | None) -> _Group:
         d = os.path.join(self.parent, name)
         group = _Group([d])
         os.mkdir(d)
         try:
-            _write(os.path.join(d, "cpuset.cpus"), _cpulist(cores))
+            write_control(os.path.join(d, "cpuset.cpus"), _cpulist(cores))
             if quota_cpus is not None:
-                _write(os.path.join(d, "cpu.max"), f"{max(int(quota_cpus * self.period_us), 1000)} {self.period_us}")
+                write_control(os.path.join(d, "cpu.max"), f"{max(int(quota_cpus * self.period_us), 1000)} {self.period_us}")
         except BaseException:
             self.remove(group)
             raise

@@ -43,6 +43,8 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from tangram.executors.cgroups import write_control
+
 SANDBOX, NONE = "sandbox", "none"
 NOBODY = 65534
 DEFAULT_PIDS_MAX = 512  # processes + threads of one run: a fork bomb stops here
@@ -227,10 +229,10 @@ class Limits:
             ctrls = open(os.path.join(root, "cgroup.controllers")).read().split()
             if "memory" not in ctrls or "pids" not in ctrls:
                 raise OSError(f"cgroup v2 at {root} lacks the memory/pids controllers ({ctrls})")
-            _write(os.path.join(root, "cgroup.subtree_control"), "+memory +pids")
+            write_control(os.path.join(root, "cgroup.subtree_control"), "+memory +pids")
             self.parents = (os.path.join(root, parent),)
             os.makedirs(self.parents[0], exist_ok=True)
-            _write(os.path.join(self.parents[0], "cgroup.subtree_control"), "+memory +pids")
+            write_control(os.path.join(self.parents[0], "cgroup.subtree_control"), "+memory +pids")
         else:
             mem, pids = os.path.join(root, "memory"), os.path.join(root, "pids")
             if not (os.path.exists(os.path.join(mem, "memory.limit_in_bytes")) and os.path.isdir(pids)):
@@ -253,17 +255,17 @@ class Limits:
             if self.version == 2:
                 d = dirs[0]
                 if memory_mb > 0:
-                    _write(os.path.join(d, "memory.max"), str(memory_mb << 20))
-                    _write(os.path.join(d, "memory.swap.max"), "0")
-                _write(os.path.join(d, "pids.max"), str(pids_max))
+                    write_control(os.path.join(d, "memory.max"), str(memory_mb << 20))
+                    write_control(os.path.join(d, "memory.swap.max"), "0")
+                write_control(os.path.join(d, "pids.max"), str(pids_max))
             else:
                 mem, pids = dirs
                 if memory_mb > 0:
-                    _write(os.path.join(mem, "memory.limit_in_bytes"), str(memory_mb << 20))
+                    write_control(os.path.join(mem, "memory.limit_in_bytes"), str(memory_mb << 20))
                     sw = os.path.join(mem, "memory.memsw.limit_in_bytes")
                     if os.path.exists(sw):  # no swapping past the limit either
-                        _write(sw, str(memory_mb << 20))
-                _write(os.path.join(pids, "pids.max"), str(pids_max))
+                        write_control(sw, str(memory_mb << 20))
+                write_control(os.path.join(pids, "pids.max"), str(pids_max))
         except BaseException:
             for d in reversed(made):
                 try:
@@ -297,14 +299,6 @@ class Limits:
     def join_shell(dirs: Sequence[str]) -> str:
         """Shell words that move the current shell (``$$``) into ``dirs``."""
         return " && ".join(f"echo $$ > {shlex.quote(os.path.join(d, 'cgroup.procs'))}" for d in dirs)
-
-
-def _write(path: str, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------- #
