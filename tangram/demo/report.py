@@ -77,7 +77,8 @@ def _projection_table(console, proj: Mapping[str, Any], what: str) -> None:
         t.add_column(name, justify="right")
     for name, p in proj["policies"].items():
         r = proj["ratios"].get(name, {})
-        t.add_row(f"{LABELS.get(name, name)} ({p['simulated_as']})", f"{p['mean_act_s']:.2f}",
+        as_ = f" ({p['simulated_as']})" if p["simulated_as"] != name else ""  # say it only where it differs
+        t.add_row(f"{LABELS.get(name, name)}{as_}", f"{p['mean_act_s']:.2f}",
                   f"{p['p99_act_s']:.2f}", f"{p['step_time_s']:.2f}",
                   f"{r['mean_act']:.2f}x" if r else "-", f"{r['step_time']:.2f}x" if r else "-")
     console.print(t)
