@@ -231,6 +231,9 @@ async def test_legacy_path_mixed_batch_and_limits(service, project, model_dir):
         m = tmetrics.drain()
         assert m["tangram/actions"] == 4 + 4 + 2 and m["tangram/failed"] == 0
         assert m["tangram/act_mean_s"] > 0 and m["tangram/queue_mean_s"] >= 0 and m["tangram/dop_mean"] >= 1
+        # ACT as the service counts it: queueing + execution + overhead
+        assert m["tangram/act_mean_s"] == pytest.approx(
+            m["tangram/queue_mean_s"] + m["tangram/exec_mean_s"] + m["tangram/overhead_mean_s"])
 
         cfg = _cfg(model_dir, service, "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=1",
                    "actor_rollout_ref.rollout.response_length=150")
