@@ -190,10 +190,8 @@ COUNTS = ("searches", "caller_429s", "retries")  # summed over runs (the rest: m
 def policy_summary(runs: list[DeepSearchResult]) -> dict[str, Any]:
     """The shared demo shape for one policy (tangram.demo.results), counts summed over runs."""
     per_run = [summarize(r, i) for i, r in enumerate(runs)]
-    out = policy_entry(per_run)
+    out = policy_entry(per_run, summed=COUNTS)
     del out["run"]
-    for k in COUNTS:
-        out[k] = sum(r[k] for r in per_run)
     return out
 
 

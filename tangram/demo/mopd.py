@@ -278,10 +278,8 @@ COUNTS = ("actions", "restores", "restore_s")  # summed over runs (the rest: med
 def policy_summary(runs: list[MopdResult]) -> dict[str, Any]:
     """The shared demo shape for one policy (tangram.demo.results), counts summed over runs."""
     per_run = [summarize(r, i) for i, r in enumerate(runs)]
-    out = policy_entry(per_run)
+    out = policy_entry(per_run, summed=COUNTS)
     del out["run"]
-    for k in COUNTS:
-        out[k] = round(sum(r[k] for r in per_run), 4)
     out["peak_device_mb"] = max(r["peak_device_mb"] for r in per_run)
     return out
 

@@ -13,7 +13,7 @@ kept), and :func:`policy_entry` / :func:`compare` / :func:`document` do the rest
 from __future__ import annotations
 
 import statistics
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 # metric key in a run summary -> its name in ratios; lower is better for all of them
 HEADLINE = {"mean_act_s": "mean_act", "p50_act_s": "p50_act", "p99_act_s": "p99_act", "step_time_s": "step_time"}
@@ -28,8 +28,9 @@ def percentile(xs: Iterable[float], q: float) -> float:
     return s[k]
 
 
-def policy_entry(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The medians over ``runs`` of every numeric field, the headline metrics' [min, max], the runs."""
+def policy_entry(runs: list[Mapping[str, Any]], summed: Sequence[str] = ()) -> dict[str, Any]:
+    """The medians over ``runs`` of every numeric field (``failed`` and the ``summed`` counts: their sums),
+    the headline metrics' [min, max], the runs."""
     if not runs:
         raise ValueError("a policy needs at least one run")
     numeric = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -39,7 +40,10 @@ def policy_entry(runs: list[Mapping[str, Any]]) -> dict[str, Any]:
         med = statistics.median(vals)
         if all(isinstance(v, int) for v in vals) and float(med).is_integer():
             med = int(med)  # counts stay counts
-        out[k] = sum(vals) if k == "failed" else med if isinstance(med, int) else round(med, 4)
+        if k == "failed" or k in summed:
+            out[k] = round(sum(vals), 4)
+        else:
+            out[k] = med if isinstance(med, int) else round(med, 4)
     out["spread"] = {k: [round(min(r[k] for r in runs), 4), round(max(r[k] for r in runs), 4)]
                      for k in HEADLINE if k in runs[0]}
     out["runs"] = [dict(r) for r in runs]
