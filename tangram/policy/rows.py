@@ -6,6 +6,7 @@ once per action and kept in a bounded memo.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from functools import lru_cache
 
 import numpy as np
@@ -18,19 +19,44 @@ from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
 _MIN_MARGINAL_GAIN = 0.05
 
 
+class Row:
+    """What the policy reads of one scalable action, built once per action."""
+
+    __slots__ = ("action", "units", "durs", "options", "convex", "top", "u0", "d0", "waiter")
+
+    def __init__(self, a: Action, units: np.ndarray, durs: np.ndarray):
+        self.action = a
+        self.units = units
+        self.durs = durs
+        self.options = tuple(int(u) for u in units)  # worthwhile options, ascending
+        self.convex = greedy_exact(units, durs)
+        self.top = self.options[-1]
+        self.u0 = self.options[0]
+        self.d0 = float(durs[0])
+        self.waiter = None  # (rtype, capacity, the waiter tuple), see schedule._waiter
+
+
+_ROWS: dict[int, Row] = {}
+
+
+def row(a: Action) -> Row:
+    """The memo entry of ``a`` (a scalable action)."""
+    hit = _ROWS.get(id(a))
+    if hit is not None and hit.action is a:
+        return hit
+    return _build_row(a)
+
+
 def duration(a: Action, units: int, snap: Snapshot) -> float:
-    if a.scalable:
-        row_units, durs = full_row(a)
-        if units == 0 or units == row_units[0]:
-            return float(durs[0])
+    if a.key is not None and a.t1_s is not None and a.elasticity is not None:  # a.scalable, inlined
+        r = row(a)
+        if units == 0 or units == r.u0:
+            return r.d0
         return a.duration(units)
     d = a.t1_s
     if d is not None:
         return d
     return snap.class_estimates.get(a.action_class, snap.params.default_duration_s)
-
-
-_ROWS: dict[int, tuple[Action, np.ndarray, np.ndarray, tuple[int, ...], bool]] = {}
 
 
 def full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:
@@ -42,13 +68,11 @@ def full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:
     action would gain: cores that speed nothing up would be held for nothing
     (the DP, which sums durations only, would take them for a 0.1% gain).
     """
-    hit = _ROWS.get(id(a))
-    if hit is not None and hit[0] is a:
-        return hit[1], hit[2]
-    return _build_row(a)[1:3]
+    r = row(a)
+    return r.units, r.durs
 
 
-def _build_row(a: Action):
+def _build_row(a: Action) -> Row:
     units = np.asarray(a.demands[a.key].options, dtype=np.int64)
     durs = a.elasticity.durations(a.t1_s, units)
     keep = [0]
@@ -61,38 +85,44 @@ def _build_row(a: Action):
         units, durs = units[keep], durs[keep]
     if len(_ROWS) >= 65536:
         _ROWS.clear()
-    entry = _ROWS[id(a)] = (a, units, durs, tuple(int(u) for u in units), greedy_exact(units, durs))
+    entry = _ROWS[id(a)] = Row(a, units, durs)
     return entry
 
 
 def convex_row(a: Action) -> bool:
     """Whether the greedy units operator is exact for ``a``'s row (and any DoP cap of it)."""
-    hit = _ROWS.get(id(a))
-    if hit is not None and hit[0] is a:
-        return hit[4]
-    return _build_row(a)[4]
+    return row(a).convex
 
 
 def worthwhile_options(a: Action) -> tuple[int, ...]:
-    hit = _ROWS.get(id(a))
-    if hit is not None and hit[0] is a:
-        return hit[3]
-    return _build_row(a)[3]
+    return row(a).options
 
 
 def option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None = None) -> tuple[np.ndarray, np.ndarray]:
-    units, durs = full_row(a)
+    r = row(a)
     limit = cap
-    caps = params.dop_caps.get(a.action_class)
+    caps = params.dop_caps.get(a.action_class) if params.dop_caps else None
     if caps is not None:
-        limit = min(limit, max(caps, int(units[0])))
-    k = int(np.searchsorted(units, limit, side="right"))
-    units, durs = units[:k], durs[:k]
-    if a.restore_s and a.service is not None and pool is not None and pool.chunked:
+        limit = min(limit, max(caps, r.u0))
+    restores = a.restore_s and a.service is not None and pool is not None and pool.chunked
+    if r.top <= limit and not restores:
+        return r.units, r.durs  # the common case: nothing to cut or add
+    k = bisect_right(r.options, limit)
+    units, durs = r.units[:k], r.durs[:k]
+    if restores:
         # evict-on-execution: a DoP whose service is not resident first pays its restore
         extra = [0.0 if f"{a.service}@dop{u}" in pool.resident else a.restore_s.get(int(u), 0.0) for u in units]
         durs = durs + np.asarray(extra)
     return units, durs
+
+
+def group_rows(actions, cap: int, params: PolicyParams, pool: PoolState) -> tuple[list, bool]:
+    """:func:`option_row` of each action, and whether every row is convex (greedy-exact)."""
+    rows, convex = [], True
+    for a in actions:
+        rows.append(option_row(a, cap, params, pool))
+        convex = convex and row(a).convex
+    return rows, convex
 
 
 @lru_cache(maxsize=4096)

@@ -7,23 +7,22 @@
    actions never overtake it there (no starvation) while actions that need
    other pools or nodes go on (an API call never waits behind a test suite).
 2. Group the scalable candidates by key pool; the rest get their minimum.
-3. Greedy eviction per group with the ACT approximation (Algorithm 2) over
+3. Greedy eviction per group with the ACT approximation (Algorithm 2, estimate.py) over
    the DPArrange prefix table (one DP pass serves every prefix).
 """
 from __future__ import annotations
 
-import heapq
-import math
 from types import MappingProxyType
 from typing import Sequence
 
 from tangram.core.model import Action
 from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
-from tangram.policy.rows import convex_row as _convex_row
+from tangram.policy.estimate import estimate_rest as _estimate_rest
+from tangram.policy.estimate import waiter as _waiter
+from tangram.policy.needs import Needs
+from tangram.policy.needs import needs as _needs
 from tangram.policy.rows import duration as _duration
-from tangram.policy.rows import explored_options as _explored_options
-from tangram.policy.rows import option_row as _option_row
-from tangram.policy.rows import worthwhile_options as _worthwhile_options
+from tangram.policy.rows import group_rows as _group_rows
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
 _EPS = 1e-9
@@ -42,9 +41,9 @@ class _Candidate:
         self.place_mem = place_mem
 
 
-def _base_units(a: Action, params: PolicyParams) -> dict[str, int]:
+def _base_units(a: Action, params: PolicyParams, mins: dict[str, int]) -> dict[str, int]:
     """Minimum of every demand; under the fixed-DoP baseline, N (or the nearest option) for the key."""
-    units = {t: d.min for t, d in a.demands.items()}
+    units = dict(mins)
     if params.fixed_dop is not None and a.key is not None:
         opts = a.demands[a.key].options
         units[a.key] = max((o for o in opts if o <= params.fixed_dop), default=opts[0])
@@ -103,13 +102,12 @@ def _select_candidates(snap: Snapshot):
     failed_shapes: dict[tuple, list[str]] = {}  # see _shape -> the pools it waits behind
 
     def fits(pname: str, units: int) -> bool:
-        if units >= failed_at.get(pname, units + 1):
+        failed = failed_at.get(pname)
+        if failed is not None and units >= failed:
             return False
-        p = pools[pname]
-        if p.chunked:
-            ok = free[pname] >= units and packable(p.chunks, taken_chunks[pname] + [units])
-        else:
-            ok = free[pname] >= units
+        ok = free[pname] >= units
+        if ok and pname in taken_chunks:  # a GPU pool: the request must pack with this round's
+            ok = packable(pools[pname].chunks, taken_chunks[pname] + [units])
         if not ok:
             failed_at[pname] = units
             if units <= 1:
@@ -125,15 +123,17 @@ def _select_candidates(snap: Snapshot):
 
     gpu_pools = [g for g in (pool_name("gpu", n) for n in snap.nodes) if g in pools]
     waiting_iter = iter(snap.waiting)
+    params = snap.params
     for a in waiting_iter:
-        if closed and "cpu" not in a.demands and all(t in closed for t in a.demands if t != "gpu") and (
-                "gpu" not in a.demands or all(g in closed for g in gpu_pools)):
+        nd = _needs(a)
+        if closed and not nd.has_cpu and all(t in closed for t in nd.not_gpu) and (
+                not nd.has_gpu or all(g in closed for g in gpu_pools)):
             # fast path, same outcome as _place: an action (API and/or GPU) behind blocked heads
             # of every pool it could use only joins their look-ahead (a long backlog otherwise
             # made every round O(queue) calls of _place)
-            wait_behind(a, [*(gpu_pools if "gpu" in a.demands else ()), *(t for t in a.demands if t != "gpu")])
+            wait_behind(a, [*(gpu_pools if nd.has_gpu else ()), *nd.not_gpu])
             continue
-        if closed and "cpu" in a.demands and a.trajectory is not None:
+        if closed and nd.has_cpu and a.trajectory is not None:
             # fast path: a trajectory pinned to a node whose pools are all shut this round
             home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
             if home is not None and all(pool_name(t, home) in closed for t in a.demands):
@@ -141,17 +141,17 @@ def _select_candidates(snap: Snapshot):
                 continue
         shape = None
         if failed_shapes:
-            shape = _shape(a, snap, placed)
+            shape = _shape(a, nd, snap, placed)
             needed = failed_shapes.get(shape)
             if needed is not None:
                 # fast path: one of the same shape could not start this round, and free
                 # units only shrink (a queue of unplaced trajectories waiting for memory)
                 wait_behind(a, needed)
                 continue
-        units = _base_units(a, snap.params)
-        node, needed, place_mem = _place(a, units, snap, placed, free, fits, blocked, mem_failed)
+        units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, params, nd.mins)
+        node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed)
         if node is _NO_NODE:
-            failed_shapes[shape or _shape(a, snap, placed)] = needed
+            failed_shapes[shape or _shape(a, nd, snap, placed)] = needed
             blocked.update(needed)
             closed.update(needed)
             wait_behind(a, needed)
@@ -159,7 +159,7 @@ def _select_candidates(snap: Snapshot):
                 _fill_lookahead(waiting_iter, lookahead, limit)
                 break
             continue
-        pools_of = {t: pool_name(t, node) for t in a.demands}
+        pools_of = nd.on(node)[1]
         for t, u in units.items():
             pname = pools_of[t]
             free[pname] -= u
@@ -167,7 +167,7 @@ def _select_candidates(snap: Snapshot):
                 taken_chunks[pname].append(u)
         if place_mem:
             free[pool_name("mem", node)] -= place_mem
-        if node is not None and "cpu" in a.demands and a.trajectory is not None:
+        if node is not None and nd.has_cpu and a.trajectory is not None:
             placed.setdefault(a.trajectory, node)
         cands.append(_Candidate(a, node, pools_of, units, place_mem))
     # a request above what is left after these candidates cannot fit either (the
@@ -183,14 +183,14 @@ def _select_candidates(snap: Snapshot):
     return cands, lookahead, unfit
 
 
-def _shape(a: Action, snap: Snapshot, placed) -> tuple:
+def _shape(a: Action, nd: Needs, snap: Snapshot, placed) -> tuple:
     """What decides whether ``a`` fits: its demands, its home node, or the memory it must place."""
     home, mem = None, 0
-    if "cpu" in a.demands:
+    if nd.has_cpu:
         if a.trajectory is not None:
             home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
         mem = a.mem_mb if home is None else 0
-    return home, mem, tuple(sorted(a.demands.items()))
+    return home, mem, nd.shape
 
 
 def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int) -> None:
@@ -212,46 +212,47 @@ class _NoNode:
 _NO_NODE = _NoNode()
 
 
-def _needs_node(a: Action) -> bool:
-    return "cpu" in a.demands or "gpu" in a.demands
-
-
-def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked, mem_failed):
+def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked, mem_failed):
     """Choose the node for ``a``: returns (node, pools it would block, memory to place).
 
     A trajectory stays on the node its first CPU action was placed on; an
     unplaced one goes to a node with cores for the action and memory for the
     whole trajectory, the one with the most free memory (load balancing).
     """
-    api_pools = [t for t in a.demands if t not in ("cpu", "gpu")]
+    pools = snap.pools
+    api_pools = nd.api
     for t in api_pools:
-        if t not in snap.pools:
+        if t not in pools:
             return _NO_NODE, [], 0  # its pool vanished (e.g. reconfigured); it waits
-    if not _needs_node(a):
+    local = nd.local
+    if not local:
         ok = all(t not in blocked and fits(t, units[t]) for t in api_pools)
-        return (None, [], 0) if ok else (_NO_NODE, api_pools, 0)
+        return (None, [], 0) if ok else (_NO_NODE, list(api_pools), 0)
 
     bound = None
-    if "cpu" in a.demands and a.trajectory is not None:
+    if nd.has_cpu and a.trajectory is not None:
         bound = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
     nodes = (bound,) if bound is not None else snap.nodes
-    api_ok = all(t not in blocked and fits(t, units[t]) for t in api_pools)
+    api_ok = True
+    for t in api_pools:
+        if t in blocked or not fits(t, units[t]):
+            api_ok = False
+            break
     best, best_key = _NO_NODE, None
-    local = [t for t in a.demands if t in ("cpu", "gpu")]
+    place_mem = a.mem_mb if (bound is None and nd.has_cpu) else 0
     for node in nodes:
-        names = [pool_name(t, node) for t in local]
-        if any(n not in snap.pools or n in blocked for n in names):
+        names = nd.on(node)[0]
+        if not _all_open(names, pools, blocked) or not _all_fit(names, local, units, fits):
             continue
-        if not all(fits(n, units[t]) for n, t in zip(names, local)):
-            continue
-        mem = 0
-        if bound is None and "cpu" in a.demands and a.mem_mb:
-            mem = a.mem_mb
+        if place_mem:
             mname = pool_name("mem", node)
-            if mname not in snap.pools or mname in blocked or free[mname] < mem:
-                if mname in free and mem_failed.get(mname, mem + 1) > mem:
-                    mem_failed[mname] = mem
+            if mname not in pools or mname in blocked or free[mname] < place_mem:
+                if mname in free and mem_failed.get(mname, place_mem + 1) > place_mem:
+                    mem_failed[mname] = place_mem
                 continue
+        if len(nodes) == 1:
+            best = node  # nothing to prefer it to
+            break
         key = _node_preference(a, node, snap, free)
         if best_key is None or key > best_key:
             best, best_key = node, key
@@ -271,9 +272,22 @@ def _place(a: Action, units: dict[str, int], snap: Snapshot, placed, free, fits,
                 block = mem_pools
             else:
                 block += mem_pools
-        return _NO_NODE, block + api_pools, 0
-    mem = a.mem_mb if (bound is None and "cpu" in a.demands and a.mem_mb) else 0
-    return best, [], mem
+        return _NO_NODE, block + list(api_pools), 0
+    return best, [], place_mem
+
+
+def _all_open(names, pools, blocked) -> bool:
+    for n in names:
+        if n not in pools or n in blocked:
+            return False
+    return True
+
+
+def _all_fit(names, types, units, fits) -> bool:
+    for n, t in zip(names, types):
+        if not fits(n, units[t]):
+            return False
+    return True
 
 
 def _reservation_node(a: Action, units: dict[str, int], local: list[str], nodes, snap: Snapshot, free):
@@ -337,11 +351,11 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     else:
         capacity = pool.free - sum(other_units)
         operator = UnitsOperator(max(capacity, 0))
-    params = snap.params
-    rows = [_option_row(c.action, capacity, params, pool) for c in group]
+    rows, convex = _group_rows([c.action for c in group], capacity, snap.params, pool)
+    if pool.chunked:
+        convex = None
     n = len(group)
     exact_from = max(1, n - _EVICTION_WINDOW)
-    convex = None if pool.chunked else all(_convex_row(c.action) for c in group)
     table = prefix_table_rows(rows, operator, exact_from, convex)
 
     seed = list(snap.running.get(pool.name, ()))
@@ -407,72 +421,3 @@ def _chunks_left(free_chunks: Sequence[int], taken: Sequence[int]) -> tuple[int,
     for r in sorted(taken, reverse=True):
         pack_one(avail, r)
     return tuple(s for s in CHUNK_SIZES for _ in range(avail[s]))
-
-
-def _waiter(a: Action, pool: PoolState, snap: Snapshot):
-    """``(min units, duration at min, action to explore or None)`` of a waiting action."""
-    demand = a.demands.get(pool.rtype)
-    if demand is None:
-        return None
-    explore = a if (a.scalable and a.key == pool.rtype) else None
-    options = _explored_options(_worthwhile_options(a), pool.capacity) if explore else ()
-    return demand.min, _duration(a, demand.min, snap), explore, options
-
-
-def _estimate_rest(heap_items, free_units: int, waiters: list, explore: int) -> float:
-    """Algorithm 2: ACT estimate of the actions still waiting for this pool.
-
-    Each gets its minimum and starts, in queue order, when the completion heap
-    has released enough units; the first ``depth - 1`` scalable ones try
-    several counts instead (a bounded search, see _explored_options).
-    """
-    heap = [(f if f > 0.0 else 0.0, u) for f, u in heap_items]
-    heapq.heapify(heap)
-    return _walk(heap, free_units, 0.0, waiters, 0, explore)
-
-
-def _walk(heap, free, now, waiters, i, explore) -> float:
-    total = 0.0
-    push, pop = heapq.heappush, heapq.heappop
-    n = len(waiters)
-    while i < n:
-        umin, dmin, action, options = waiters[i]
-        if explore > 0 and action is not None:
-            best = math.inf
-            for u in options:
-                h = list(heap)
-                f, t = _start_time(h, free, now, u)
-                end = t + action.duration(u)
-                push(h, (end, u))
-                best = min(best, end + _walk(h, f - u, t, waiters, i + 1, explore - 1))
-            return total + best
-        while free < umin:  # _start_time, inlined: this loop is the estimate's hot path
-            if not heap:
-                free = umin
-                break
-            t, u = pop(heap)
-            free += u
-            if t > now:
-                now = t
-        total += now + dmin
-        push(heap, (now + dmin, umin))
-        free -= umin
-        i += 1
-    return total
-
-
-def _start_time(heap, free, now, units):
-    """Pop completions until ``units`` are free; returns (free, start time).
-
-    An empty heap with too few units means the pool's accounting is not all
-    known to the estimate (units held outside the engine): assume they are
-    free rather than waiting forever.
-    """
-    while free < units:
-        if not heap:
-            return units, now
-        t, u = heapq.heappop(heap)
-        free += u
-        if t > now:
-            now = t
-    return free, now

@@ -1,0 +1,110 @@
+"""The ACT approximation (paper Algorithm 2): how long the actions still waiting for a pool take.
+
+Greedy eviction compares, for each prefix of the candidates it keeps, the
+DPArrange optimum plus this estimate of the look-ahead's completion times:
+each waiting action takes its minimum and starts, in queue order, when the
+completion heap has released enough units; the first ``depth - 1``
+scalable ones try several counts instead (a bounded search).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+from tangram.core.model import Action
+from tangram.policy.rows import duration as _duration
+from tangram.policy.rows import explored_options as _explored_options
+from tangram.policy.rows import row as _row
+from tangram.policy.snapshot import PoolState, Snapshot
+
+
+def waiter(a: Action, pool: PoolState, snap: Snapshot):
+    """``(min units, duration at min, options to explore)`` of a waiting action.
+
+    The options, ``((units, duration), ...)``, are None for an action the
+    look-ahead does not explore (not scalable on this pool). Those of a
+    scalable action depend only on it and the pool's type and capacity:
+    kept in its row's memo.
+    """
+    demand = a.demands.get(pool.rtype)
+    if demand is None:
+        return None
+    if not (a.key == pool.rtype and a.t1_s is not None and a.elasticity is not None):  # a.scalable on this pool
+        return demand.min, _duration(a, demand.min, snap), None
+    r = _row(a)
+    hit = r.waiter
+    if hit is not None and hit[0] == pool.rtype and hit[1] == pool.capacity:
+        return hit[2]
+    options = _explored_options(r.options, pool.capacity)
+    w = demand.min, _duration(a, demand.min, snap), tuple((u, a.duration(u)) for u in options)
+    r.waiter = (pool.rtype, pool.capacity, w)
+    return w
+
+
+def estimate_rest(heap_items, free_units: int, waiters: list, explore: int) -> float:
+    """Algorithm 2: ACT estimate of the actions still waiting for this pool.
+
+    Each gets its minimum and starts, in queue order, when the completion heap
+    has released enough units; the first ``depth - 1`` scalable ones try
+    several counts instead (a bounded search, see _explored_options).
+    """
+    heap = [(f if f > 0.0 else 0.0, u) for f, u in heap_items]
+    heapq.heapify(heap)
+    return _walk(heap, free_units, 0.0, waiters, 0, explore)
+
+
+def _walk(heap, free, now, waiters, i, explore) -> float:
+    total = 0.0
+    push, pop = heapq.heappush, heapq.heappop
+    n = len(waiters)
+    if explore > 0:
+        while i < n:
+            umin, dmin, options = waiters[i]
+            if options is not None:
+                best = math.inf
+                for u, d in options:
+                    h = heap[:]
+                    f, t = _start_time(h, free, now, u)
+                    end = t + d
+                    push(h, (end, u))
+                    rest = end + _walk(h, f - u, t, waiters, i + 1, explore - 1)
+                    if rest < best:
+                        best = rest
+                return total + best
+            free, now = _start_time(heap, free, now, umin)
+            total += now + dmin
+            push(heap, (now + dmin, umin))
+            free -= umin
+            i += 1
+        return total
+    # nothing left to explore: each waiter takes its minimum (the estimate's hot loop)
+    for umin, dmin, _ in (waiters[i:] if i else waiters):
+        while free < umin:  # _start_time, inlined
+            if not heap:
+                free = umin
+                break
+            t, u = pop(heap)
+            free += u
+            if t > now:
+                now = t
+        total += now + dmin
+        push(heap, (now + dmin, umin))
+        free -= umin
+    return total
+
+
+def _start_time(heap, free, now, units):
+    """Pop completions until ``units`` are free; returns (free, start time).
+
+    An empty heap with too few units means the pool's accounting is not all
+    known to the estimate (units held outside the engine): assume they are
+    free rather than waiting forever.
+    """
+    while free < units:
+        if not heap:
+            return units, now
+        t, u = heapq.heappop(heap)
+        free += u
+        if t > now:
+            now = t
+    return free, now

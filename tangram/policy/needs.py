@@ -1,0 +1,55 @@
+"""What candidate selection reads of one action's demands, built once per action.
+
+Every round asks the same questions of each waiting action: which pools it
+takes on a node, which API pools, its minimum units. The answers depend only
+on the frozen action, so they are kept in a bounded memo (like the rows of
+:mod:`tangram.policy.rows`) instead of being rebuilt by every round.
+"""
+from __future__ import annotations
+
+from tangram.core.model import Action
+from tangram.core.pools import pool_name
+
+
+class Needs:
+    """One action's demands, split the way :func:`tangram.policy.schedule._place` reads them."""
+
+    __slots__ = ("action", "local", "api", "not_gpu", "has_cpu", "has_gpu", "mins", "shape", "_on")
+
+    def __init__(self, a: Action):
+        self.action = a
+        types = tuple(a.demands)
+        self.local = tuple(t for t in types if t in ("cpu", "gpu"))  # pools chosen per node
+        self.api = tuple(t for t in types if t not in ("cpu", "gpu"))
+        self.not_gpu = tuple(t for t in types if t != "gpu")
+        self.has_cpu = "cpu" in a.demands
+        self.has_gpu = "gpu" in a.demands
+        self.mins = {t: d.min for t, d in a.demands.items()}  # copied: a round raises the key's units
+        self.shape = tuple(sorted(a.demands.items()))
+        self._on: dict = {}  # node -> (local pool names, every demand's pool name)
+
+    def on(self, node: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
+        """``(pool names of the node-local demands, {rtype: pool name})`` on ``node``.
+
+        The mapping is shared by every round that places the action there:
+        read only (the policy hands it out behind a read-only proxy).
+        """
+        hit = self._on.get(node)
+        if hit is None:
+            pools = {t: pool_name(t, node) for t in self.action.demands}
+            hit = self._on[node] = (tuple(pools[t] for t in self.local), pools)
+        return hit
+
+
+_NEEDS: dict[int, Needs] = {}
+
+
+def needs(a: Action) -> Needs:
+    """The memo entry of ``a``."""
+    hit = _NEEDS.get(id(a))
+    if hit is not None and hit.action is a:
+        return hit
+    if len(_NEEDS) >= 65536:
+        _NEEDS.clear()
+    entry = _NEEDS[id(a)] = Needs(a)
+    return entry

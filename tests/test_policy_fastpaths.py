@@ -1,0 +1,217 @@
+"""The policy's fast paths agree with their plain reference versions on random inputs.
+
+A round reads per-action memos (rows, waiters, demands) and walks the ACT
+estimate with a specialised loop; each is checked here against the direct
+computation it replaces, and whole rounds against rounds with cold memos.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tangram.core.model import Action, Elasticity
+from tangram.policy import estimate, needs, rows
+from tangram.policy.schedule import plan
+from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
+
+CHUNKS = [(8,), (4, 4), (4, 2, 1, 1), (2, 2, 1), (1,), (), (4,), (2, 1)]
+
+
+def _elasticity(rng: random.Random) -> Elasticity:
+    if rng.random() < 0.6:
+        return Elasticity.amdahl(rng.choice([0.0, rng.uniform(0.0, 0.5), 0.95]))
+    table, e = {}, 1.0
+    for m in sorted(rng.sample(range(1, 17), rng.randint(1, 5))):  # measured tables need not be convex
+        e = max(0.05, min(1.0, e * rng.uniform(0.6, 1.05)))
+        table[m] = e if m > 1 else 1.0
+    return Elasticity.from_table(table)
+
+
+def _action(rng: random.Random, i: int, pools, trajectories) -> Action:
+    kw = {}
+    if rng.random() < 0.5:
+        kw = {"trajectory": rng.choice(trajectories), "mem_mb": rng.choice([0, 1024, 8192])}
+    cls = f"c{rng.randint(0, 3)}"
+    k = rng.random()
+    if k < 0.45:
+        lo = rng.randint(1, 4)
+        demands = {"cpu": {"min": lo, "max": lo + rng.randint(0, 20)}}
+        apis = [p for p in pools if p.startswith("api:")]
+        if apis and rng.random() < 0.1:
+            demands[rng.choice(apis)] = 1
+        return Action.build(f"a{i}", demands, t1_s=rng.uniform(0.5, 100), elasticity=_elasticity(rng),
+                            action_class=cls, **kw)
+    if k < 0.6:
+        return Action.build(f"a{i}", {"cpu": rng.randint(1, 4)}, t1_s=rng.choice([None, rng.uniform(0.1, 5)]),
+                            action_class=cls, **kw)
+    if k < 0.75:
+        return Action.build(f"a{i}", {rng.choice(["api:search", "api:llm", "api:other"]): 1},
+                            t1_s=rng.choice([None, 1.0]), action_class=cls)
+    opts = sorted(rng.sample([1, 2, 4, 8], rng.randint(1, 4)))
+    service = rng.choice([None, "m1", "m2"])
+    restore = {o: rng.uniform(0, 5) for o in opts} if service and rng.random() < 0.5 else None
+    return Action.build(f"a{i}", {"gpu": opts}, t1_s=rng.uniform(0.5, 50), elasticity=_elasticity(rng),
+                        action_class=cls, service=service, restore_s=restore)
+
+
+def _snapshot(seed: int) -> Snapshot:
+    """A random round: 1-3 nodes (cores, memory, sometimes GPUs in buddy chunks), API pools,
+    running actions, placed and unplaced trajectories, every knob of the policy."""
+    rng = random.Random(seed)
+    nodes = tuple(f"n{i}" for i in range(rng.randint(1, 3)))
+    pools, running = {}, {}
+    for n in nodes:
+        cap = rng.choice([4, 8, 16, 32, 64])
+        free = rng.randint(0, cap)
+        pools[f"cpu@{n}"] = PoolState(f"cpu@{n}", "cpu", n, cap, free)
+        if cap > free and rng.random() < 0.8:
+            left, held = cap - free, []
+            while left > 0:
+                u = rng.randint(1, left)
+                left -= u
+                held.append((rng.uniform(0, 30), u))
+            running[f"cpu@{n}"] = tuple(held)
+        mem = rng.choice([8192, 32768, 1 << 20])
+        pools[f"mem@{n}"] = PoolState(f"mem@{n}", "mem", n, mem, rng.randint(0, mem))
+        if rng.random() < 0.5:
+            chunks = rng.choice(CHUNKS)
+            resident = frozenset(rng.sample(["m1", "m1@dop2", "m2@dop4", "m2"], rng.randint(0, 2)))
+            pools[f"gpu@{n}"] = PoolState(f"gpu@{n}", "gpu", n, 8, sum(chunks), chunks=tuple(sorted(chunks)),
+                                          resident=resident)
+            if sum(chunks) < 8 and rng.random() < 0.5:
+                running[f"gpu@{n}"] = ((rng.uniform(0, 20), 8 - sum(chunks)),)
+    for api in ("api:search", "api:llm")[: rng.randint(0, 2)]:
+        cap = rng.randint(1, 6)
+        pools[api] = PoolState(api, api, None, cap, rng.randint(0, cap))
+    trajectories = [f"t{i}" for i in range(rng.randint(1, 8))]
+    placement = {t: rng.choice(nodes) for t in trajectories if rng.random() < 0.4}
+    waiting = tuple(_action(rng, i, pools, trajectories) for i in range(rng.randint(0, 60)))
+    params = PolicyParams(depth=rng.choice([1, 2, 2, 3]), lookahead=rng.choice([0, 4, 32]),
+                          dop_caps={"c1": rng.randint(1, 8)} if rng.random() < 0.3 else {},
+                          fixed_dop=rng.choice([None] * 6 + [2, 4]))
+    estimates = {f"c{j}": rng.uniform(0.1, 10) for j in range(4) if rng.random() < 0.5}
+    return Snapshot(pools=pools, nodes=nodes, waiting=waiting, running=running, placement=placement,
+                    class_estimates=estimates, params=params)
+
+
+def _digest(p) -> tuple:
+    return (tuple((d.action.id, d.node, sorted(d.units.items()), sorted(d.pools.items()), d.place_mem_mb,
+                   d.estimated_s) for d in p.dispatches), sorted(p.unfit.items()))
+
+
+def _cold(snap: Snapshot) -> tuple:
+    rows._ROWS.clear()
+    needs._NEEDS.clear()
+    return _digest(plan(replace(snap, waiting=tuple(replace(a) for a in snap.waiting))))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rounds_with_cold_and_warm_memos_agree(seed):
+    """The memos are keyed by action: fresh copies of the same actions plan the same,
+    and so do the same actions in a round whose pools have other capacities."""
+    for k in range(60):
+        snap = _snapshot(1000 * seed + k)
+        warm = _digest(plan(snap))
+        assert _digest(plan(snap)) == warm  # memos filled by the first call
+        assert _cold(snap) == warm
+        plan(snap)
+        resized = replace(snap, pools={n: replace(p, capacity=p.capacity * 2, free=p.free * 2) if p.chunks is None else p
+                                       for n, p in snap.pools.items()})
+        assert _digest(plan(resized)) == _cold(resized)
+
+
+# --------------------------------------------------------------------------- #
+# the ACT estimate against the plain walk it specialises
+
+
+def _reference_rest(heap_items, free, waiters, explore) -> float:
+    """The estimate as first written: one loop, each waiter's durations from its model."""
+    heap = [(f if f > 0.0 else 0.0, u) for f, u in heap_items]
+    heapq.heapify(heap)
+
+    def start(h, free, now, units):
+        while free < units:
+            if not h:
+                return units, now
+            t, u = heapq.heappop(h)
+            free += u
+            now = max(now, t)
+        return free, now
+
+    def walk(h, free, now, i, explore):
+        total = 0.0
+        while i < len(waiters):
+            umin, dmin, action, options = waiters[i]
+            if explore > 0 and action is not None:
+                best = math.inf
+                for u in options:
+                    h2 = list(h)
+                    f, t = start(h2, free, now, u)
+                    end = t + action.duration(u)
+                    heapq.heappush(h2, (end, u))
+                    best = min(best, end + walk(h2, f - u, t, i + 1, explore - 1))
+                return total + best
+            free, now = start(h, free, now, umin)
+            total += now + dmin
+            heapq.heappush(h, (now + dmin, umin))
+            free -= umin
+            i += 1
+        return total
+
+    return walk(heap, free, 0.0, 0, explore)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_estimate_matches_the_plain_walk(seed):
+    rng = random.Random(500 + seed)
+    for _ in range(60):
+        cap = rng.choice([4, 16, 64])
+        pool = PoolState("cpu@n0", "cpu", "n0", cap, rng.randint(0, cap))
+        snap = Snapshot(pools={pool.name: pool}, nodes=("n0",), waiting=(),
+                        class_estimates={"c0": rng.uniform(0.1, 5)})
+        acts = [_action(rng, i, {}, ["t0"]) for i in range(rng.randint(0, 40))]
+        fast = [w for a in acts if (w := estimate.waiter(a, pool, snap)) is not None]
+        plain = []
+        for a in acts:
+            d = a.demands.get("cpu")
+            if d is None:
+                continue
+            explored = a.scalable and a.key == "cpu"
+            options = rows.explored_options(rows.worthwhile_options(a), cap) if explored else ()
+            plain.append((d.min, rows.duration(a, d.min, snap), a if explored else None, options))
+        assert [w[:2] for w in fast] == [w[:2] for w in plain]
+        heap = [(rng.uniform(-1, 40), rng.randint(1, 8)) for _ in range(rng.randint(0, 30))]
+        free = rng.randint(0, cap)
+        for explore in range(3):
+            assert estimate.estimate_rest(heap, free, fast, explore) == _reference_rest(heap, free, plain, explore)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_option_rows_match_the_cut_full_row(seed):
+    """The shared full row when nothing caps it; otherwise the prefix up to the cap, with restores."""
+    rng = random.Random(700 + seed)
+    for i in range(200):
+        a = _action(rng, i, {}, ["t0"])
+        if not a.scalable:
+            continue
+        units, durs = rows.full_row(a)
+        cap = rng.randint(1, 24)
+        params = PolicyParams(dop_caps={a.action_class: rng.randint(1, 8)} if rng.random() < 0.4 else {})
+        chunked = a.key == "gpu"
+        pool = PoolState("p", a.key, "n0", 8, 8, chunks=(8,) if chunked else None,
+                         resident=frozenset({"m1@dop2"}) if rng.random() < 0.5 else frozenset())
+        limit = cap
+        if a.action_class in params.dop_caps:
+            limit = min(limit, max(params.dop_caps[a.action_class], int(units[0])))
+        k = int(np.searchsorted(units, limit, side="right"))
+        want_u, want_d = units[:k], durs[:k]
+        if a.restore_s and a.service is not None and chunked:
+            want_d = want_d + np.array([0.0 if f"{a.service}@dop{u}" in pool.resident else a.restore_s.get(int(u), 0.0)
+                                        for u in want_u])
+        got_u, got_d = rows.option_row(a, cap, params, pool)
+        assert got_u.tolist() == want_u.tolist() and got_d.tolist() == want_d.tolist()
