@@ -244,10 +244,12 @@ class Engine:
         pools = self.pool_states()
         nodes = self.nodes(pools)
         extra = 1 + self.params.lookahead  # the blocked head, and what the ACT estimate looks at
+        view = self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra)
         return Snapshot(
             pools=pools,
             nodes=nodes,
-            waiting=self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra),
+            waiting=view,
+            waiting_keys=view.keys,
             running=RunningView(self._running_by_pool, self.clock()),
             placement=MappingProxyType(self.placement),  # read only during the synchronous call
             class_estimates=self.estimator.class_estimates(),
@@ -343,7 +345,7 @@ class Engine:
         if "cpu" in a.demands:
             home = self.placement.get(a.trajectory) if a.trajectory is not None else None
             mem = a.mem_mb if home is None else 0
-        return home, mem, tuple(sorted(a.demands.items()))
+        return home, mem, tuple(sorted(a.demands.items())), a.service if "gpu" in a.demands else None
 
     def _enqueue(self, rec: ActionRecord, *, first: bool = False) -> float:
         """Into its lane at its order key (``first``: ahead of everything); returns the key."""
@@ -386,7 +388,7 @@ class Engine:
         local = [(t, d.min) for t, d in a.demands.items() if t == "cpu" or t == "gpu"]
         if not local:
             return False
-        home, mem, _ = self._lanes.lane_of(a.id) or self._lane(a)
+        home, mem = (self._lanes.lane_of(a.id) or self._lane(a))[:2]
         for node in ((home,) if home is not None else self._nodes):
             if all(unfit.get(f"{t}@{node}", big) > u for t, u in local) and (
                     not mem or unfit.get(f"mem@{node}", big) > mem):

@@ -21,7 +21,10 @@ class PoolState:
 
     ``chunks`` (GPU pools only) lists the sizes of the free buddy chunks;
     ``resident`` names the services whose state is on this pool's devices
-    (GPU affinity). What runs on the pool is not here: the engine knows it
+    (GPU affinity), ``idle`` the resident instances whose whole chunk is
+    free now, one entry per instance: an action of that service started at
+    that DoP here would be a cache hit (None: not reported; the policy then
+    takes every resident service for one idle instance). What runs on the pool is not here: the engine knows it
     and hands it to the policy as ``Snapshot.running``.
     """
 
@@ -32,6 +35,7 @@ class PoolState:
     free: int
     chunks: tuple[int, ...] | None = None
     resident: frozenset[str] = frozenset()
+    idle: tuple[str, ...] | None = None
 
     @property
     def chunked(self) -> bool:

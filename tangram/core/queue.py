@@ -2,7 +2,8 @@
 
 A lane holds the waiting actions that need the same pools in the same
 minimum amounts (same demands, same home node or none, same memory to
-place). Within a round, free units only shrink and blocked pools only grow,
+place) and, for GPU actions, name the same service (so a round sees the
+head of every service's queue, which GPU affinity needs). Within a round, free units only shrink and blocked pools only grow,
 so once one action of a lane cannot start, none behind it in the same lane
 can. A round therefore needs, from each lane, at most as many actions as
 its pools' free units could start, one more (the blocked head, which
@@ -24,7 +25,7 @@ from sortedcontainers import SortedList
 
 from tangram.core.model import Action
 
-# (home node or None, memory to place in MiB, demands as (rtype, Demand) pairs)
+# (home node or None, memory to place in MiB, demands as (rtype, Demand) pairs, GPU service or None)
 LaneKey = tuple
 
 
@@ -110,23 +111,43 @@ class LanesView:
         return self._len > 0
 
     def __iter__(self) -> Iterator[Action]:
+        return (e[2] for e in self._entries())
+
+    def _entries(self) -> Iterator[tuple]:
         parts = []
         for lane, entries in self._lanes.items():
             n = self._take(lane)
             if n > 0:
                 parts.append(islice(entries, n))
         if len(parts) == 1:
-            return (e[2] for e in parts[0])
-        return (e[2] for e in heapq.merge(*parts, key=_sort_key))
+            return iter(parts[0])
+        return heapq.merge(*parts, key=_sort_key)
+
+    @property
+    def keys(self) -> "OrderKeys":
+        """The order keys of the actions this view yields, in the same order (re-iterable)."""
+        return OrderKeys(self)
 
     def __getitem__(self, i: int) -> Action:  # rare (tests, debugging): O(i)
         items = list(self)
         return items[i]
 
 
+class OrderKeys:
+    """``iter()`` gives the keys of a :class:`LanesView`'s actions (``Snapshot.waiting_keys``)."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: LanesView):
+        self._view = view
+
+    def __iter__(self) -> Iterator[float]:
+        return (e[0] for e in self._view._entries())
+
+
 def lane_bound(lane: LaneKey, pools: Mapping, nodes: tuple[str, ...]) -> int:
     """How many actions of ``lane`` the free units could start at most (an upper bound)."""
-    home, mem, demands = lane
+    home, mem, demands = lane[:3]
     bound = None
     for rtype, demand in demands:
         if rtype == "cpu" or rtype == "gpu":

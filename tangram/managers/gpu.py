@@ -121,10 +121,13 @@ class GpuManager(ResourceManager):
     def pool_states(self) -> Iterable[PoolState]:
         for pool, node in self.nodes.items():
             buddy = self._buddy[pool]
+            free = buddy.free_chunks()
+            cache = self._cache[pool]
             yield PoolState(
                 name=pool, rtype="gpu", node=node.name, capacity=node.num_gpus, free=buddy.free_devices,
-                chunks=tuple(c.size for c in buddy.free_chunks()),
-                resident=self._cache[pool].resident_services(),
+                chunks=tuple(c.size for c in free),
+                resident=cache.resident_services(),
+                idle=_idle_instances(cache, free),
             )
 
     def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> Chunk:
@@ -199,3 +202,19 @@ class GpuManager(ResourceManager):
             return 0
 
         return score
+
+
+def _idle_instances(cache: ServiceCache, free: list[Chunk]) -> tuple[str, ...]:
+    """Services resident on a chunk the buddy allocator would hand out now (one entry per instance).
+
+    Best fit takes the smallest free chunk that holds a request, so an instance
+    is reachable only inside a free chunk of that smallest size.
+    """
+    out = []
+    for inst in cache.instances():
+        size = inst.chunk.size
+        smallest = min((f.size for f in free if f.size >= size), default=None)
+        if smallest is not None and any(f.size == smallest and f.start <= inst.chunk.start and inst.chunk.end <= f.end
+                                        for f in free):
+            out.append(inst.service)
+    return tuple(sorted(out))

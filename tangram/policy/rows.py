@@ -98,7 +98,11 @@ def worthwhile_options(a: Action) -> tuple[int, ...]:
     return row(a).options
 
 
-def option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None = None) -> tuple[np.ndarray, np.ndarray]:
+def option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None = None,
+               hits: frozenset[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``a``'s options up to ``cap`` and their durations; on a GPU pool a DoP pays its restore first
+    unless it is in ``hits`` (an idle instance of the service at that DoP is ``a``'s to take;
+    None: any DoP whose service is resident on the pool counts as a hit)."""
     r = row(a)
     limit = cap
     caps = params.dop_caps.get(a.action_class) if params.dop_caps else None
@@ -111,16 +115,19 @@ def option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None
     units, durs = r.units[:k], r.durs[:k]
     if restores:
         # evict-on-execution: a DoP whose service is not resident first pays its restore
-        extra = [0.0 if f"{a.service}@dop{u}" in pool.resident else a.restore_s.get(int(u), 0.0) for u in units]
+        if hits is None:
+            hits = frozenset(int(u) for u in units if f"{a.service}@dop{u}" in pool.resident)
+        extra = [0.0 if int(u) in hits else a.restore_s.get(int(u), 0.0) for u in units]
         durs = durs + np.asarray(extra)
     return units, durs
 
 
-def group_rows(actions, cap: int, params: PolicyParams, pool: PoolState) -> tuple[list, bool]:
-    """:func:`option_row` of each action, and whether every row is convex (greedy-exact)."""
+def group_rows(actions, cap: int, params: PolicyParams, pool: PoolState, hits=None) -> tuple[list, bool]:
+    """:func:`option_row` of each action (``hits[i]``: action i's, see there), and whether every
+    row is convex (greedy-exact)."""
     rows, convex = [], True
-    for a in actions:
-        rows.append(option_row(a, cap, params, pool))
+    for i, a in enumerate(actions):
+        rows.append(option_row(a, cap, params, pool, None if hits is None else hits[i]))
         convex = convex and row(a).convex
     return rows, convex
 

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Sequence
 
 from tangram.core.model import Action
+from tangram.policy.affinity import Affinity, affinity_order
 from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
 from tangram.policy.estimate import estimate_rest as _estimate_rest
 from tangram.policy.estimate import waiter as _waiter
@@ -31,14 +32,16 @@ _EVICTION_WINDOW = 8
 
 
 class _Candidate:
-    __slots__ = ("action", "node", "pools", "units", "place_mem")
+    __slots__ = ("action", "node", "pools", "units", "place_mem", "hits")
 
-    def __init__(self, action: Action, node: str | None, pools: dict[str, str], units: dict[str, int], place_mem: int):
+    def __init__(self, action: Action, node: str | None, pools: dict[str, str], units: dict[str, int], place_mem: int,
+                 hits: frozenset[int] = frozenset()):
         self.action = action
         self.node = node
         self.pools = pools  # rtype -> pool name
         self.units = units
         self.place_mem = place_mem
+        self.hits = hits  # GPU DoPs at which an idle instance of its service is its to take (no restore)
 
 
 def _base_units(a: Action, params: PolicyParams, mins: dict[str, int]) -> dict[str, int]:
@@ -72,11 +75,21 @@ def plan(snap: Snapshot) -> Plan:
             units=MappingProxyType(c.units),  # the candidate's own dicts: nothing else holds them
             pools=MappingProxyType(c.pools),
             place_mem_mb=c.place_mem,
-            estimated_s=_duration(c.action, c.units.get(c.action.key, 0) if c.action.key else 0, snap),
+            estimated_s=_estimate(c, snap),
         )
         for c in cands
         if c is not None
     ))
+
+
+def _estimate(c: _Candidate, snap: Snapshot) -> float:
+    """How long ``c`` runs at its units, a GPU miss's restore included."""
+    a = c.action
+    d = _duration(a, c.units.get(a.key, 0) if a.key else 0, snap)
+    gpu = c.units.get("gpu")
+    if gpu is not None and a.restore_s and gpu not in c.hits:
+        d += a.restore_s.get(gpu, 0.0)
+    return d
 
 
 # --------------------------------------------------------------------------- #
@@ -122,7 +135,8 @@ def _select_candidates(snap: Snapshot):
                 waiting.append(a)
 
     gpu_pools = [g for g in (pool_name("gpu", n) for n in snap.nodes) if g in pools]
-    waiting_iter = iter(snap.waiting)
+    affinity = Affinity(pools)
+    waiting_iter = affinity_order(snap, affinity, gpu_pools, closed)
     params = snap.params
     for a in waiting_iter:
         nd = _needs(a)
@@ -149,7 +163,7 @@ def _select_candidates(snap: Snapshot):
                 wait_behind(a, needed)
                 continue
         units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, params, nd.mins)
-        node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed)
+        node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity)
         if node is _NO_NODE:
             failed_shapes[shape or _shape(a, nd, snap, placed)] = needed
             blocked.update(needed)
@@ -169,7 +183,8 @@ def _select_candidates(snap: Snapshot):
             free[pool_name("mem", node)] -= place_mem
         if node is not None and nd.has_cpu and a.trajectory is not None:
             placed.setdefault(a.trajectory, node)
-        cands.append(_Candidate(a, node, pools_of, units, place_mem))
+        hits = affinity.claim(pools_of["gpu"], a) if "gpu" in pools_of and a.service is not None else frozenset()
+        cands.append(_Candidate(a, node, pools_of, units, place_mem, hits))
     # a request above what is left after these candidates cannot fit either (the
     # elastic stage only adds units; evicted candidates' pools are dropped later)
     unfit = {pname: f + 1 for pname, f in free.items()}
@@ -212,7 +227,8 @@ class _NoNode:
 _NO_NODE = _NoNode()
 
 
-def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked, mem_failed):
+def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked, mem_failed,
+           affinity):
     """Choose the node for ``a``: returns (node, pools it would block, memory to place).
 
     A trajectory stays on the node its first CPU action was placed on; an
@@ -253,7 +269,7 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
         if len(nodes) == 1:
             best = node  # nothing to prefer it to
             break
-        key = _node_preference(a, node, snap, free)
+        key = _node_preference(a, node, snap, free, affinity)
         if best_key is None or key > best_key:
             best, best_key = node, key
     if best is _NO_NODE or not api_ok:
@@ -315,11 +331,11 @@ def _reservation_node(a: Action, units: dict[str, int], local: list[str], nodes,
     return best
 
 
-def _node_preference(a: Action, node: str, snap: Snapshot, free) -> tuple:
+def _node_preference(a: Action, node: str, snap: Snapshot, free, affinity: Affinity) -> tuple:
     if "gpu" in a.demands:
         gp = snap.pools[pool_name("gpu", node)]
-        resident = a.service is not None and any(s == a.service or s.startswith(a.service + "@") for s in gp.resident)
-        return (resident, free[gp.name])
+        # an idle instance of its service to take (a cache hit), then the most free GPUs
+        return (bool(affinity.dops(gp.name, a)), free[gp.name])
     mname = pool_name("mem", node)
     mem_free = free.get(mname, 0)
     return (mem_free, free[pool_name("cpu", node)])
@@ -351,7 +367,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     else:
         capacity = pool.free - sum(other_units)
         operator = UnitsOperator(max(capacity, 0))
-    rows, convex = _group_rows([c.action for c in group], capacity, snap.params, pool)
+    rows, convex = _group_rows([c.action for c in group], capacity, snap.params, pool, [c.hits for c in group])
     if pool.chunked:
         convex = None
     n = len(group)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from tangram.core.model import Action
 from tangram.core.pools import PoolState, pool_name  # re-exported: the policy's input types
@@ -33,6 +33,10 @@ class PolicyParams:
     # aging with k = 4 measured best on mean and p99 ACT across the built-in workloads (docs/results)
     order: str = "aging"
     aging_k: float = 4.0
+    # GPU affinity window (aging order only): an action whose service has no idle resident instance
+    # is considered affinity_k times its restore time later than its key, so queued actions of a
+    # resident service claim their instance first (tangram.policy.schedule); 0 turns it off
+    affinity_k: float = 4.0
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -45,6 +49,8 @@ class PolicyParams:
             raise ValueError(f"order: must be 'fcfs' or 'aging', got {self.order!r}")
         if not (0 <= self.aging_k < float("inf")):
             raise ValueError(f"aging_k: must be a finite number >= 0, got {self.aging_k}")
+        if not (0 <= self.affinity_k < float("inf")):
+            raise ValueError(f"affinity_k: must be a finite number >= 0, got {self.affinity_k}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,9 @@ class Snapshot:
     pools: Mapping[str, PoolState]
     nodes: tuple[str, ...]
     waiting: Sequence[Action]  # FCFS order; the engine passes a read-only view
+    # the order key of each waiting action, in the same order (tangram.policy.order); None: unknown,
+    # then the GPU affinity window (PolicyParams.affinity_k) has no time scale and is off
+    waiting_keys: Iterable[float] | None = None
     placement: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     # trajectory -> node (memory already reserved)
     # pool -> (seconds left, units) of its running actions: the one channel for them

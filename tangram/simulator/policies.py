@@ -49,7 +49,7 @@ class PolicySpec:
 
 def _no_affinity(snap: Snapshot) -> Plan:
     """The elastic plan on a snapshot that hides GPU residency (no affinity)."""
-    pools = {n: (replace(p, resident=frozenset()) if p.resident else p) for n, p in snap.pools.items()}
+    pools = {n: (replace(p, resident=frozenset(), idle=()) if (p.resident or p.idle) else p) for n, p in snap.pools.items()}
     return elastic_plan(replace(snap, pools=pools))
 
 

@@ -1,0 +1,79 @@
+"""GPU affinity: which idle resident instances a round may hand out, and the order that favours them.
+
+A GPU action whose service is resident on a free chunk (an *idle instance*,
+:attr:`PoolState.idle`) starts there without a restore. A round keeps the
+unclaimed idle instances per pool (:class:`Affinity`) and considers the
+waiting actions in :func:`affinity_order`, so that the queued actions of a
+resident service take its instance before another service evicts it.
+"""
+from __future__ import annotations
+
+import heapq
+
+from tangram.core.grants import parse_service
+from tangram.core.model import Action
+from tangram.policy.snapshot import Snapshot
+
+
+class Affinity:
+    """The idle resident GPU instances not yet claimed this round: pool -> model -> DoP -> count."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, pools) -> None:
+        self.left: dict[str, dict[str, dict[int, int]]] = {}
+        for name, p in pools.items():
+            for service in (p.idle if p.idle is not None else p.resident if p.chunked else ()):
+                model, dop = parse_service(service)
+                per = self.left.setdefault(name, {}).setdefault(model, {})
+                per[dop] = per.get(dop, 0) + 1
+
+    def dops(self, pname: str, a: Action) -> frozenset[int]:
+        """The DoPs of ``a``'s options at which an unclaimed idle instance of its service sits in ``pname``."""
+        per = self.left.get(pname)
+        counts = per.get(a.service) if per and a.service is not None else None
+        if not counts:
+            return frozenset()
+        options = a.demands["gpu"].options
+        return frozenset(u for u, n in counts.items() if n > 0 and u in options)
+
+    def any_hit(self, a: Action, gpu_pools, closed) -> bool:
+        return any(pname not in closed and self.dops(pname, a) for pname in gpu_pools)
+
+    def claim(self, pname: str, a: Action) -> frozenset[int]:
+        hits = self.dops(pname, a)
+        counts = self.left[pname][a.service] if hits else None
+        for u in hits:
+            counts[u] -= 1
+        return hits
+
+
+def affinity_order(snap: Snapshot, affinity: Affinity, gpu_pools, closed):
+    """The waiting actions in the order a round considers them (DESIGN.md §4.2).
+
+    Under the aging order a GPU action with no idle instance of its service
+    to take (it would pay a restore) is considered ``affinity_k`` times that
+    restore later than its order key: queued actions of a resident service
+    take their instance first, and a resident service is evicted only when
+    none of its actions is near the head. The shift is bounded by the
+    action's own restore time, so the order stays starvation-free. Lazy: a
+    hit is judged when the action's turn comes, after the earlier claims.
+    """
+    params = snap.params
+    keys = snap.waiting_keys
+    if keys is None or params.order != "aging" or params.affinity_k <= 0 or not gpu_pools:
+        yield from snap.waiting
+        return
+    k = params.affinity_k
+    deferred: list = []
+    seq = 0
+    for key, a in zip(keys, snap.waiting):
+        while deferred and deferred[0][0] <= key:
+            yield heapq.heappop(deferred)[2]
+        if a.restore_s and a.service is not None and "gpu" in a.demands and not affinity.any_hit(a, gpu_pools, closed):
+            seq += 1
+            heapq.heappush(deferred, (key + k * max(a.restore_s.values()), seq, a))
+            continue
+        yield a
+    while deferred:
+        yield heapq.heappop(deferred)[2]
