@@ -105,9 +105,13 @@ def test_order_is_validated():
 
 
 def test_the_cluster_config_chooses_the_order():
-    from tangram.service.config import parse_config
+    from tangram.service.config import ConfigError, parse_config
 
-    cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"order": "fcfs", "aging_k": 2.5}})
-    assert (cfg.order, cfg.aging_k) == ("fcfs", 2.5)
+    cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [],
+                        "scheduler": {"order": "fcfs", "aging_k": 2.5, "affinity_k": 0}})
+    assert (cfg.order, cfg.aging_k, cfg.affinity_k) == ("fcfs", 2.5, 0)
     default = parse_config({"cpu_nodes": [], "gpu_nodes": []})
-    assert (default.order, default.aging_k) == (PolicyParams().order, PolicyParams().aging_k)
+    d = PolicyParams()
+    assert (default.order, default.aging_k, default.affinity_k) == (d.order, d.aging_k, d.affinity_k)
+    with pytest.raises(ConfigError, match="scheduler.affinity_k"):
+        parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"affinity_k": -1}})

@@ -117,6 +117,7 @@ class ClusterConfig:
     dop_caps: Mapping[str, int] = field(default_factory=dict)  # class -> cap on its key resource (`tangram tune`)
     order: str = "aging"  # queue order (tangram.policy.order): "fcfs" or "aging"
     aging_k: float = 4.0
+    affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray
     scaleout: Mapping[str, Any] | None = None
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
@@ -186,7 +187,8 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
                             "sandbox_fusion"})
     service = _service(root.get("service", {}), "service", base_dir)
     sched = _mapping(root.get("scheduler", {}), "scheduler")
-    _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k"})
+    _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k",
+                                 "affinity_k"})
     depth = _int(sched.get("depth", 2), "scheduler.depth", lo=1)
     lookahead = _int(sched.get("lookahead", 32), "scheduler.lookahead", lo=0)
     dflt = _number(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s")
@@ -196,6 +198,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     if order not in ("fcfs", "aging"):
         raise ConfigError("scheduler.order", f"must be 'fcfs' or 'aging', got {order!r}")
     aging_k = _number(sched.get("aging_k", 4.0), "scheduler.aging_k")
+    affinity_k = _FIELDS.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
     if "cpu_nodes" in root:
         cpu_nodes = tuple(_cpu_node(n, f"cpu_nodes[{i}]") for i, n in enumerate(_list(root["cpu_nodes"], "cpu_nodes")))
     else:
@@ -234,7 +237,8 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
         raise ConfigError("sandbox_fusion.key", "must differ from the service token (it goes into URLs)")
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
                          profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt,
-                         dop_caps=dop_caps, order=order, aging_k=aging_k, scaleout=scaleout, sandbox_fusion=sandbox)
+                         dop_caps=dop_caps, order=order, aging_k=aging_k, affinity_k=affinity_k,
+                         scaleout=scaleout, sandbox_fusion=sandbox)
 
 
 def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> ServiceConfig:
