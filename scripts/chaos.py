@@ -8,19 +8,26 @@ connection, and under a new key (a new attempt) after ``failed`` with
 ``retryable`` or ``cancelled``. Meanwhile, at seeded random times, bounded in
 count (``--max-faults``) and time (``--duration-s``), the suite
 
-* SIGKILLs the service and starts it again on the same state directory, and
-* cancels individual running actions (``DELETE /v1/actions/<id>``).
+* SIGKILLs the service and starts it again on the same state directory,
+* cancels individual running actions (``DELETE /v1/actions/<id>``), and
+* (``--executor docker``) kills the service's Docker Engine and starts it
+  again: either ``dockerd`` alone (SIGKILL; its containers outlive it until it
+  comes back) or the whole engine, as a machine crash would (dockerd,
+  containerd, shims and every container process).
 
-The Docker engine is not killed here (it is shared on the machines this
-runs on); the Docker executor's recovery is covered by
-``tests/test_crash_recovery.py``.
+The Docker phase never touches the machine's shared engine: it starts a
+private ``dockerd`` (own socket, data root, exec root and pid file, see
+``tests/private_dockerd.py``), builds the sandbox image in it, points a
+Docker-mode service at it and removes it, its directory included, at the end.
+``--executor both`` (the default) runs the local phase, then the Docker one.
 
 Checks, printed with ``--json``: every step completed exactly once (its key
 appears once in its environment's ``runs.txt``, and every attempt reported
 succeeded appears exactly once), no action was lost (each submission got a
 final answer: succeeded, failed/retryable or cancelled), every environment
 kept its files across restarts, and after the run no process, directory,
-cgroup, core or memory reservation is left. ``lost`` and ``leaks`` must be 0.
+cgroup, container, core or memory reservation is left. ``lost`` and
+``leaks`` must be 0.
 """
 from __future__ import annotations
 
@@ -40,6 +47,8 @@ from pathlib import Path
 import aiohttp
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+FINAL = ("succeeded", "failed", "timeout", "cancelled")
 
 
 def free_port() -> int:
@@ -80,6 +89,10 @@ class Service:
         self.proc.wait(timeout=60)
 
 
+RETRIES = 60  # attempts at an undo: a restarting engine answers retryable for a few seconds
+BACKOFF_S = 0.25  # between them
+
+
 async def call(session: aiohttp.ClientSession, method: str, url: str, *, patience_s: float = 90.0, **kw):
     """One request, retried while the service is down (connection refused or dropped)."""
     deadline = time.monotonic() + patience_s
@@ -93,7 +106,7 @@ async def call(session: aiohttp.ClientSession, method: str, url: str, *, patienc
             await asyncio.sleep(0.2)
 
 
-async def rollout(svc: Service, args, stats: dict, running: dict) -> dict:
+async def rollout(svc: Service, args, stats: dict, running: dict, quiesce) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         envs = []
         for i in range(args.envs):
@@ -105,14 +118,20 @@ async def rollout(svc: Service, args, stats: dict, running: dict) -> dict:
         async def run_step(env: str, key: str, cmd: str) -> dict | None:
             """Submit (resubmitting with the same key while the service is down) and poll to the end."""
             body = {"kind": "exec", "environment": env, "command": cmd, "timeout_s": 60}
-            st, r = await call(s, "POST", f"{svc.url}/v1/actions?wait=false", headers={"Idempotency-Key": key},
-                               json=body)
+            deadline = time.monotonic() + 90
+            while True:
+                st, r = await call(s, "POST", f"{svc.url}/v1/actions?wait=false", headers={"Idempotency-Key": key},
+                                   json=body)
+                if st not in (429, 503) or time.monotonic() > deadline:
+                    break
+                stats["answers"][f"refused {st}, resubmitted"] += 1  # e.g. its node is down: not yet
+                await asyncio.sleep(BACKOFF_S)
             if st not in (200, 202):
                 stats.setdefault("errors", []).append({"submit": key, "status": st, "body": r})
                 return None
             running[key] = r["id"]
             try:
-                while r.get("status") not in ("succeeded", "failed", "timeout", "cancelled"):
+                while r.get("status") not in FINAL:
                     await asyncio.sleep(0.05)
                     st, r = await call(s, "GET", f"{svc.url}/v1/actions/{running[key]}")
                     if st != 200:  # an acknowledged action the service no longer knows: lost
@@ -141,7 +160,8 @@ async def rollout(svc: Service, args, stats: dict, running: dict) -> dict:
                         attempt += 1
                         stats["retried"] += 1
                         # the killed attempt may have written its line: undo it, as a client retrying would
-                        for u in range(args.steps * 4):  # the undo itself may be hit by a restart: retried too
+                        for u in range(RETRIES):  # the undo itself may be hit by a restart: retried too
+                            await asyncio.sleep(BACKOFF_S if r.get("retryable") else 0)  # a node coming back
                             undo = await run_step(env, f"{key}-undo{u}",
                                                   f"grep -vx '{env}-s{step}' runs.txt > t || true; mv t runs.txt")
                             if undo is None or undo["status"] == "succeeded" or not undo.get("retryable"):
@@ -156,6 +176,7 @@ async def rollout(svc: Service, args, stats: dict, running: dict) -> dict:
                     break
 
         await asyncio.gather(*(trajectory(e) for e in envs))
+        await quiesce()  # no fault from here on: the checks below must see the final state
         kept = True
         double = 0
         for env in envs:
@@ -176,18 +197,26 @@ async def rollout(svc: Service, args, stats: dict, running: dict) -> dict:
         return {"files_kept": kept, "double_runs": double, "units_held": busy, "memory_held": mem_held}
 
 
-async def inject(svc: Service, args, stats: dict, running: dict, rng: random.Random, stop: asyncio.Event) -> None:
+async def inject(svc: Service, engine, args, stats: dict, running: dict, rng: random.Random,
+                 stop: asyncio.Event) -> None:
+    """One fault at a time, each finished (service or engine back up) before the next."""
     t_end = time.monotonic() + args.duration_s
+    kinds = ["service_sigkill", "action_cancel"] + (["engine_sigkill", "engine_crash"] if engine else [])
     async with aiohttp.ClientSession() as s:
         while not stop.is_set() and time.monotonic() < t_end and sum(stats["faults"].values()) < args.max_faults:
             await asyncio.sleep(rng.uniform(0.3, 1.5) * args.step_s * 3)
             if stop.is_set():
                 break
-            if rng.random() < 0.5:
+            kind = rng.choice(kinds)
+            if kind == "service_sigkill":
                 svc.kill()
-                stats["faults"]["service_sigkill"] += 1
                 await asyncio.sleep(0.2)
                 await asyncio.to_thread(svc.start)
+            elif kind.startswith("engine_"):
+                # dockerd alone (its containers outlive it) or the whole engine (a machine crash)
+                await asyncio.to_thread(engine.kill_daemon if kind == "engine_sigkill" else engine.kill)
+                await asyncio.sleep(rng.uniform(0.2, 1.0))  # actions meanwhile are answered failed/retryable
+                await asyncio.to_thread(engine.start)
             else:
                 ids = [aid for key, aid in list(running.items()) if "-undo" not in key]
                 if not ids:
@@ -195,9 +224,9 @@ async def inject(svc: Service, args, stats: dict, running: dict, rng: random.Ran
                 try:
                     async with s.delete(f"{svc.url}/v1/actions/{rng.choice(ids)}") as r:
                         await r.read()
-                    stats["faults"]["action_cancel"] += 1
                 except aiohttp.ClientError:
                     continue
+            stats["faults"][kind] += 1
 
 
 def leaks(svc: Service, state: Path) -> dict:
@@ -222,31 +251,89 @@ def leaks(svc: Service, state: Path) -> dict:
     return out
 
 
-async def main_async(args) -> dict:
-    rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory(prefix="tangram-chaos-") as tmp:
-        tmp = Path(tmp)
-        cfg = tmp / "cluster.yaml"
-        cfg.write_text(f"cpu_nodes:\n  - {{name: local, executor: local, cores: {args.cores}, memory_mb: 2048}}\n"
-                       "gpu_nodes: []\n")
-        svc = Service(tmp / "state", cfg, free_port())
+def engine_leaks(engine, containers: set[str]) -> dict:
+    """With the services stopped: containers, their processes and cgroups left on the private engine."""
+    client = engine.client()
+    try:
+        left = [c.id[:12] for c in client.containers.list(all=True)]
+    finally:
+        client.close()
+    daemons = {engine.proc.pid} if engine.proc else set()
+    procs = []
+    for pid in engine.processes():
+        try:
+            name = open(f"/proc/{pid}/comm").read().strip()
+        except OSError:
+            continue
+        if pid not in daemons and name != "containerd":  # shims and container processes: none may be left
+            procs.append(f"{pid}:{name}")
+    groups = [f"{ctrl}/docker/{cid[:12]}" for cid in containers for ctrl in ("memory", "pids", "cpuset")
+              if os.path.exists(f"/sys/fs/cgroup/{ctrl}/docker/{cid}")]
+    return {"containers": left, "engine_processes": procs, "container_cgroups": groups}
+
+
+async def track_containers(engine, seen: set[str], stop: asyncio.Event) -> None:
+    """Every container the private engine ever held (its cgroups must be gone at the end)."""
+    while not stop.is_set():
+        try:
+            client = engine.client(timeout=5)
+            try:
+                seen.update(c.id for c in await asyncio.to_thread(client.containers.list, all=True))
+            finally:
+                client.close()
+        except Exception:  # noqa: BLE001 - the engine is down right now
+            pass
+        await asyncio.sleep(0.5)
+
+
+async def phase(executor: str, args, rng: random.Random, tmp: Path) -> dict:
+    engine = None
+    if executor == "docker":
+        from tangram.executors.docker_image import ensure_image
+        from tests.private_dockerd import PrivateDockerd
+
+        engine = PrivateDockerd()
+        engine.start()
+        client = engine.client()
+        ensure_image(client)  # the sandbox image, built in the private engine (no registry, no shared engine)
+        client.close()
+        node = f"{{name: d0, executor: docker, endpoint: '{engine.endpoint}', cores: {args.cores}, memory_mb: 2048}}"
+    else:
+        node = f"{{name: local, executor: local, cores: {args.cores}, memory_mb: 2048}}"
+    try:
+        cfg = tmp / f"{executor}.yaml"
+        cfg.write_text(f"cpu_nodes:\n  - {node}\ngpu_nodes: []\n")
+        state = tmp / f"state-{executor}"
+        svc = Service(state, cfg, free_port())
         svc.start()
         stats = {"submitted": 0, "retried": 0, "lost": 0, "answers": _Counter(),
-                 "faults": _Counter(service_sigkill=0, action_cancel=0)}
+                 "faults": _Counter({k: 0 for k in ("service_sigkill", "action_cancel")}
+                                    | ({"engine_sigkill": 0, "engine_crash": 0} if engine else {}))}
         running: dict = {}
         stop = asyncio.Event()
+        containers: set[str] = set()
         t0 = time.monotonic()
-        injector = asyncio.create_task(inject(svc, args, stats, running, rng, stop))
+        injector = asyncio.create_task(inject(svc, engine, args, stats, running, rng, stop))
+        tracker = asyncio.create_task(track_containers(engine, containers, stop)) if engine else None
+
+        async def quiesce() -> None:
+            stop.set()
+            await injector
+
         try:
-            result = await rollout(svc, args, stats, running)
+            result = await rollout(svc, args, stats, running, quiesce)
         finally:
             stop.set()
             await injector
+            if tracker is not None:
+                await tracker
         svc.stop()
-        leaked = leaks(svc, tmp / "state")
+        leaked = leaks(svc, state)
+        if engine is not None:
+            leaked.update(engine_leaks(engine, containers))
         n_leaks = sum(len(v) for v in leaked.values()) + len(result["units_held"]) + len(result["memory_held"])
-        return {
-            "seed": args.seed, "envs": args.envs, "steps": args.steps, "duration_s": round(time.monotonic() - t0, 2),
+        report = {
+            "executor": executor, "duration_s": round(time.monotonic() - t0, 2),
             "faults": dict(stats["faults"]), "faults_injected": sum(stats["faults"].values()),
             "actions_submitted": stats["submitted"], "answers": dict(stats["answers"]),
             "retried": stats["retried"], "actions_lost": stats["lost"], "double_runs": result["double_runs"],
@@ -254,6 +341,40 @@ async def main_async(args) -> dict:
             "leak_detail": {**leaked, "units_held": result["units_held"], "memory_held": result["memory_held"]},
             "errors": stats.get("errors", [])[:5],
         }
+        if engine is not None:
+            report["containers_seen"] = len(containers)  # whose cgroups were checked
+    finally:
+        if engine is not None:
+            engine.remove()
+    if engine is not None:  # removed completely: no process, mount or file of it
+        gone = {"engine_left": [engine.dir] if os.path.exists(engine.dir) else [],
+                "engine_processes_after_removal": engine.processes()}
+        report["leak_detail"].update(gone)
+        report["leaks"] += sum(len(v) for v in gone.values())
+    return report
+
+
+async def main_async(args) -> dict:
+    rng = random.Random(args.seed)
+    executors = ["local", "docker"] if args.executor == "both" else [args.executor]
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tangram-chaos-") as tmp:
+        phases = [await phase(ex, args, rng, Path(tmp)) for ex in executors]
+    faults = _Counter()
+    for ph in phases:
+        for k, v in ph["faults"].items():
+            faults[k] += v
+    return {
+        "seed": args.seed, "envs": args.envs, "steps": args.steps, "executors": executors,
+        "duration_s": round(time.monotonic() - t0, 2), "faults": dict(faults),
+        "faults_injected": sum(ph["faults_injected"] for ph in phases),
+        "actions_submitted": sum(ph["actions_submitted"] for ph in phases),
+        "actions_lost": sum(ph["actions_lost"] for ph in phases),
+        "double_runs": sum(ph["double_runs"] for ph in phases),
+        "files_kept": all(ph["files_kept"] for ph in phases),
+        "leaks": sum(ph["leaks"] for ph in phases),
+        "phases": phases,
+    }
 
 
 class _Counter(dict):
@@ -270,6 +391,9 @@ def main() -> int:
     p.add_argument("--max-faults", type=int, default=10, help="at most this many faults")
     p.add_argument("--duration-s", type=float, default=120.0, help="no fault after this many seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--executor", choices=("local", "docker", "both"), default="both",
+                   help="the service's node: local (bubblewrap sandbox), docker (a private Docker Engine, "
+                        "killed and restarted too), or both, one after the other")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = p.parse_args()
     report = asyncio.run(main_async(args))

@@ -8,112 +8,22 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 
 import pytest
 
-from tangram.core.errors import DemandError
+from tangram.core.errors import DemandError, UnavailableError
 from tangram.executors.base import FAILED, SUCCEEDED
 from tangram.scaleout.cluster import ClusterRuntime, EnvironmentLostError
 from tangram.service.build import build_runtime
 from tangram.service.config import parse_config
+from tests.private_dockerd import PrivateDockerd as SecondDockerd
+from tests.private_dockerd import remove_tree as _remove_tree
 from tests.helpers import missing
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
-
-
-class SecondDockerd:
-    """A second Docker Engine (vfs storage, no networking) under a temp dir; started and killed here."""
-
-    def __init__(self, endpoint: str | None = None, extra: tuple[str, ...] = (), connect=None) -> None:
-        self.dir = tempfile.mkdtemp(prefix="tgd-", dir="/tmp")  # short: a unix socket path has 108 bytes
-        self.sock = os.path.join(self.dir, "d.sock")
-        self.endpoint = endpoint or f"unix://{self.sock}"
-        self.extra = extra
-        self.connect = connect
-        self.pidfile = os.path.join(self.dir, "d.pid")
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, wait_s: float = 60.0) -> None:
-        if os.path.exists(self.pidfile):
-            os.unlink(self.pidfile)  # left by a killed daemon: dockerd refuses to start over it
-        # a rebooted machine starts with an empty /run: without it dockerd trusts the dead containerd's pid file
-        _remove_tree(os.path.join(self.dir, "exec"))
-        log = open(os.path.join(self.dir, "log"), "ab")
-        self.proc = subprocess.Popen(
-            ["dockerd", "--host", self.endpoint, "--data-root", os.path.join(self.dir, "data"),
-             "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", self.pidfile,
-             "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs", *self.extra],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        import docker
-
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                c = self.connect() if self.connect else docker.DockerClient(base_url=self.endpoint, timeout=5)
-                c.ping()
-                c.close()
-                return
-            except Exception:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"second dockerd did not start: {self.tail()}")
-                time.sleep(0.2)
-
-    def kill(self) -> None:
-        """The machine crashes: SIGKILL to this engine's dockerd, containerd, shims and containers."""
-        pids = self._our_processes()
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def _our_processes(self) -> list[int]:
-        """Processes started for this engine: those naming its directory, and all their descendants."""
-        parent: dict[int, int] = {}
-        roots = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if self.dir.encode() in f.read():
-                        roots.append(int(d))
-            except (OSError, ValueError, IndexError):
-                continue
-        found = set(roots)
-        grew = True
-        while grew:
-            grew = False
-            for pid, pp in parent.items():
-                if pp in found and pid not in found:
-                    found.add(pid)
-                    grew = True
-        return sorted(found)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()  # whatever is left of it
-
-    def tail(self) -> str:
-        try:
-            with open(os.path.join(self.dir, "log"), "rb") as f:
-                return f.read()[-1500:].decode(errors="replace")
-        except OSError:
-            return ""
 
 
 def _engine(d: SecondDockerd):
@@ -125,15 +35,6 @@ def _engine(d: SecondDockerd):
     yield d
     d.stop()
     _remove_tree(d.dir)
-
-
-def _remove_tree(path: str) -> None:
-    """rm -rf, after unmounting what dockerd mounted below ``path`` (its data root, network namespaces)."""
-    with open("/proc/mounts") as f:
-        points = [line.split()[1] for line in f]
-    for mp in sorted((m for m in points if m == path or m.startswith(path.rstrip("/") + "/")), key=len, reverse=True):
-        subprocess.run(["umount", "-l", mp], capture_output=True)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -227,7 +128,7 @@ async def test_docker_two_endpoints_discovered_node_down_and_back(docker_client,
         for _ in range(2):  # later actions stay in their containers on their nodes
             o = await rt.exec(kept, "cat /tmp/mark")
             assert o.status == SUCCEEDED and o.allocation["node"] == where[kept]
-        # a long action and one queued behind it on d2, then d2's engine dies
+        # a long action and one queued behind it on d2, then d2's engine dies (a machine crash: every process)
         long = rt.submit(rt.build_action("exec", {"cpu": ncores}, environment=lost, command="sleep 60"))
         queued = rt.submit(rt.build_action("exec", {"cpu": 1}, environment=lost, command="true"))
         await _until(lambda: long in rt.engine.running)
@@ -236,18 +137,32 @@ async def test_docker_two_endpoints_discovered_node_down_and_back(docker_client,
         o_long, o_q = await asyncio.wait_for(asyncio.gather(rt.wait(long), rt.wait(queued)), 20)
         for o in (o_long, o_q):
             assert o.status == FAILED and "node 'd2' is down" in o.error, o
+            assert o.as_dict()["retryable"] is True  # not the command's fault: may be resubmitted
         assert "d2" in rt.down
-        with pytest.raises(EnvironmentLostError) as err:
+        # its container is on d2's disk: the environment waits for the node (503, retry), it is not lost yet
+        with pytest.raises(UnavailableError) as err:
             rt.submit(rt.build_action("exec", {"cpu": 1}, environment=lost, command="true"))
-        assert isinstance(err.value, DemandError) and err.value.field == "environment"
+        assert err.value.field == "environment" and err.value.retry_after_s >= 1
         assert not any(p.node == "d2" for p in rt.engine.pool_states().values())
         rt.engine.check_invariants()
         # d1 keeps serving, and one-shot actions only go to d1
         assert (await rt.exec(kept, "cat /tmp/mark")).status == SUCCEEDED
         one = await rt.exec(None, "true")
         assert one.status == SUCCEEDED and one.allocation["node"] == "d1"
-        await rt.delete_environment(lost)  # removed from d2 once it is back
-        # d2 comes back: added back, whole, and takes new environments again
+        # d2 comes back: the environment is reattached, same container, files intact, nothing of `sleep 60` left
+        second_dockerd.start()
+        await _until(lambda: "d2" not in rt.down and lost not in rt.suspended)
+        o = await rt.exec(lost, "cat /tmp/mark; ps -eo args | grep -c '^sleep 60' || true")
+        assert o.status == SUCCEEDED and o.allocation["node"] == "d2", o
+        assert o.stdout.split() == ["one" if lost == e1 else "two", "0"], o
+        # down again, and not back within give_up_s: lost, deleted while down, removed from d2 once it is back
+        second_dockerd.kill()
+        await _until(lambda: "d2" in rt.down)
+        rt.give_up_s = 0.0
+        with pytest.raises(EnvironmentLostError) as err:
+            rt.submit(rt.build_action("exec", {"cpu": 1}, environment=lost, command="true"))
+        assert isinstance(err.value, DemandError) and err.value.field == "environment"
+        await rt.delete_environment(lost)
         second_dockerd.start()
         await _until(lambda: "d2" not in rt.down)
         pools = rt.engine.pool_states()

@@ -36,6 +36,14 @@ class UnschedulableError(DemandError):
     """A well-formed demand that no node of the cluster can ever satisfy."""
 
 
+class UnavailableError(UnschedulableError):
+    """A demand that cannot be served now but may be soon (its node is down): retry after ``retry_after_s``."""
+
+    def __init__(self, field: str, reason: str, retry_after_s: int = 1):
+        super().__init__(field, reason)
+        self.retry_after_s = int(retry_after_s)
+
+
 class UnknownActionError(TangramError, KeyError):
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else "unknown action"

@@ -88,5 +88,12 @@ class EnvironmentExecutor(ABC):
         """Remove every environment this executor owns that is not in ``keep``; returns their ids."""
         return []
 
+    # node outages (tangram/scaleout/cluster.py): the node's engine died and came back
+    outlives_outages: bool = False  # an environment survives its node's engine going down and up (Docker)
+
+    async def reattach_environment(self, env_id: str) -> bool:
+        """After an outage of the node: make ``env_id`` usable again; False if it did not survive."""
+        return False
+
     def detach(self) -> None:
         """Forget every environment without removing it (a shutdown that keeps them for the next start)."""

@@ -102,6 +102,7 @@ class DockerExecutor(EnvironmentExecutor):
     """Sandbox containers on one Docker Engine endpoint (several nodes = several executors)."""
 
     name = "docker"
+    outlives_outages = True  # a container and its files survive a restart of its engine
 
     def __init__(self, client: Any = None, *, base_url: str | None = None, image: str = SANDBOX_IMAGE,
                  kill_grace_s: float = 0.5, max_pool_size: int = 64, max_output_bytes: int = 8 << 20,
@@ -128,6 +129,7 @@ class DockerExecutor(EnvironmentExecutor):
         self._envs: dict[str, str] = {}  # env id -> container id
         self._cpus: dict[str, tuple[str, int]] = {}  # container id -> (cpuset, nano cpus) last set
         self._images_checked: set[str] = set()
+        self._suspect: set[str] = set()  # containers to revive and clean before their next exec (engine died)
         # Two thread pools: a running exec blocks its thread for the command's whole
         # life, and a kill (or a cpu update) must never wait behind those.
         self._exec_pool: ThreadPoolExecutor | None = None
@@ -189,7 +191,8 @@ class DockerExecutor(EnvironmentExecutor):
             self._images_checked.add(image)
         mem = memory_mb or self.default_memory_mb
         kw = {"command": REAPER, "mem_limit": f"{mem}m", "memswap_limit": f"{mem}m", "pids_limit": self.pids_max,
-              "security_opt": ["no-new-privileges:true"], "cap_drop": ["ALL"], **self.run_kwargs}
+              "security_opt": ["no-new-privileges:true"], "cap_drop": ["ALL"],
+              "restart_policy": {"Name": "unless-stopped"}, **self.run_kwargs}
         kw.update(image=image, name=f"{self.name_prefix}{env_id}-{uuid.uuid4().hex[:8]}",
                   labels={**labels, SANDBOX_LABEL: "1", ENV_LABEL: env_id,  # ours last: they win
                           **({OWNER_LABEL: self.owner} if self.owner else {})})
@@ -220,6 +223,42 @@ class DockerExecutor(EnvironmentExecutor):
         # process of an action (they all carry TANGRAM_ACTION_TOKEN); PID 1, the reaper, stays
         await self._ctl(self._kill_all_inside, c.id)
         self._envs[env_id] = c.id
+        return True
+
+    def _lost(self, e: BaseException) -> bool:
+        """Did the engine fail under us (vs. refusing)? Then every container of it is suspect."""
+        if not _engine_lost(e):
+            return False
+        self._suspect.update(self._envs.values())
+        self._cpus.clear()  # a restarted container may have lost its cpuset update
+        return True
+
+    def _revive(self, cid: str) -> None:
+        """After an engine failure: start the container if the engine stopped it, kill what actions left."""
+        import docker
+
+        state = self.client.api.inspect_container(cid)["State"]
+        if not state.get("Running"):
+            try:
+                self.client.api.start(cid)
+            except docker.errors.APIError as e:  # started meanwhile by its restart policy: fine
+                if e.status_code != 304 and "already" not in str(e):
+                    raise
+        self._kill_all_inside(cid)
+
+    async def reattach_environment(self, env_id: str) -> bool:
+        import docker
+
+        cid = self._envs.get(env_id)
+        if cid is None:
+            return False
+        try:
+            await self._ctl(self._revive, cid)
+        except docker.errors.NotFound:  # the engine lost it (its data root was wiped)
+            self._envs.pop(env_id, None)
+            self._cpus.pop(cid, None)
+            return False
+        self._suspect.discard(cid)
         return True
 
     def _kill_all_inside(self, cid: str) -> None:
@@ -290,6 +329,13 @@ class DockerExecutor(EnvironmentExecutor):
         details: dict[str, Any] = {"container": cid[:12],
                                    "cores": cores, "cpu_quota": quota, "dop": placement.dop}
         t0 = time.perf_counter()
+        if cid in self._suspect:
+            try:
+                await self._ctl(self._revive, cid)
+            except Exception as e:  # noqa: BLE001 - the engine is still down (or lost the container)
+                return ExecResult(status=FAILED, error=f"docker engine: {_why(e)}", isolation=isolation,
+                                  details=details, node_down=_engine_lost(e))
+            self._suspect.discard(cid)
         if cores:
             from tangram.core.grants import format_cpulist
 
@@ -298,9 +344,9 @@ class DockerExecutor(EnvironmentExecutor):
             if details["cpu_update"]:
                 try:
                     await self._ctl(update_cpus, self.client, cid, cpuset_cpus=want[0], nano_cpus=want[1])
-                except Exception as e:  # the engine refused (container gone, bad cpuset): nothing ran
+                except Exception as e:  # the engine refused (container gone, bad cpuset) or is down: nothing ran
                     return ExecResult(status=FAILED, error=f"docker update of {cid[:12]}: {_why(e)}",
-                                      isolation=isolation, details=details)
+                                      isolation=isolation, details=details, node_down=self._lost(e))
                 self._cpus[cid] = want
         token = f"{_SAFE.sub('_', placement.action_id)[:40]}.{uuid.uuid4().hex[:12]}"
         envd = dict(env or {})
@@ -318,9 +364,9 @@ class DockerExecutor(EnvironmentExecutor):
             # the kill runs to its end even if we are cancelled again
             await asyncio.shield(asyncio.ensure_future(self._kill_inside(cid, token, run)))
             raise
-        except Exception as e:  # the exec could not run (container stopped, OOM-killed, engine error)
+        except Exception as e:  # the exec could not run (container stopped, OOM-killed) or the engine died
             return ExecResult(status=FAILED, error=f"docker exec in {cid[:12]}: {_why(e)}", isolation=isolation,
-                              details=details)
+                              details=details, node_down=self._lost(e))
         details["duration_s"] = time.perf_counter() - t0
         if not run.done():
             return ExecResult(status=status or FAILED, error=f"{error}; the exec did not end after the kill",
@@ -410,6 +456,16 @@ def _send_and_close(sock: Any, data: bytes) -> None:
         sock.shutdown(socket.SHUT_WR)
     except OSError:
         pass  # the command ended or closed its stdin first: what it read is what it gets
+
+
+def _engine_lost(e: BaseException) -> bool:
+    """The engine could not be reached or dropped the call (vs. an answer refusing it): not the command's fault."""
+    import docker
+
+    if isinstance(e, docker.errors.APIError):  # it answered; a lost exec means it restarted under it
+        return e.status_code == 404 and "exec" in str(e).lower()
+    return isinstance(e, (OSError, docker.errors.DockerException)) or type(e).__module__.startswith(
+        ("requests", "urllib3"))
 
 
 def _why(e: BaseException) -> str:

@@ -64,6 +64,7 @@ class ActionOutcome:
     allocation: dict[str, Any] = field(default_factory=dict)
     timing: Timing = field(default_factory=Timing)
     truncated: bool = False  # output past the executor's cap was dropped
+    retryable: bool = False  # failed because its node or engine failed under it, not on its own: resubmit it
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id, "status": self.status}
@@ -73,6 +74,8 @@ class ActionOutcome:
                 d[k] = v
         if self.truncated:
             d["truncated"] = True
+        if self.retryable:
+            d["retryable"] = True
         d["allocation"] = self.allocation
         d["timing"] = self.timing.as_dict()
         return d

@@ -97,7 +97,8 @@ class Scaleout:
 
         down = DownNodes()
         engine = Engine(gate_all(managers, down), params=params)
-        rt = ClusterRuntime(engine, down=down, closers=[*kw.pop("closers", ()), *self._closers], **kw)
+        rt = ClusterRuntime(engine, down=down, give_up_s=self.options.give_up_s,
+                            closers=[*kw.pop("closers", ()), *self._closers], **kw)
         o = self.options
         rt.start_health(self.probes, interval_s=o.health_interval_s, timeout_s=o.health_timeout_s,
                         failures=o.health_failures)

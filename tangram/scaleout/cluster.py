@@ -12,18 +12,26 @@
   and later actions in them are rejected at submit with
   :class:`EnvironmentLostError` (field ``environment``). The rest of the
   cluster keeps serving.
+  Environments of an executor whose environments outlive an outage of the
+  node (Docker: a container and its files survive a restart of the engine)
+  are *suspended* instead: they keep their pin and memory reservation, and
+  actions in them are refused with :class:`~tangram.core.errors.UnavailableError`
+  (503, ``Retry-After``) until the node is back, or lost after ``give_up_s``.
 * up: the pools come back (the books are balanced, nothing was leaked), what
-  was left of the lost environments on the node is removed, and the policy
-  runs again.
+  was left of the lost environments on the node is removed, each suspended
+  environment is reattached (its container started again if the engine
+  stopped it, whatever its actions left running killed) or, if it did not
+  survive, lost; and the policy runs again.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+import time
 from typing import Any, Awaitable, Callable, Mapping
 
-from tangram.core.errors import UnschedulableError
+from tangram.core.errors import UnavailableError, UnschedulableError
 from tangram.core.model import Action
 from tangram.executors.base import FAILED, EnvironmentExecutor, ExecResult, Placement
 from tangram.runtime import Runtime
@@ -178,6 +186,13 @@ class GuardedEnvExecutor(EnvironmentExecutor):
     def detach(self) -> None:
         self.inner.detach()
 
+    @property
+    def outlives_outages(self) -> bool:
+        return self.inner.outlives_outages
+
+    async def reattach_environment(self, env_id: str) -> bool:
+        return await self.inner.reattach_environment(env_id)
+
 
 class GuardedModelRunner:
     """A GPU node's model executor that fails fast while the node is down."""
@@ -209,7 +224,7 @@ class ClusterRuntime(Runtime):
     (see :func:`tangram.scaleout.gate.gate_all`).
     """
 
-    def __init__(self, engine: Any, *, down: DownNodes, grace_s: float = 2.0, **kw: Any):
+    def __init__(self, engine: Any, *, down: DownNodes, grace_s: float = 2.0, give_up_s: float = 300.0, **kw: Any):
         for m in engine.managers:
             if not isinstance(m, NodeGate) or m.down is not down:
                 raise ValueError("ClusterRuntime: every manager of the engine must be a NodeGate sharing `down`")
@@ -223,6 +238,8 @@ class ClusterRuntime(Runtime):
             mex = {node: GuardedModelRunner(ex, NodeGuard(node, self.signals, grace_s)) for node, ex in mex.items()}
         super().__init__(engine, env_executors=env_executors, model_executors=mex, **kw)
         self.lost: dict[str, tuple[str, str]] = {}  # environment -> (node, why)
+        self.suspended: dict[str, tuple[str, str, float]] = {}  # environment -> (node, why, since): may come back
+        self.give_up_s = float(give_up_s)
         self.monitor: Any = None
         self._bg: set[asyncio.Task] = set()
 
@@ -230,6 +247,13 @@ class ClusterRuntime(Runtime):
 
     def submit(self, action: Action, *, received_at: float | None = None) -> str:
         t = action.trajectory
+        if t is not None and t in self.suspended:
+            node, why, since = self.suspended[t]
+            if time.monotonic() - since <= self.give_up_s:
+                raise UnavailableError(
+                    "environment", f"environment {t!r} lives on node {node!r}, which is down ({why}); retry when "
+                    f"it is back (after {self.give_up_s:g} s down it is given up as lost)", retry_after_s=1)
+            self._lose(t, node, f"{why}; not back within {self.give_up_s:g} s")
         if t is not None and t in self.lost:
             node, why = self.lost[t]
             raise EnvironmentLostError(
@@ -247,6 +271,12 @@ class ClusterRuntime(Runtime):
     async def delete_environment(self, env_id: str) -> None:
         await super().delete_environment(env_id)
         self.lost.pop(env_id, None)
+        self.suspended.pop(env_id, None)
+
+    def _lose(self, t: str, node: str, why: str) -> None:
+        self.suspended.pop(t, None)
+        self.lost[t] = (node, why)
+        self.close_trajectory(t)  # its memory reservation and pin go
 
     def node_down(self, node: str, reason: str = "stopped answering") -> bool:
         """Take ``node`` out of service; False if it was already down."""
@@ -261,11 +291,17 @@ class ClusterRuntime(Runtime):
             t = rec.action.trajectory
             if t is not None and eng.placement.get(t) == node:
                 self.fail_queued(aid, msg, node_down=True)
+        keeps = getattr(self.env_executors.get(node), "outlives_outages", False)
         for t, n in list(eng.placement.items()):
-            if n == node:
-                self.lost[t] = (node, reason)
-                self.close_trajectory(t)  # its memory reservation and pin go
-        log.warning("%s; %d environment(s) lost", msg, sum(1 for n, _ in self.lost.values() if n == node))
+            if n != node:
+                continue
+            if keeps and t in self.env_registry:  # its container may well be there when the node is back
+                self.suspended[t] = (node, reason, time.monotonic())
+            else:
+                self._lose(t, node, reason)
+        log.warning("%s; %d environment(s) lost, %d suspended until it is back", msg,
+                    sum(1 for n, _ in self.lost.values() if n == node),
+                    sum(1 for n, _, _ in self.suspended.values() if n == node))
         return True
 
     def node_up(self, node: str) -> bool:
@@ -277,13 +313,32 @@ class ClusterRuntime(Runtime):
             self.monitor.down.discard(node)
             self.monitor.misses[node] = 0
         ex = self.env_executors.get(node)
-        if isinstance(ex, GuardedEnvExecutor) and ex.orphans:
-            task = asyncio.get_running_loop().create_task(ex.cleanup_orphans())
+        if isinstance(ex, GuardedEnvExecutor) and (ex.orphans or any(n == node for n, _, _ in self.suspended.values())):
+            task = asyncio.get_running_loop().create_task(self._back(node, ex))
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
         log.warning("node %r is back", node)
         self.tick()
         return True
+
+    async def _back(self, node: str, ex: GuardedEnvExecutor) -> None:
+        """Remove what was left of the node's lost environments; reattach its suspended ones."""
+        await ex.cleanup_orphans()
+        for t, (n, why, _) in list(self.suspended.items()):
+            if n != node or self.suspended.get(t, (None,))[0] != node:
+                continue
+            try:
+                ok = await ex.reattach_environment(t)
+            except Exception as exc:  # noqa: BLE001 - the node failed again meanwhile: still suspended
+                log.warning("node %s: reattaching environment %s failed: %s", node, t, exc)
+                continue
+            if t not in self.suspended:  # deleted meanwhile
+                continue
+            if ok:
+                del self.suspended[t]
+            else:
+                self._lose(t, node, f"{why}; its environment did not survive")
+        log.info("node %r: suspended environments handled", node)
 
     # ------------------------------------------------------------------ #
 
@@ -315,6 +370,7 @@ class ClusterRuntime(Runtime):
         out = super().stats()
         out["nodes_down"] = {n: self.down.reason(n) for n in self.down}
         out["environments_lost"] = len(self.lost)
+        out["environments_suspended"] = len(self.suspended)
         return out
 
     async def close(self) -> None:

@@ -3,7 +3,8 @@
 .. code-block:: yaml
 
     scaleout:
-      health: {interval_s: 1.0, timeout_s: 2.0, failures: 2}   # node health loop
+      health: {interval_s: 1.0, timeout_s: 2.0, failures: 2,   # node health loop
+               give_up_s: 300}  # a Docker node's environments wait this long for it, then are lost
       docker_nodes:            # per docker cpu node (by name): how to reach and probe it
         node1:
           tls: {ca_cert: /certs/ca.pem, client_cert: /certs/cert.pem, client_key: /certs/key.pem}
@@ -42,6 +43,7 @@ class ScaleoutConfig:
     health_interval_s: float = 1.0
     health_timeout_s: float = 2.0
     health_failures: int = 2
+    give_up_s: float = 300.0  # suspended environments of a down node (Docker) are lost after this
     docker_nodes: Mapping[str, DockerNodeOptions] = field(default_factory=dict)
     gpu_host: GpuHostConfig | None = None  # None: GPU nodes use the in-process torch executor (build_gpu)
 
@@ -52,7 +54,8 @@ def parse_scaleout(raw: Any, where: str = "scaleout") -> ScaleoutConfig:
     m = _mapping(raw, where)
     _known(m, where, {"health", "docker_nodes", "gpu_host"})
     h = _mapping(m.get("health", {}), f"{where}.health")
-    _known(h, f"{where}.health", {"interval_s", "timeout_s", "failures"})
+    _known(h, f"{where}.health", {"interval_s", "timeout_s", "failures", "give_up_s"})
+    give_up = _pos(h.get("give_up_s", 300.0), f"{where}.health.give_up_s")
     interval = _pos(h.get("interval_s", 1.0), f"{where}.health.interval_s")
     timeout = _pos(h.get("timeout_s", 2.0), f"{where}.health.timeout_s")
     failures = h.get("failures", 2)
@@ -86,7 +89,7 @@ def parse_scaleout(raw: Any, where: str = "scaleout") -> ScaleoutConfig:
         _known(sim, f"{w}.simulated", _SIM_FIELDS)
         gpu_host = GpuHostConfig(address=address, namespace=str(g.get("namespace", "tangram")),
                                  resource=str(g.get("resource", "GPU")), sim=sim, executor=executor)
-    return ScaleoutConfig(interval, timeout, failures, docker, gpu_host)
+    return ScaleoutConfig(interval, timeout, failures, give_up, docker, gpu_host)
 
 
 _FIELDS = Fields(ConfigError)

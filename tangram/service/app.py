@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from tangram.core.errors import DemandError, UnknownActionError, UnschedulableError
+from tangram.core.errors import DemandError, UnavailableError, UnknownActionError, UnschedulableError
 from tangram.runtime import ExecutorFailedError, ExecutorMissingError, Runtime, UnknownEnvironmentError
 from tangram.service import sandbox_fusion, wire
 from tangram.service.config import ClusterConfig, default_config
@@ -167,6 +167,9 @@ async def _error_middleware(request: web.Request, handler) -> web.StreamResponse
         return await handler(request)
     except Refused as exc:
         return web.json_response({"error": exc.reason}, status=exc.status,
+                                 headers={"Retry-After": str(exc.retry_after_s)})
+    except UnavailableError as exc:  # not now: its node is down and may come back
+        return web.json_response({"error": exc.reason, "field": exc.field}, status=503,
                                  headers={"Retry-After": str(exc.retry_after_s)})
     except UnschedulableError as exc:
         return _error(422, exc.reason, exc.field)

@@ -1,0 +1,150 @@
+"""A private Docker Engine under a temporary directory: its own socket, data root, exec root and pid file.
+
+Used where an engine must be killed or restarted (the fault suite, the scale-out
+tests) without touching the machine's shared engine. Started with the same
+flags as ``scripts/docker_engine.sh`` (no iptables, no bridge), with the
+``vfs`` storage driver, which works on any file system (overlay on overlay
+does not).
+
+* :meth:`kill_daemon`: SIGKILL to ``dockerd`` alone: the engine crashed; its
+  ``containerd``, shims and containers live on until it comes back (without
+  ``live-restore`` the restarted engine then stops the containers, and starts
+  those with a restart policy again).
+* :meth:`kill`: the machine crashed: SIGKILL to dockerd, containerd, shims and
+  every container process.
+* :meth:`remove`: stop it, kill what is left, unmount and delete its directory.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable
+
+ENGINE_FLAGS = ("--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs")
+
+
+class PrivateDockerd:
+    """One ``dockerd`` of our own, started and killed here."""
+
+    def __init__(self, endpoint: str | None = None, extra: tuple[str, ...] = (),
+                 connect: Callable[[], Any] | None = None) -> None:
+        self.dir = tempfile.mkdtemp(prefix="tgd-", dir="/tmp")  # short: a unix socket path has 108 bytes
+        self.sock = os.path.join(self.dir, "d.sock")
+        self.endpoint = endpoint or f"unix://{self.sock}"
+        self.extra = extra
+        self.connect = connect
+        self.pidfile = os.path.join(self.dir, "d.pid")
+        self.proc: subprocess.Popen | None = None
+
+    def client(self, timeout: float = 60):
+        import docker
+
+        return self.connect() if self.connect else docker.DockerClient(base_url=self.endpoint, timeout=timeout)
+
+    def start(self, wait_s: float = 60.0) -> None:
+        if os.path.exists(self.pidfile):
+            os.unlink(self.pidfile)  # left by a killed daemon: dockerd refuses to start over it
+        if not self.processes():
+            # nothing of the old engine lives (a rebooted machine starts with an empty /run): without this,
+            # dockerd would trust the dead containerd's pid file
+            remove_tree(os.path.join(self.dir, "exec"))
+        else:  # containers outlived the daemon (its containerd dies with it): a new containerd takes them over
+            for name in ("containerd.pid", "containerd.sock", "containerd.sock.ttrpc", "containerd-debug.sock"):
+                try:
+                    os.unlink(os.path.join(self.dir, "exec", "containerd", name))
+                except FileNotFoundError:
+                    pass
+        log = open(os.path.join(self.dir, "log"), "ab")
+        self.proc = subprocess.Popen(
+            ["dockerd", "--host", self.endpoint, "--data-root", os.path.join(self.dir, "data"),
+             "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", self.pidfile, *ENGINE_FLAGS, *self.extra],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                c = self.client(timeout=5)
+                c.ping()
+                c.close()
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"private dockerd did not start: {self.tail()}")
+                time.sleep(0.2)
+
+    def kill_daemon(self) -> None:
+        """SIGKILL to dockerd only (containerd and the containers keep running)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        """The machine crashes: SIGKILL to this engine's dockerd, containerd, shims and containers."""
+        pids = self.processes()
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def processes(self) -> list[int]:
+        """Processes started for this engine: those naming its directory, and all their descendants."""
+        parent: dict[int, int] = {}
+        roots = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if self.dir.encode() in f.read():
+                        roots.append(int(d))
+            except (OSError, ValueError, IndexError):
+                continue
+        found = set(roots)
+        grew = True
+        while grew:
+            grew = False
+            for pid, pp in parent.items():
+                if pp in found and pid not in found:
+                    found.add(pid)
+                    grew = True
+        return sorted(found)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()  # whatever is left of it
+
+    def remove(self) -> None:
+        """Stop it and delete every trace: processes, mounts, its directory."""
+        self.stop()
+        remove_tree(self.dir)
+
+    def tail(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "log"), "rb") as f:
+                return f.read()[-1500:].decode(errors="replace")
+        except OSError:
+            return ""
+
+
+def remove_tree(path: str) -> None:
+    """rm -rf, after unmounting what dockerd mounted below ``path`` (its data root, network namespaces)."""
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for mp in sorted((m for m in points if m == path or m.startswith(path.rstrip("/") + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], capture_output=True)
+    shutil.rmtree(path, ignore_errors=True)
