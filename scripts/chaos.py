@@ -110,7 +110,12 @@ async def rollout(svc: Service, args, stats: dict, running: dict, quiesce) -> di
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         envs = []
         for i in range(args.envs):
-            st, body = await call(s, "POST", f"{svc.url}/v1/environments", json={"memory_mb": 128})
+            for _ in range(RETRIES):  # the node's engine may be down (502, 503): retried as a client would
+                st, body = await call(s, "POST", f"{svc.url}/v1/environments", json={"memory_mb": 128})
+                if st not in (502, 503):
+                    break
+                stats["answers"][f"environment refused {st}, retried"] += 1
+                await asyncio.sleep(BACKOFF_S)
             assert st == 201, body
             envs.append(body["id"])
         succeeded: dict[str, list[str]] = {e: [] for e in envs}

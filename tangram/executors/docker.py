@@ -130,6 +130,7 @@ class DockerExecutor(EnvironmentExecutor):
         self._cpus: dict[str, tuple[str, int]] = {}  # container id -> (cpuset, nano cpus) last set
         self._images_checked: set[str] = set()
         self._suspect: set[str] = set()  # containers to revive and clean before their next exec (engine died)
+        self._unanswered: set[str] = set()  # environments whose creation got no answer: a container may exist
         # Two thread pools: a running exec blocks its thread for the command's whole
         # life, and a kill (or a cpu update) must never wait behind those.
         self._exec_pool: ThreadPoolExecutor | None = None
@@ -181,11 +182,31 @@ class DockerExecutor(EnvironmentExecutor):
                 raise ValueError(f"labels.{k}: the prefix is reserved for the service's own labels")
         if env_id in self._envs:
             return
-        cid = await self._ctl(self._create, env_id, image, memory_mb, dict(labels or {}))
+        try:
+            cid = await self._ctl(self._create, env_id, image, memory_mb, dict(labels or {}))
+        except Exception:
+            # the engine may have made the container and died before answering: remove it now, or once
+            # the engine answers again (next creation, reattachment, close)
+            self._unanswered.add(env_id)
+            try:
+                await self._ctl(self._remove_unanswered)
+            except Exception:  # noqa: BLE001 - still down: later
+                pass
+            raise
         self._envs[env_id] = cid
+
+    def _remove_unanswered(self) -> None:
+        """Remove containers of creations that failed without an answer (the engine died under them)."""
+        for env_id in list(self._unanswered):
+            filters = {"label": [f"{ENV_LABEL}={env_id}"] + ([f"{OWNER_LABEL}={self.owner}"] if self.owner else [])}
+            for c in self.client.containers.list(all=True, filters=filters):
+                self._remove(c.id)
+            self._unanswered.discard(env_id)
 
     def _create(self, env_id: str, image: str, memory_mb: int, labels: dict[str, str]) -> str:
         client = self.client
+        if self._unanswered:
+            self._remove_unanswered()
         if image == SANDBOX_IMAGE and image not in self._images_checked:
             ensure_image(client, image)
             self._images_checked.add(image)
@@ -254,6 +275,8 @@ class DockerExecutor(EnvironmentExecutor):
             return False
         try:
             await self._ctl(self._revive, cid)
+            if self._unanswered:
+                await self._ctl(self._remove_unanswered)
         except docker.errors.NotFound:  # the engine lost it (its data root was wiped)
             self._envs.pop(env_id, None)
             self._cpus.pop(cid, None)
@@ -301,6 +324,12 @@ class DockerExecutor(EnvironmentExecutor):
     async def close(self) -> None:
         for env_id in list(self._envs):
             await self.destroy_environment(env_id)
+        if self._unanswered:
+            try:
+                await self._ctl(self._remove_unanswered)
+            except Exception:  # noqa: BLE001 - the engine is down: the next start's sweep removes them
+                log.warning("docker executor: could not remove containers of failed creations %s",
+                            sorted(self._unanswered))
         if self._own_client and self._client is not None:
             self._client.close()
             self._client = None
