@@ -221,11 +221,14 @@ def _units_table(rows, capacity: int, min_prefix: int = 0) -> PrefixTable:
 # the units operator's fast path: greedy marginal allocation
 
 
-def _units_prefix(rows, capacity: int, min_prefix: int = 0, convex: bool | None = None):
+def _units_prefix(rows, capacity: int, min_prefix: int = 0, convex: bool | None = None, clipped: bool = False):
     """The units operator: greedy when it is exact for every row, the DP otherwise.
 
-    ``convex`` True: the caller knows every row passes :func:`greedy_exact`.
+    ``convex`` True: the caller knows every row passes :func:`greedy_exact`;
+    ``clipped``: and no row offers more than ``capacity`` (nothing to cut).
     """
+    if clipped and convex:
+        return GreedyTable(rows, capacity)
     clipped = [(u, d) if (len(u) == 0 or u[-1] <= capacity) else (u[u <= capacity], d[u <= capacity]) for u, d in rows]
     if all(len(u) for u, _ in clipped) and (convex or (convex is None and all(greedy_exact(u, d) for u, d in clipped))):
         return GreedyTable(clipped, capacity)
@@ -260,23 +263,30 @@ class GreedyTable:
         self.exact_from = 0
         self._capacity = capacity
         n = len(rows)
-        lens = np.fromiter((len(u) for u, _ in rows), dtype=np.int64, count=n)
-        self._mins = np.fromiter((int(u[0]) for u, _ in rows), dtype=np.int64, count=n)
-        self._min_sum = np.concatenate(([0], np.cumsum(self._mins)))
-        self._row_start = np.concatenate(([0], np.cumsum(lens)))  # into the flat durations
-        self._gain_end = self._row_start - np.arange(n + 1)  # each row has len-1 gains
-        if n:
-            self._durs = np.concatenate([d for _, d in rows])
-            gains = self._durs[:-1] - self._durs[1:]
-            # drop the pairs that straddle two rows
-            keep = np.ones(len(gains), dtype=bool)
-            keep[self._row_start[1:-1] - 1] = False
-            self._gains = gains[keep]
-            self._owner = np.repeat(np.arange(n), lens - 1)
-        else:
-            self._durs = self._gains = np.zeros(0)
-            self._owner = np.zeros(0, dtype=np.int64)
         self._cache: dict[int, tuple[float, tuple[int, ...], list[float]]] = {}
+        if not n:
+            self._mins = np.zeros(0, dtype=np.int64)
+            self._min_sum = self._row_start = self._pos_end = np.zeros(1, dtype=np.int64)
+            self._durs = self._neg_gains = np.zeros(0)
+            self._owner = np.zeros(0, dtype=np.int64)
+            return
+        units, durs = zip(*rows)
+        lens = np.fromiter(map(len, units), dtype=np.int64, count=n)
+        self._row_start = np.zeros(n + 1, dtype=np.int64)  # into the flat durations
+        np.cumsum(lens, out=self._row_start[1:])
+        self._mins = np.concatenate(units)[self._row_start[:-1]]
+        self._min_sum = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(self._mins, out=self._min_sum[1:])
+        self._durs = np.concatenate(durs)
+        gains = self._durs[:-1] - self._durs[1:]
+        # drop the pairs that straddle two rows, and the gains that are not gains at all
+        keep = gains > 0
+        keep[self._row_start[1:-1] - 1] = False
+        owner = np.repeat(np.arange(n), lens)[:-1]
+        self._neg_gains = -gains[keep]  # row by row, in order: a prefix of rows is a prefix here
+        self._owner = owner[keep]
+        self._pos_end = np.zeros(n + 1, dtype=np.int64)  # positive gains of the first t rows
+        np.cumsum(np.bincount(self._owner, minlength=n), out=self._pos_end[1:])
 
     def feasible(self, t: int) -> bool:
         return bool(self._min_sum[t] <= self._capacity)
@@ -288,17 +298,19 @@ class GreedyTable:
         if not self.feasible(t):
             raise ValueError(f"prefix {t} has no feasible arrangement")
         budget = self._capacity - int(self._min_sum[t])
-        end = int(self._gain_end[t])
-        gains, owner = self._gains[:end], self._owner[:end]
-        extra = np.zeros(t, dtype=np.int64)
+        end = int(self._pos_end[t])
+        starts = self._row_start[:t]
         if budget > 0 and end:
-            positive = gains > 0
-            gains, owner = gains[positive], owner[positive]
-            if len(gains) > budget:
-                owner = owner[np.argpartition(-gains, budget - 1)[:budget]]
+            owner = self._owner[:end]
+            if end > budget:
+                owner = owner[np.argpartition(self._neg_gains[:end], budget - 1)[:budget]]
             extra = np.bincount(owner, minlength=t)
-        durs = self._durs[self._row_start[:t] + extra]
-        out = (float(durs.sum()), tuple((self._mins[:t] + extra).tolist()), durs.tolist())
+            durs = self._durs[starts + extra]
+            units = (self._mins[:t] + extra).tolist()
+        else:
+            durs = self._durs[starts]
+            units = self._mins[:t].tolist()
+        out = (float(durs.sum()), tuple(units), durs.tolist())
         self._cache[t] = out
         return out
 
@@ -408,6 +420,7 @@ def prefix_table_rows(
     operator: UnitsOperator | ChunkOperator,
     min_prefix: int = 0,
     convex: bool | None = None,
+    clipped: bool = False,
 ) -> PrefixTable | GreedyTable:
     """:func:`prefix_table` over already validated rows ``(units ascending, durations)``.
 
@@ -418,7 +431,7 @@ def prefix_table_rows(
     longest prefixes first and rebuilds with a smaller bound if it goes on).
     """
     if isinstance(operator, UnitsOperator):
-        return _units_prefix(rows, int(operator.capacity), min_prefix, convex)
+        return _units_prefix(rows, int(operator.capacity), min_prefix, convex, clipped)
     keep = [np.isin(u, CHUNK_SIZES) for u, _ in rows]
     return _chunk_table([(u[k], d[k]) for (u, d), k in zip(rows, keep)], operator.free_chunks)
 

@@ -87,8 +87,9 @@ def _walk(heap, free, now, waiters, i, explore) -> float:
             free += u
             if t > now:
                 now = t
-        total += now + dmin
-        push(heap, (now + dmin, umin))
+        end = now + dmin
+        total += end
+        push(heap, (end, umin))
         free -= umin
     return total
 

@@ -123,12 +123,14 @@ def option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None
 
 
 def group_rows(actions, cap: int, params: PolicyParams, pool: PoolState, hits=None) -> tuple[list, bool]:
-    """:func:`option_row` of each action (``hits[i]``: action i's, see there), and whether every
-    row is convex (greedy-exact)."""
+    """:func:`option_row` of each action (``hits[i]``: action i's, see there; none above
+    ``cap``), and whether every row is convex and not empty (the greedy units operator
+    is exact for them)."""
     rows, convex = [], True
     for i, a in enumerate(actions):
-        rows.append(option_row(a, cap, params, pool, None if hits is None else hits[i]))
-        convex = convex and row(a).convex
+        r = option_row(a, cap, params, pool, None if hits is None else hits[i])
+        rows.append(r)
+        convex = convex and row(a).convex and len(r[0]) > 0
     return rows, convex
 
 

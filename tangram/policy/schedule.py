@@ -372,7 +372,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         convex = None
     n = len(group)
     exact_from = max(1, n - _EVICTION_WINDOW)
-    table = prefix_table_rows(rows, operator, exact_from, convex)
+    table = prefix_table_rows(rows, operator, exact_from, convex, clipped=True)
 
     seed = list(snap.running.get(pool.name, ()))
     seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
@@ -397,7 +397,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
                 best = (obj, 0, ())
             break
         if t < table.exact_from:  # eviction went deeper than the pruned table is exact for
-            table = prefix_table_rows(rows, operator, 1, convex)
+            table = prefix_table_rows(rows, operator, 1, convex, clipped=True)
         if not table.feasible(t):
             continue
         units, durs = table.units_and_durations(t)
