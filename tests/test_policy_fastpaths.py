@@ -80,7 +80,7 @@ def _snapshot(seed: int) -> Snapshot:
         pools[f"mem@{n}"] = PoolState(f"mem@{n}", "mem", n, mem, rng.randint(0, mem))
         if rng.random() < 0.5:
             chunks = rng.choice(CHUNKS)
-            resident = frozenset(rng.sample(["m1", "m1@dop2", "m2@dop4", "m2"], rng.randint(0, 2)))
+            resident = frozenset(rng.sample(["m1@dop1", "m1@dop2", "m2@dop4", "m2@dop8"], rng.randint(0, 2)))
             pools[f"gpu@{n}"] = PoolState(f"gpu@{n}", "gpu", n, 8, sum(chunks), chunks=tuple(sorted(chunks)),
                                           resident=resident)
             if sum(chunks) < 8 and rng.random() < 0.5:
