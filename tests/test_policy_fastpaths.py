@@ -156,6 +156,12 @@ def _reference_rest(heap_items, free, waiters, explore) -> float:
                     heapq.heappush(h2, (end, u))
                     best = min(best, end + walk(h2, f - u, t, i + 1, explore - 1))
                 return total + best
+            if action is not None and len(options) > 1:
+                # beyond the search: the count that ends it soonest, the smallest on a tie
+                def end_at(u):
+                    return start(list(h), free, now, u)[1] + action.duration(u)
+                umin = min(options, key=lambda u: (end_at(u), u))
+                dmin = action.duration(umin)
             free, now = start(h, free, now, umin)
             total += now + dmin
             heapq.heappush(h, (now + dmin, umin))

@@ -27,10 +27,27 @@ def _units(p):
 
 
 def test_greedy_eviction_prefers_fewer_faster_actions():
-    # three linear actions of 8 s on 8 cores: running A and B on 4 cores each and
-    # C right after on all 8 (ACT 2 + 2 + 3) beats squeezing all three (3 + 3 + 2 cores)
-    acts = [make_action(x, cpu={"min": 1, "max": 8}, t1=8.0, serial=0.0) for x in "ABC"]
+    # three actions of 8 s (10% serial) on 8 cores: A and B on 4 cores each, C right
+    # after on all 8 (ACT 2.6 + 2.6 + 4.3) beats squeezing all three (3 + 3 + 2 cores:
+    # 3.2 + 3.2 + 4.4) and running them one at a time on 8 (1.7 + 3.4 + 5.1)
+    acts = [make_action(x, cpu={"min": 1, "max": 8}, t1=8.0, serial=0.1) for x in "ABC"]
     assert _units(plan(_snap(acts))) == {"A": {"cpu": 4}, "B": {"cpu": 4}}
+
+
+def test_perfectly_parallel_actions_run_one_at_a_time_on_all_units():
+    # linear speed-up: one at a time on all 8 cores (ACT 1 + 2 + 3) beats two on 4
+    # (2 + 2 + 3); the estimate must see that the evicted ones start wide, not on one core
+    acts = [make_action(x, cpu={"min": 1, "max": 8}, t1=8.0, serial=0.0) for x in "ABC"]
+    assert _units(plan(_snap(acts))) == {"A": {"cpu": 8}}
+
+
+def test_elastic_action_waits_for_many_cores_rather_than_start_on_one():
+    # one core free, a 7-core action ends in 2 s, two 100 s elastic actions wait:
+    # waiting 2 s for the cores beats running one for 100 s on the single free core
+    # (the estimate must not assume the other one would start on its minimum)
+    acts = [make_action(x, cpu={"min": 1, "max": 8}, t1=100.0, serial=0.05) for x in "AB"]
+    got = _units(plan(_snap(acts, running=[(2.0, 7)])))
+    assert got == {}
 
 
 def test_eviction_stops_when_it_no_longer_helps():

@@ -2,9 +2,10 @@
 
 Greedy eviction compares, for each prefix of the candidates it keeps, the
 DPArrange optimum plus this estimate of the look-ahead's completion times:
-each waiting action takes its minimum and starts, in queue order, when the
-completion heap has released enough units; the first ``depth - 1``
-scalable ones try several counts instead (a bounded search).
+each waiting action starts, in queue order, when the completion heap has
+released enough units; the first ``depth - 1`` scalable ones try several
+counts (a bounded search), later scalable ones take the count that ends them
+soonest, fixed ones their minimum.
 """
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ def waiter(a: Action, pool: PoolState, snap: Snapshot):
 def estimate_rest(heap_items, free_units: int, waiters: list, explore: int) -> float:
     """Algorithm 2: ACT estimate of the actions still waiting for this pool.
 
-    Each gets its minimum and starts, in queue order, when the completion heap
-    has released enough units; the first ``depth - 1`` scalable ones try
-    several counts instead (a bounded search, see _explored_options).
+    Each starts, in queue order, when the completion heap has released enough
+    units; the first ``depth - 1`` scalable ones try several counts (a bounded
+    search, see _explored_options), later scalable ones take their
+    earliest-finishing count, fixed ones their minimum.
     """
     heap = [(f if f > 0.0 else 0.0, u) for f, u in heap_items]
     heapq.heapify(heap)
@@ -77,8 +79,13 @@ def _walk(heap, free, now, waiters, i, explore) -> float:
             free -= umin
             i += 1
         return total
-    # nothing left to explore: each waiter takes its minimum (the estimate's hot loop)
-    for umin, dmin, _ in (waiters[i:] if i else waiters):
+    # nothing left to explore (the estimate's hot loop): a fixed waiter takes its
+    # minimum; an elastic one the count that ends it soonest, as a round would give
+    # it on its own (its minimum made "wait for many units" look worse than "start
+    # now on one" whenever a node was briefly full)
+    for umin, dmin, options in (waiters[i:] if i else waiters):
+        if options is not None and len(options) > 1:
+            umin, dmin = _earliest_finish(heap, free, now, options)
         while free < umin:  # _start_time, inlined
             if not heap:
                 free = umin
@@ -92,6 +99,27 @@ def _walk(heap, free, now, waiters, i, explore) -> float:
         push(heap, (end, umin))
         free -= umin
     return total
+
+
+def _earliest_finish(heap, free, now, options):
+    """The ``(units, duration)`` among ``options`` (ascending units) whose start, when
+    the completions in ``heap`` have freed its units, plus duration is smallest.
+    Reads the heap only."""
+    ends = sorted(heap)
+    best, best_end, k, n = options[0], math.inf, 0, len(ends)
+    for u, d in options:
+        while free < u:
+            if k == n:  # as _start_time: units the estimate does not know of are free
+                free = u
+                break
+            t, got = ends[k]
+            free += got
+            if t > now:
+                now = t
+            k += 1
+        if now + d < best_end:
+            best, best_end = (u, d), now + d
+    return best
 
 
 def _start_time(heap, free, now, units):
