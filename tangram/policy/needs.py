@@ -25,7 +25,8 @@ class Needs:
         self.has_cpu = "cpu" in a.demands
         self.has_gpu = "gpu" in a.demands
         self.mins = {t: d.min for t, d in a.demands.items()}  # copied: a round raises the key's units
-        self.shape = tuple(sorted(a.demands.items()))
+        # equal iff the demands are equal, and cheap to hash (a Demand hashes in Python)
+        self.shape = tuple((t, d.lo, d.hi, d.picks) for t, d in sorted(a.demands.items()))
         self._on: dict = {}  # node -> (local pool names, every demand's pool name)
 
     def on(self, node: str | None) -> tuple[tuple[str, ...], dict[str, str]]:

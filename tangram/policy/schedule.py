@@ -150,9 +150,11 @@ def _select_candidates(snap: Snapshot):
         if closed and nd.has_cpu and a.trajectory is not None:
             # fast path: a trajectory pinned to a node whose pools are all shut this round
             home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
-            if home is not None and all(pool_name(t, home) in closed for t in a.demands):
-                wait_behind(a, [pool_name(t, home) for t in a.demands])
-                continue
+            if home is not None:
+                at_home = nd.on(home)[1].values()  # pool_name(t, home) of every demand
+                if all(p in closed for p in at_home):
+                    wait_behind(a, list(at_home))
+                    continue
         shape = None
         if failed_shapes:
             shape = _shape(a, nd, snap, placed)
