@@ -50,7 +50,17 @@ def estimate_rest(heap_items, free_units: int, waiters: list, explore: int) -> f
     search, see _explored_options), later scalable ones take their
     earliest-finishing count, fixed ones their minimum.
     """
-    heap = [(f if f > 0.0 else 0.0, u) for f, u in heap_items]
+    return estimate_from(completions(heap_items), free_units, waiters, explore)
+
+
+def completions(items) -> list:
+    """``(seconds left, units)`` pairs as the estimate reads them: what is overdue ends now."""
+    return [(f if f > 0.0 else 0.0, u) for f, u in items]
+
+
+def estimate_from(heap: list, free_units: int, waiters: list, explore: int) -> float:
+    """:func:`estimate_rest` of pairs already passed through :func:`completions` (the list
+    becomes the estimate's heap: the caller hands over a fresh one)."""
     heapq.heapify(heap)
     return _walk(heap, free_units, 0.0, waiters, 0, explore)
 

@@ -22,7 +22,7 @@ _MIN_MARGINAL_GAIN = 0.05
 class Row:
     """What the policy reads of one scalable action, built once per action."""
 
-    __slots__ = ("action", "units", "durs", "options", "convex", "top", "u0", "d0", "waiter")
+    __slots__ = ("action", "units", "durs", "options", "convex", "top", "u0", "d0", "waiter", "at")
 
     def __init__(self, a: Action, units: np.ndarray, durs: np.ndarray):
         self.action = a
@@ -33,7 +33,8 @@ class Row:
         self.top = self.options[-1]
         self.u0 = self.options[0]
         self.d0 = float(durs[0])
-        self.waiter = None  # (rtype, capacity, the waiter tuple), see schedule._waiter
+        self.waiter = None  # (rtype, capacity, the waiter tuple), see estimate.waiter
+        self.at: dict[int, float] = {}  # units -> a.duration(units), as the rounds asked for them
 
 
 _ROWS: dict[int, Row] = {}
@@ -52,7 +53,10 @@ def duration(a: Action, units: int, snap: Snapshot) -> float:
         r = row(a)
         if units == 0 or units == r.u0:
             return r.d0
-        return a.duration(units)
+        d = r.at.get(units)
+        if d is None:
+            d = r.at[units] = a.duration(units)
+        return d
     d = a.t1_s
     if d is not None:
         return d
@@ -103,7 +107,10 @@ def option_row(a: Action, cap: int, params: PolicyParams, pool: PoolState | None
     """``a``'s options up to ``cap`` and their durations; on a GPU pool a DoP pays its restore first
     unless it is in ``hits`` (an idle instance of the service at that DoP is ``a``'s to take;
     None: any DoP whose service is resident on the pool counts as a hit)."""
-    r = row(a)
+    return _cut(a, row(a), cap, params, pool, hits)
+
+
+def _cut(a: Action, r: Row, cap: int, params: PolicyParams, pool: PoolState | None, hits) -> tuple[np.ndarray, np.ndarray]:
     limit = cap
     caps = params.dop_caps.get(a.action_class) if params.dop_caps else None
     if caps is not None:
@@ -128,9 +135,10 @@ def group_rows(actions, cap: int, params: PolicyParams, pool: PoolState, hits=No
     is exact for them)."""
     rows, convex = [], True
     for i, a in enumerate(actions):
-        r = option_row(a, cap, params, pool, None if hits is None else hits[i])
-        rows.append(r)
-        convex = convex and row(a).convex and len(r[0]) > 0
+        r = row(a)
+        cut = _cut(a, r, cap, params, pool, None if hits is None else hits[i])
+        rows.append(cut)
+        convex = convex and r.convex and len(cut[0]) > 0
     return rows, convex
 
 

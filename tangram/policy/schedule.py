@@ -18,7 +18,8 @@ from typing import Sequence
 from tangram.core.model import Action
 from tangram.policy.affinity import Affinity, affinity_order
 from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
-from tangram.policy.estimate import estimate_rest as _estimate_rest
+from tangram.policy.estimate import completions as _completions
+from tangram.policy.estimate import estimate_from as _estimate_from
 from tangram.policy.estimate import waiter as _waiter
 from tangram.policy.needs import Needs
 from tangram.policy.needs import needs as _needs
@@ -72,8 +73,8 @@ def plan(snap: Snapshot) -> Plan:
         Dispatch(
             action=c.action,
             node=c.node,
-            units=MappingProxyType(c.units),  # the candidate's own dicts: nothing else holds them
-            pools=MappingProxyType(c.pools),
+            units=MappingProxyType(c.units),  # the candidate's own dict: nothing else holds it
+            pools=MappingProxyType(c.pools),  # shared by the action's rounds on this node, read only
             place_mem_mb=c.place_mem,
             estimated_s=_estimate(c, snap),
         )
@@ -378,6 +379,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
 
     seed = list(snap.running.get(pool.name, ()))
     seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
+    seed = _completions(seed)  # the candidates' durations below are positive: nothing to clamp
     tail = [w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None]
     evicted: list = []  # waiters of group[t:], built as eviction goes deeper (it rarely does)
 
@@ -394,7 +396,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     last = 0 if seed else 1
     for t in range(n, last - 1, -1):
         if t == 0:
-            obj = _estimate_rest(seed, capacity, waiters(0), snap.params.depth - 1)
+            obj = _estimate_from(list(seed), capacity, waiters(0), snap.params.depth - 1)
             if best is None or obj < best[0] - _EPS:
                 best = (obj, 0, ())
             break
@@ -405,7 +407,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         units, durs = table.units_and_durations(t)
         if durs is None:
             durs = [group[i].action.duration(u) for i, u in enumerate(units)]
-        obj = table.best(t) + _estimate_rest(
+        obj = table.best(t) + _estimate_from(
             seed + list(zip(durs, units)),
             capacity - sum(units),
             waiters(t),
