@@ -62,7 +62,9 @@ class PrivateDockerd:
         self.proc = subprocess.Popen(
             ["dockerd", "--host", self.endpoint, "--data-root", os.path.join(self.dir, "data"),
              "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", self.pidfile, *ENGINE_FLAGS, *self.extra],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            # containerd's stack dumps and runc's exec specs go to $TMPDIR: keep them in our directory
+            env={**os.environ, "TMPDIR": self.dir})
         log.close()
         deadline = time.monotonic() + wait_s
         while True:

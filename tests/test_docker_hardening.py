@@ -56,3 +56,132 @@ async def test_output_is_capped_while_it_streams(hard):
                         Placement("o", None, dop=1), timeout_s=60)
     assert r.status == SUCCEEDED, r
     assert len(r.stdout) == 1 << 20 and r.details["truncated"] is True and r.stderr == "done\n"
+
+
+# --------------------------------------------------------------------------
+# The attacks the local sandbox is probed with (tests/test_sandbox.py), against a Docker node of the
+# real service: real HTTP, real engine, real containers.
+# --------------------------------------------------------------------------
+import asyncio  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from tests.service_helpers import N_CORES, assert_whole, config, find_pids, running_service  # noqa: E402
+
+MARK = f"62.{os.getpid()}"  # a sleep no other process on this machine runs
+FORKER = ("import os, time\n"
+          "n = 0\n"
+          "while n < 5000:\n"
+          "    try:\n"
+          "        pid = os.fork()\n"
+          "    except OSError:\n"
+          "        break\n"
+          "    if pid == 0:\n"
+          "        time.sleep(3600)\n"
+          "        os._exit(0)\n"
+          "    n += 1\n"
+          "print(n, flush=True)\n")
+
+
+def _docker_service(**service):
+    endpoint = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return config(cpu_nodes=[{"name": "d0", "executor": "docker", "endpoint": endpoint, "cores": N_CORES,
+                              "memory_mb": 4096}], **({"service": service} if service else {}))
+
+
+async def test_host_secrets_the_token_and_the_service_are_out_of_reach(docker_client, tmp_path, monkeypatch):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    token_file.chmod(0o600)
+    monkeypatch.setenv("TANGRAM_TOKEN", "s3cret-token")  # the service's own environment must not leak
+    with open("/etc/shadow") as f:
+        shadow_root = f.readline().strip()
+    prefix = os.path.realpath(sys.prefix)  # bound read-only into the container
+    async with running_service(_docker_service(token_file=str(token_file))) as svc, \
+            svc.client(token="s3cret-token") as c:
+        env = await c.create_environment(labels={"suite": "docker-attack"})
+        r = await c.exec(env, f"cat /etc/shadow {token_file} ~/.config/tangram/token; echo \"tok=$TANGRAM_TOKEN\"; "
+                              f"ls /root/.config /var/lib/docker 2>&1; test -S /var/run/docker.sock && echo sock; "
+                              f"touch /usr/x {prefix}/x 2>&1; echo mine > own.txt && cat own.txt")
+        assert r.allocation["isolation"] == "docker-cpuset"
+        out = r.stdout + r.stderr
+        assert "s3cret" not in out and shadow_root not in out and "sock\n" not in r.stdout, out
+        assert "tok=\n" in r.stdout and "mine\n" in r.stdout
+        assert "Read-only file system" in r.stdout
+        assert not os.path.exists("/usr/x") and not os.path.exists(f"{prefix}/x")
+        # a nested action with a stolen token is impossible: only loopback, the service's port unreachable
+        r = await c.exec(env, f"ls /sys/class/net; exec 3<>/dev/tcp/127.0.0.1/{svc.port} && echo connected")
+        assert r.status == "failed" and r.stdout == "lo\n", r
+        await c.delete_environment(env)
+    assert docker_client.containers.list(all=True, filters={"label": "suite=docker-attack"}) == []
+
+
+async def test_another_environment_is_invisible(docker_client):
+    async with running_service(_docker_service()) as svc, svc.client() as c:
+        a, b = await c.create_environment(), await c.create_environment()
+        assert (await c.exec(a, "echo top-secret > /work/secret.txt")).ok
+        r = await c.exec(b, "cat /work/secret.txt ../*/secret.txt; find / -xdev -name secret.txt 2>/dev/null")
+        assert "top-secret" not in r.stdout and "secret.txt" not in r.stdout, r
+        assert (await c.exec(a, "cat /work/secret.txt")).stdout == "top-secret\n"  # the owner still has it
+        for e in (a, b):
+            await c.delete_environment(e)
+
+
+async def test_memory_of_the_environment_is_its_limit(docker_client):
+    async with running_service(_docker_service()) as svc, svc.client() as c:
+        env = await c.create_environment(memory_mb=128)
+        r = await c.exec(env, "python3 -c 'b = bytearray(1 << 30); print(len(b))'", timeout_s=60)
+        assert r.status == "failed" and r.exit_code == 137, r
+        ok = await c.exec(env, "python3 -c 'b = bytearray(32 << 20); print(len(b))'")
+        assert ok.ok and ok.stdout.strip() == str(32 << 20)
+        await c.delete_environment(env)
+        assert_whole(svc.runtime)
+
+
+async def test_a_fork_bomb_stops_at_the_pids_limit_and_nothing_outlives_the_action(docker_client):
+    async with running_service(_docker_service()) as svc, svc.client() as c:
+        env = await c.create_environment()
+        await c.exec(env, f"cat > forker.py <<'EOF'\n{FORKER}EOF")
+        r = await c.exec(env, "python3 forker.py", timeout_s=60)
+        assert r.ok, r
+        assert int(r.stdout) < DEFAULT_PIDS_MAX, r.stdout  # stopped by pids.max, not by the loop bound
+        assert find_pids("forker.py") == []  # container processes are host processes: all gone
+        left = (await c.exec(env, "ps -eo comm --no-headers")).stdout.split()
+        assert "python3" not in left and len(left) <= 6, left  # init, its sleep, this action's bash and ps
+        # the same bomb killed by its timeout: the kill itself must not need a fork (the pids are used up)
+        r = await c.exec(env, "python3 forker.py; sleep 60", timeout_s=3)
+        assert r.status == "timeout", r
+        assert find_pids("forker.py") == []
+        r = await c.exec(env, "ls forker.py; ps -eo comm --no-headers")  # files kept, nothing left running
+        assert r.ok and r.stdout.split()[0] == "forker.py", r
+        assert "python3" not in r.stdout.split() and "sleep" in r.stdout.split(), r
+        await c.delete_environment(env)
+        assert_whole(svc.runtime)
+
+
+async def test_no_way_out_of_the_container_cgroup_and_no_privilege_to_gain(docker_client):
+    async with running_service(_docker_service()) as svc, svc.client() as c:
+        env = await c.create_environment(labels={"suite": "docker-attack"})
+        cid = docker_client.containers.list(filters={"label": "suite=docker-attack"})[0].id
+        run = asyncio.ensure_future(c.exec(
+            env, "for g in cpuset memory pids; do echo $BASHPID > /sys/fs/cgroup/$g/cgroup.procs; done 2>&1; "
+                 "mount -t tmpfs none /mnt 2>&1; unshare -U true 2>&1; "
+                 f"setsid sleep {MARK} & echo started; wait", timeout_s=3))
+        for _ in range(100):
+            if find_pids(f"sleep {MARK}"):
+                break
+            await asyncio.sleep(0.05)
+        pids = find_pids(f"sleep {MARK}")
+        assert pids
+        for pid in pids:  # seen from the host: still in the container's own groups
+            with open(f"/proc/{pid}/cgroup") as f:
+                groups = [line.rstrip("\n").split(":", 2) for line in f]
+            for _, ctrls, path in groups:
+                if ctrls in ("cpuset", "memory", "pids"):
+                    assert cid in path, (ctrls, path)
+        r = await run
+        assert r.status == "timeout" and "started" in r.stdout, r
+        assert r.stdout.count("Read-only file system") == 3, r.stdout
+        assert "mount: " in r.stdout and "unshare: " in r.stdout, r.stdout  # no capability, no new namespace
+        assert find_pids(f"sleep {MARK}") == []  # the setsid'd sleep died with its action
+        await c.delete_environment(env)

@@ -64,14 +64,16 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # Every process of an action carries TANGRAM_ACTION_TOKEN=<token> in its
 # environment (set on the exec, inherited by all descendants, even one that
 # left the session with setsid): that is how the action's processes are found
-# inside the container to kill them. `grep -lzx` lists the /proc/<pid>/environ
-# files holding the token; pids are the path's middle part.
-_MARKED = (r'''for f in $(grep -lzx "TANGRAM_ACTION_TOKEN=$tok" /proc/[0-9]*/environ 2>/dev/null); do '''
-           r'''p=${f#/proc/}; p=${p%/environ}; [ "$p" != "$$" ] && kill -$sig $p 2>/dev/null; done''')
+# inside the container to kill them: every /proc/<pid>/environ holding an
+# entry matching $want gets $sig. Bash builtins only (mapfile, [[ ]], kill):
+# no fork, so it works when a fork bomb has used up the container's pids.
+_MARKED = ('for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; [ "$p" = "$$" ] && continue; '
+           '{ mapfile -d "" -t v < "$e"; } 2>/dev/null || continue; '
+           'for x in "${v[@]}"; do if [[ $x == $want ]]; then kill -$sig $p 2>/dev/null; break; fi; done; done')
 
 # $0 = the command, $1 = the token. Runs the command, then kills whatever it
 # left running (background jobs, daemons) so the action's cores are free.
-# The /proc scan (a grep fork, ~5 ms) runs only when a process appeared that
+# The /proc scan (reading every process's environ) runs only when a process appeared that
 # was not there before the command (bash globs and an associative array: no
 # fork on the common path). The wrapper itself is not marked (its exec
 # carries "<token>.w"): a kill leaves it alive to reap its child and end the
@@ -82,7 +84,7 @@ WRAPPER = (
     "TANGRAM_ACTION_TOKEN=$1 bash -c \"$0\"\n"
     "rc=$?\n"
     "for p in /proc/[0-9]*; do if [ -z \"${seen[$p]}\" ]; then\n"
-    "  tok=$1; sig=KILL\n  " + _MARKED + "\n  break\nfi; done\n"
+    "  want=\"TANGRAM_ACTION_TOKEN=$1\"; sig=KILL\n  " + _MARKED + "\n  break\nfi; done\n"
     "exit $rc\n"
 )
 
@@ -95,7 +97,9 @@ REAPER = ["/bin/bash", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait 
 
 # $1 = the token, $2 = the signal: signal every process of the action.
 # With KILL a second pass catches a child forked while the first one ran.
-KILLER = "tok=$1; sig=$2\n" + _MARKED + "\n[ $sig = KILL ] && { " + _MARKED + "; }\nexit 0\n"
+KILLER = "want=\"TANGRAM_ACTION_TOKEN=$1\"; sig=$2\n" + _MARKED + "\n[ $sig = KILL ] && { " + _MARKED + "; }\nexit 0\n"
+# every action's processes (a service that died left them): the wrappers too
+KILL_ALL = "want='TANGRAM_ACTION_TOKEN=*'; sig=KILL\n" + _MARKED + "\nexit 0\n"
 
 
 class DockerExecutor(EnvironmentExecutor):
@@ -285,10 +289,13 @@ class DockerExecutor(EnvironmentExecutor):
         return True
 
     def _kill_all_inside(self, cid: str) -> None:
+        self._run_inside(cid, ["bash", "-c", KILL_ALL])
+
+    def _run_inside(self, cid: str, argv: list[str]) -> None:
+        """Run a short control command in the container. It enters by attaching to the container's
+        cgroups, which ``pids.max`` does not limit (only forks inside it are), and forks nothing itself."""
         api = self.client.api
-        script = ('for f in $(grep -lz "^TANGRAM_ACTION_TOKEN=" /proc/[0-9]*/environ 2>/dev/null); do '
-                  'p=${f#/proc/}; p=${p%/environ}; [ "$p" != "$$" ] && kill -9 $p 2>/dev/null; done; exit 0')
-        ex = api.exec_create(cid, ["sh", "-c", script], stdout=True, stderr=True)
+        ex = api.exec_create(cid, argv, stdout=True, stderr=True)
         api.exec_start(ex["Id"])
 
     async def sweep_unrecorded(self, keep: set[str]) -> list[str]:
@@ -443,9 +450,7 @@ class DockerExecutor(EnvironmentExecutor):
         return out.decode(errors="replace"), err.decode(errors="replace"), rc, ex["Id"], truncated
 
     def _signal(self, cid: str, token: str, sig: str) -> None:
-        api = self.client.api
-        ex = api.exec_create(cid, ["sh", "-c", KILLER, "killer", token, sig], stdout=True, stderr=True)
-        api.exec_start(ex["Id"])
+        self._run_inside(cid, ["bash", "-c", KILLER, "killer", token, sig])
 
     async def _kill_inside(self, cid: str, token: str, run: asyncio.Future) -> None:
         """Kill the action's processes inside the container; return once its exec has ended.
