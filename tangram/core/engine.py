@@ -108,6 +108,11 @@ class Engine:
         # None when something else changed (a cancel, a tick, a new manager)
         self._unfit: dict[str, int] | None = None
         self._tail_key = float("-inf")  # the largest order key waiting after the last round
+        # whether the last round left every waiting action waiting for units (none by the
+        # policy's choice, e.g. an elastic action holding out for more cores), and the pools
+        # released since: a completion that frees no pool a waiting lane could use skips its round
+        self._settled = False
+        self._released: set[str] = set()
         self._nodes: tuple[str, ...] = ()
         self._nodes_of: tuple[set[str], tuple[str, ...]] | None = None
         self.rounds_skipped = 0
@@ -175,6 +180,9 @@ class Engine:
         if status == "succeeded" and rec.exec_s is not None:
             units = rec.dispatch.units.get(rec.action.key, 0) if rec.action.key else 0
             self.estimator.observe(rec.action, units, rec.exec_s)
+        if self._release_wakes_nothing():
+            self.rounds_skipped += 1
+            return []
         return self.schedule()
 
     def cancel(self, action_id: str) -> list[Started]:
@@ -229,7 +237,7 @@ class Engine:
 
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
-        self._unfit = None
+        self._unfit, self._settled = None, False
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
@@ -257,6 +265,7 @@ class Engine:
         )
 
     def schedule(self) -> list[Started]:
+        self._released.clear()
         if not self.waiting:
             self._unfit, self._tail_key = None, float("-inf")
             return []
@@ -265,6 +274,8 @@ class Engine:
         self._nodes = snap.nodes
         result = self.policy(snap)
         self._unfit = dict(result.unfit)
+        # an unfit entry for every pool: whatever still waits, waits for units, not by choice
+        self._settled = len(self._unfit) >= len(snap.pools) and self._unfit.keys() >= snap.pools.keys()
         self._tail_key = self._lanes.max_key()
         # buddy chunks are placed largest first, which is what the policy's packing assumed
         ordered = sorted(result.dispatches, key=lambda d: -d.units.get("gpu", 0))
@@ -320,6 +331,7 @@ class Engine:
         unfit = self._unfit
         for pname in rec.grants:
             self._owner[pname].release(pname, rec.action.id)
+            self._released.add(pname)
             if unfit is not None:
                 unfit.pop(pname, None)
         if rec.dispatch is not None:
@@ -334,6 +346,7 @@ class Engine:
         placed = self._placed_mem.pop(holder, None)
         if placed is not None:
             self._owner[placed[0]].release(placed[0], holder)
+            self._released.add(placed[0])
             if self._unfit is not None:
                 self._unfit.pop(placed[0], None)
 
@@ -375,6 +388,25 @@ class Engine:
         """The trajectory's node changed: its waiting CPU actions change lanes."""
         for aid in self._waiting_cpu_of.get(trajectory, ()):
             self._lanes.move(aid, self._lane(self.waiting[aid].action))
+
+    def _release_wakes_nothing(self) -> bool:
+        """Whether a round now would start nothing: the last one was settled and no
+        waiting lane can use a pool released since.
+
+        Exact, not a heuristic: candidate selection reads only free units, the
+        queue and placements, so with none of a lane's pools changed its actions
+        fail as they did (free units only shrank), the blocked heads reserve the
+        same pools, and the actions submitted since were skipped as unable to start.
+        The policy's time-dependent choices (holding out for more units) are
+        excluded by requiring a settled round.
+        """
+        if not self._settled or self._unfit is None or not self.waiting:
+            return False
+        released = self._released
+        for lane, _ in self._lanes.items():
+            if _lane_uses(lane, released):
+                return False
+        return True
 
     def _cannot_start(self, a: Action) -> bool:
         """Whether the last round's leftovers shut every pool ``a`` could start in."""
@@ -488,3 +520,23 @@ class Engine:
         yield from self.finished.values()
         yield from self.running.values()
         yield from self.waiting.values()
+
+
+def _lane_uses(lane: LaneKey, pools: set[str]) -> bool:
+    """Whether an action of ``lane`` could start in, or reserve, any of ``pools``.
+
+    A node-local demand of a placed trajectory uses its home node's pool; any
+    other node-local demand (and an unplaced trajectory's memory) every node's.
+    """
+    home, mem, demands = lane[:3]
+    for pname in pools:
+        rtype, _, node = pname.partition("@")
+        if not node:
+            if any(t == rtype for t, _ in demands):
+                return True
+        elif rtype == "mem":
+            if mem:
+                return True
+        elif any(t == rtype for t, _ in demands) and (home is None or rtype != "cpu" or home == node):
+            return True
+    return False
