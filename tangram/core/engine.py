@@ -157,8 +157,9 @@ class Engine:
         """Queue ``action`` (rejecting a demand that can never fit) and schedule."""
         if action.id in self.waiting or action.id in self.running or action.id in self.finished:
             raise UnschedulableError("id", f"action {action.id!r} was already submitted")
-        self.check_feasible(action)
-        action = self.estimator.refine(self.cap_to_capacity(action))  # a stale profile heals online
+        pools = self.pool_states()
+        self.check_feasible(action, pools)
+        action = self.estimator.refine(self.cap_to_capacity(action, pools))  # a stale profile heals online
         rec = ActionRecord(action, submitted_at=self.clock())
         key = self._enqueue(rec)
         if key >= self._tail_key and self._cannot_start(action):
@@ -430,9 +431,9 @@ class Engine:
     # ------------------------------------------------------------------ #
     # feasibility and checks
 
-    def check_feasible(self, action: Action) -> None:
+    def check_feasible(self, action: Action, pools: Mapping[str, PoolState] | None = None) -> None:
         """Reject a demand that no node can ever satisfy (never queued)."""
-        pools = self.pool_states()
+        pools = self.pool_states() if pools is None else pools
         nodes = self.nodes(pools)
         for rtype, demand in action.demands.items():
             if rtype.startswith("api:"):
@@ -458,13 +459,13 @@ class Engine:
         where = f"trajectory's node {bound!r}" if bound is not None else "any node"
         raise UnschedulableError(f"resources.{reasons[0][0]}", f"{where} can never fit it: {reasons[0][1]}")
 
-    def cap_to_capacity(self, action: Action) -> Action:
+    def cap_to_capacity(self, action: Action, pools: Mapping[str, PoolState] | None = None) -> Action:
         """``action`` with every demand's max lowered to the largest pool that could host it.
 
         A range like ``{"min": 1, "max": 1000000}`` means "as many as you can give":
         the policy then sees at most a node's worth of options, whatever was asked.
         """
-        pools = self.pool_states()
+        pools = self.pool_states() if pools is None else pools
         capped: dict[str, Demand] = {}
         for rtype, d in action.demands.items():
             caps = [p.capacity for p in pools.values() if p.rtype == rtype]

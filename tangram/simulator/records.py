@@ -13,6 +13,8 @@ class _Item:
     cls: ActionClass
     t1: float  # true single-unit duration (service scale applied)
     service: str | None
+    lb: float = 0.0  # its fastest feasible run, never queued
+    work: float = 0.0  # the fewest unit-seconds it can run in
 
 
 @dataclass(slots=True, eq=False)

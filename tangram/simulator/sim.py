@@ -161,7 +161,9 @@ class Simulation:
         t1 = cls.duration.draw(rng)
         if svc is not None:
             t1 *= self.wl.services[svc].t1_scale
-        return _Item(gen_s, cls, t1, svc)
+        it = _Item(gen_s, cls, t1, svc)
+        it.lb, it.work = self._bounds(it)
+        return it
 
     # ------------------------------------------------------------------ #
     # actions
@@ -183,19 +185,14 @@ class Simulation:
             opts = self._dops[key] = np.asarray(opts, dtype=np.float64)
         return opts
 
-    def _lower_bound(self, it: _Item) -> float:
-        """The action's fastest feasible run, never queued."""
-        return float(self._true_durations(it).min())
-
-    def _min_work(self, it: _Item) -> float:
-        """The fewest unit-seconds the action can run in (the pooled bound's job size)."""
-        return float((self._true_durations(it) * self._feasible_dops(it)).min())
-
-    def _true_durations(self, it: _Item) -> np.ndarray:
+    def _bounds(self, it: _Item) -> tuple[float, float]:
+        """The action's fastest feasible run (never queued), and the fewest unit-seconds
+        it can run in (the pooled bound's job size)."""
         dops = self._feasible_dops(it)
-        if it.cls.elasticity is None:
-            return np.full(len(dops), it.t1)
-        return it.cls.elasticity.durations(it.t1, dops)
+        if it.cls.elasticity is None:  # the same duration at every DoP
+            return it.t1, it.t1 * float(dops.min())
+        durations = it.cls.elasticity.durations(it.t1, dops)
+        return float(durations.min()), float((durations * dops).min())
 
     def _action(self, rec: _Rec) -> Action:
         it, tr = rec.item, rec.traj
@@ -248,7 +245,7 @@ class Simulation:
             self._left = len(trajs)
             self._lb_steps = 0.0
             for tr in trajs:
-                self._lb_steps = max(self._lb_steps, sum(i.gen_s + self._lower_bound(i) for i in tr.items))
+                self._lb_steps = max(self._lb_steps, sum(i.gen_s + i.lb for i in tr.items))
                 if tr.items:
                     self._push(step_start + tr.items[0].gen_s, GEN, tr)
                 else:
@@ -292,8 +289,8 @@ class Simulation:
     def _on_gen(self, tr: _Traj) -> None:
         it = tr.items[tr.idx]
         rec = _Rec(f"{tr.id}/a{tr.idx}", tr, it, it.cls.rtype, self.now)
-        rec.lb = self._lower_bound(it)
-        rec.work = self._min_work(it)
+        rec.lb = it.lb
+        rec.work = it.work
         if it.cls.rtype == "cpu" and self.spec.cpu_mode == "pod":
             if tr.pod is None:
                 tr.pod = "pending"
