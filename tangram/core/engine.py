@@ -278,6 +278,8 @@ class Engine:
         # an unfit entry for every pool: whatever still waits, waits for units, not by choice
         self._settled = len(self._unfit) >= len(snap.pools) and self._unfit.keys() >= snap.pools.keys()
         self._tail_key = self._lanes.max_key()
+        if len(result.dispatches) <= 1:  # most rounds: nothing to order
+            return [self._start(d) for d in result.dispatches]
         # buddy chunks are placed largest first, which is what the policy's packing assumed
         ordered = sorted(result.dispatches, key=lambda d: -d.units.get("gpu", 0))
         started = [self._start(d) for d in ordered]

@@ -30,7 +30,11 @@ LaneKey = tuple
 
 
 class Lanes:
-    """Waiting entries ``(order key, arrival seq, action)`` grouped by lane."""
+    """Waiting entries ``(order key, arrival seq, action)`` grouped by lane.
+
+    Entries compare as plain tuples: the arrival sequence is unique, so the
+    action itself is never compared.
+    """
 
     __slots__ = ("_lanes", "_where", "_seq")
 
@@ -48,7 +52,7 @@ class Lanes:
     def add(self, action: Action, lane: LaneKey, key: float) -> None:
         self._seq += 1
         entry = (key, self._seq, action)
-        self._lanes.setdefault(lane, SortedList(key=_sort_key)).add(entry)
+        self._lanes.setdefault(lane, SortedList()).add(entry)
         self._where[action.id] = (lane, entry)
 
     def discard(self, action_id: str) -> None:
@@ -67,12 +71,12 @@ class Lanes:
         if hit is None or hit[0] == lane:
             return
         self.discard(action_id)
-        self._lanes.setdefault(lane, SortedList(key=_sort_key)).add(hit[1])
+        self._lanes.setdefault(lane, SortedList()).add(hit[1])
         self._where[action_id] = (lane, hit[1])
 
     def in_order(self) -> list[Action]:
         """Every waiting action in the order a round would read them (O(n log n): introspection)."""
-        return [e[2] for e in sorted((e for entries in self._lanes.values() for e in entries), key=_sort_key)]
+        return [e[2] for e in sorted((e for entries in self._lanes.values() for e in entries))]
 
     def max_key(self) -> float:
         """The largest order key waiting (-inf when empty)."""
@@ -88,10 +92,6 @@ class Lanes:
     def view(self, take: Callable[[LaneKey], int]) -> "LanesView":
         """The first ``take(lane)`` actions of every lane, merged in order."""
         return LanesView(self, take)
-
-
-def _sort_key(entry: tuple) -> tuple:
-    return entry[0], entry[1]
 
 
 class LanesView:
@@ -121,7 +121,7 @@ class LanesView:
                 parts.append(islice(entries, n))
         if len(parts) == 1:
             return iter(parts[0])
-        return heapq.merge(*parts, key=_sort_key)
+        return heapq.merge(*parts)
 
     @property
     def keys(self) -> "OrderKeys":
