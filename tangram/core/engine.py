@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Sequence
@@ -117,7 +118,9 @@ class Engine:
         self._nodes_of: tuple[set[str], tuple[str, ...]] | None = None
         self.rounds_skipped = 0
         self.running: dict[str, ActionRecord] = {}
-        self.finished: dict[str, ActionRecord] = {}
+        # oldest first; an OrderedDict drops its oldest in O(1) (a dict's first key after
+        # many pops from the front is found by a scan over the deleted slots)
+        self.finished: OrderedDict[str, ActionRecord] = OrderedDict()
         self.placement: dict[str, str] = {}  # trajectory -> node
         self._placed_mem: dict[str, tuple[str, int]] = {}  # holder -> (mem pool, MiB)
         # pool -> action id -> (estimated end, units), in start order: the snapshot's
@@ -328,7 +331,7 @@ class Engine:
         self._release_grants(rec)
         self.finished[rec.action.id] = rec
         if len(self.finished) > self._keep_finished:
-            self.finished.pop(next(iter(self.finished)))
+            self.finished.popitem(last=False)
 
     def _release_grants(self, rec: ActionRecord) -> None:
         unfit = self._unfit
