@@ -24,9 +24,10 @@ to them, the ratios below are whatever the simulation gives):
                    tangram on a measure is listed under ``losses``
 
 Every result carries the lower bound (each action at its fastest feasible
-allocation, never queued, no restore or set-up) and the overload-aware bound
+allocation, never queued, no restore or set-up), the overload-aware bound
 (``tangram.simulator.bounds``: SRPT on one pooled machine per resource type)
-so the distance to the limit is visible at every load. Writes ``results.json`` and one PNG per experiment into ``--out``.
+and the memory bound (the least wait for the sandboxes' memory slots), so the
+distance to the limit is visible at every load. Writes ``results.json`` and one PNG per experiment into ``--out``.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
 KEEP = ("policy", "workload", "trajectories", "actions", "mean_act_s", "p50_act_s", "p99_act_s", "mean_queue_s",
         "mean_exec_s", "mean_setup_s", "mean_restore_s", "step_time_s", "job_step_time_s", "lower_bound_mean_act_s",
         "lower_bound_step_time_s", "failed", "retries", "by_kind", "pools", "gpu_restores", "gpu_cache_hits",
-        "overload_bound_mean_act_s", "restore_share_of_exec")
+        "overload_bound_mean_act_s", "memory_bound_mean_act_s", "memory_bound_step_time_s", "restore_share_of_exec")
 
 
 def log(msg: str) -> None:
@@ -202,6 +203,8 @@ def load_sweep(cfg, seed):
             rows.append({"batch": b, "results": res, "losses": losses,
                          "lower_bound_mean_act_s": t["lower_bound_mean_act_s"],
                          "overload_bound_mean_act_s": t["overload_bound_mean_act_s"],
+                         "memory_bound_mean_act_s": t.get("memory_bound_mean_act_s"),
+                         "memory_bound_step_time_s": t.get("memory_bound_step_time_s"),
                          "restore_share_of_exec": {p: r.get("restore_share_of_exec") for p, r in res.items()}})
         out["workloads"][name] = {"policies": pols, "rows": rows}
     return out
@@ -210,8 +213,8 @@ def load_sweep(cfg, seed):
 def sweep_markdown(sweep: dict) -> str:
     """One table per workload: tangram and the best baseline per measure, the bounds, the losses."""
     lines = ["| workload | batch | tangram mean / p99 / step (s) | best baseline mean / p99 / step (s) "
-             "| pooled bound | no-queue bound | restore share | tangram loses on |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| pooled bound | memory bound mean / step | no-queue bound | restore share | tangram loses on |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, w in sweep["workloads"].items():
         for row in w["rows"]:
             res, t = row["results"], row["results"]["tangram"]
@@ -221,9 +224,11 @@ def sweep_markdown(sweep: dict) -> str:
                 best.append(f"{r[m]:.1f} ({p})")
             lost = ", ".join(f"{x['measure'][:-2]} vs {x['policy']} ({x['ratio']}x)" for x in row["losses"]) or "nothing"
             share = t.get("restore_share_of_exec") or 0.0
+            mem = (f"{row['memory_bound_mean_act_s']:.2f} / {row['memory_bound_step_time_s']:.0f}"
+                   if row.get("memory_bound_mean_act_s") is not None else "-")
             lines.append(f"| {name} | {row['batch']} | {t['mean_act_s']:.1f} / {t['p99_act_s']:.1f} / "
                          f"{t['step_time_s']:.0f} | {' / '.join(best)} | {row['overload_bound_mean_act_s']:.2f} "
-                         f"| {row['lower_bound_mean_act_s']:.2f} | {share:.0%} | {lost} |")
+                         f"| {mem} | {row['lower_bound_mean_act_s']:.2f} | {share:.0%} | {lost} |")
     return "\n".join(lines) + "\n"
 
 
@@ -241,6 +246,10 @@ def _plot_sweep(sweep: dict, out: Path, plt) -> list[str]:
             if m == "mean_act_s":
                 ax.plot(x, [r["lower_bound_mean_act_s"] for r in rows], "k:", label="no-queueing bound")
                 ax.plot(x, [r["overload_bound_mean_act_s"] for r in rows], "k-.", label="pooled SRPT bound")
+                if any(r.get("memory_bound_mean_act_s") for r in rows):
+                    ax.plot(x, [r.get("memory_bound_mean_act_s") for r in rows], "k--", label="memory-slot bound")
+            if m == "step_time_s" and any(r.get("memory_bound_step_time_s") for r in rows):
+                ax.plot(x, [r.get("memory_bound_step_time_s") for r in rows], "k--", label="memory-slot bound")
             ax.set(xlabel="batch (trajectories)", ylabel=titles[m], xscale="log", yscale="log")
         axes[0].legend(fontsize=7)
         fig.suptitle(f"Load sweep: {name}")

@@ -68,6 +68,8 @@ class Simulation:
         self.busy: dict[str, float] = {}
         self.step_times: list[float] = []
         self.lb_step: list[float] = []  # per step: the longest trajectory's lower bound
+        # per step: (releases, holds, step start) of the trajectories that reserve memory (bounds.memory_*)
+        self.mem_scripts: list[tuple[list[float], list[float], float]] = []
         self.job_step_times: dict[str, list[float]] = {j.name: [] for j in workload.jobs}
         self._dops: dict[tuple, np.ndarray] = {}
         self._build_engine(c)
@@ -185,6 +187,28 @@ class Simulation:
             opts = self._dops[key] = np.asarray(opts, dtype=np.float64)
         return opts
 
+    def _memory_script(self, tr: _Traj, step_start: float) -> None:
+        """(earliest placement, fewest seconds held) of a trajectory that reserves memory."""
+        if not tr.job.memory_mb:
+            return
+        t = step_start
+        for k, it in enumerate(tr.items):
+            t += it.gen_s
+            if it.cls.rtype == "cpu":
+                releases, holds, _ = self.mem_scripts[-1]
+                releases.append(t)
+                holds.append(it.lb + sum(i.gen_s + i.lb for i in tr.items[k + 1:]))
+                return
+            t += it.lb
+
+    def memory_slots(self) -> int:
+        """Trajectories the CPU nodes' memory holds at once (the smallest reservation's count)."""
+        c = self.wl.cluster
+        sizes = [j.memory_mb for j in self.wl.jobs if j.memory_mb and any(cl.rtype == "cpu" for cl in j.actions + j.rewards)]
+        if not sizes or not c.cpu_nodes:
+            return 0
+        return c.cpu_nodes * int(c.mem_gb_per_node * 1024 // min(sizes))
+
     def _bounds(self, it: _Item) -> tuple[float, float]:
         """The action's fastest feasible run (never queued), and the fewest unit-seconds
         it can run in (the pooled bound's job size)."""
@@ -244,8 +268,10 @@ class Simulation:
             trajs = self._scripts(step)
             self._left = len(trajs)
             self._lb_steps = 0.0
+            self.mem_scripts.append(([], [], step_start))
             for tr in trajs:
                 self._lb_steps = max(self._lb_steps, sum(i.gen_s + i.lb for i in tr.items))
+                self._memory_script(tr, step_start)
                 if tr.items:
                     self._push(step_start + tr.items[0].gen_s, GEN, tr)
                 else:

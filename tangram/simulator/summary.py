@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from tangram.simulator.bounds import pooled_bound_mean
+from tangram.simulator.bounds import memory_makespan_bound, memory_wait_bound, pooled_bound_mean
 
 
 def summarize(sim: Any) -> dict[str, Any]:
@@ -71,6 +71,8 @@ def summarize(sim: Any) -> dict[str, Any]:
         "restore_share_of_exec": (float(sum(r.restore_s for r in recs) / max(sum(r.restore_s + r.run_s for r in recs), 1e-12))
                                   if recs else 0.0),
         "lower_bound_step_time_s": float(np.mean(sim.lb_step)) if sim.step_times else 0.0,
+        # what any scheduler must make trajectories wait for the memory they hold (tangram.simulator.bounds)
+        **_memory_bounds(sim, float(lb.sum()), len(recs)),
         "failed": sum(1 for r in recs if r.failed),
         # failed calls end early (the tool returns an error): the mean over successful ones
         "mean_act_ok_s": float(np.mean([r.end - r.submit for r in recs if not r.failed])) if recs else 0.0,
@@ -108,3 +110,14 @@ def _pooled_capacity(sim: Any) -> dict[str, float]:
     cap["cpu"] = float(c.total_cores)
     cap["gpu"] = float(c.total_gpus)  # the whole cluster, whatever a baseline dedicates
     return cap
+
+
+def _memory_bounds(sim: Any, lb_sum: float, n: int) -> dict[str, float]:
+    """Mean ACT and step time no scheduler can beat, given the trajectories' memory
+    reservations: each action's fastest run plus the least total wait for a memory slot."""
+    slots = sim.memory_slots()
+    waits = sum(memory_wait_bound(r, h, slots, s0) for r, h, s0 in sim.mem_scripts)
+    spans = [max(lb, memory_makespan_bound(r, h, slots, s0)) for (r, h, s0), lb in zip(sim.mem_scripts, sim.lb_step)]
+    return {"memory_bound_mean_act_s": (lb_sum + waits) / n if n else 0.0,
+            "memory_bound_step_time_s": float(np.mean(spans)) if spans else 0.0}
+
