@@ -9,8 +9,8 @@ soonest, fixed ones their minimum.
 """
 from __future__ import annotations
 
-import heapq
 import math
+from bisect import insort
 
 from tangram.core.model import Action
 from tangram.policy.rows import duration as _duration
@@ -58,16 +58,21 @@ def completions(items) -> list:
     return [(f if f > 0.0 else 0.0, u) for f, u in items]
 
 
-def estimate_from(heap: list, free_units: int, waiters: list, explore: int) -> float:
+def estimate_from(ends: list, free_units: int, waiters: list, explore: int) -> float:
     """:func:`estimate_rest` of pairs already passed through :func:`completions` (the list
-    becomes the estimate's heap: the caller hands over a fresh one)."""
-    heapq.heapify(heap)
-    return _walk(heap, free_units, 0.0, waiters, 0, explore)
+    becomes the estimate's own: the caller hands over a fresh one)."""
+    ends.sort()
+    return _walk(ends, 0, free_units, 0.0, waiters, 0, explore)
 
 
-def _walk(heap, free, now, waiters, i, explore) -> float:
+# The completions are kept as a sorted list read from index ``k`` on, not as a
+# heap: the earliest-finish choice looks ahead without taking, and a new
+# completion (never earlier than the current time, so never before index k)
+# goes in with one bisection. Taking in sorted order is what a heap's pops do.
+
+
+def _walk(ends, k, free, now, waiters, i, explore) -> float:
     total = 0.0
-    push, pop = heapq.heappush, heapq.heappop
     n = len(waiters)
     if explore > 0:
         while i < n:
@@ -75,17 +80,17 @@ def _walk(heap, free, now, waiters, i, explore) -> float:
             if options is not None:
                 best = math.inf
                 for u, d in options:
-                    h = heap[:]
-                    f, t = _start_time(h, free, now, u)
+                    h = ends[k:]
+                    f, t, j = _start_time(h, 0, free, now, u)
                     end = t + d
-                    push(h, (end, u))
-                    rest = end + _walk(h, f - u, t, waiters, i + 1, explore - 1)
+                    insort(h, (end, u), j)
+                    rest = end + _walk(h, j, f - u, t, waiters, i + 1, explore - 1)
                     if rest < best:
                         best = rest
                 return total + best
-            free, now = _start_time(heap, free, now, umin)
+            free, now, k = _start_time(ends, k, free, now, umin)
             total += now + dmin
-            push(heap, (now + dmin, umin))
+            insort(ends, (now + dmin, umin), k)
             free -= umin
             i += 1
         return total
@@ -93,57 +98,68 @@ def _walk(heap, free, now, waiters, i, explore) -> float:
     # minimum; an elastic one the count that ends it soonest, as a round would give
     # it on its own (its minimum made "wait for many units" look worse than "start
     # now on one" whenever a node was briefly full)
+    size = len(ends)
     for umin, dmin, options in (waiters[i:] if i else waiters):
         if options is not None and len(options) > 1:
-            umin, dmin = _earliest_finish(heap, free, now, options)
-        while free < umin:  # _start_time, inlined
-            if not heap:
-                free = umin
-                break
-            t, u = pop(heap)
-            free += u
-            if t > now:
-                now = t
+            umin, dmin, free, now, k = _take_earliest(ends, k, free, now, options)
+        else:
+            while free < umin:  # _start_time, inlined
+                if k == size:
+                    free = umin
+                    break
+                t, u = ends[k]
+                k += 1
+                free += u
+                if t > now:
+                    now = t
         end = now + dmin
         total += end
-        push(heap, (end, umin))
+        insort(ends, (end, umin), k)
+        size += 1
         free -= umin
     return total
 
 
-def _earliest_finish(heap, free, now, options):
-    """The ``(units, duration)`` among ``options`` (ascending units) whose start, when
-    the completions in ``heap`` have freed its units, plus duration is smallest.
-    Reads the heap only."""
-    ends = sorted(heap)
-    best, best_end, k, n = options[0], math.inf, 0, len(ends)
+def _take_earliest(ends, k, free, now, options):
+    """The ``(units, duration)`` among ``options`` (ascending units) that ends soonest
+    (the smallest on a tie), started as _start_time would start it; returns
+    ``(units, duration, free, start, k)`` with the completions it waited for taken.
+
+    Each option needs the completions the one before needed, and more: one
+    pass reads ahead from ``k`` without taking anything.
+    """
+    size = len(ends)
+    best = None
+    best_end = math.inf
     for u, d in options:
         while free < u:
-            if k == n:  # as _start_time: units the estimate does not know of are free
+            if k == size:  # as _start_time: units the estimate does not know of are free
                 free = u
                 break
             t, got = ends[k]
+            k += 1
             free += got
             if t > now:
                 now = t
-            k += 1
-        if now + d < best_end:
-            best, best_end = (u, d), now + d
+        if best is None or now + d < best_end:
+            best, best_end = (u, d, free, now, k), now + d
     return best
 
 
-def _start_time(heap, free, now, units):
-    """Pop completions until ``units`` are free; returns (free, start time).
+def _start_time(ends, k, free, now, units):
+    """Take completions from index ``k`` until ``units`` are free; returns (free, start time, k).
 
-    An empty heap with too few units means the pool's accounting is not all
-    known to the estimate (units held outside the engine): assume they are
-    free rather than waiting forever.
+    No completion left with too few units means the pool's accounting is not
+    all known to the estimate (units held outside the engine): assume they
+    are free rather than waiting forever.
     """
+    size = len(ends)
     while free < units:
-        if not heap:
-            return units, now
-        t, u = heapq.heappop(heap)
+        if k == size:
+            return units, now, k
+        t, u = ends[k]
+        k += 1
         free += u
         if t > now:
             now = t
-    return free, now
+    return free, now, k
