@@ -395,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", choices=sorted(EXPERIMENTS), help="run only these experiments")
     p.add_argument("--sweep-workloads", nargs="*", help="load_sweep: only these workloads (default: every built-in)")
     p.add_argument("--sweep-batches", nargs="*", type=int, help="load_sweep: these batch sizes instead")
+    p.add_argument("--merge", action="store_true",
+                   help="update --out's results.json: replace the experiments run (load_sweep: the workloads run), "
+                        "keep the rest, redraw every plot")
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.sweep_workloads:
@@ -404,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"mode": "smoke" if args.smoke else "quick" if args.quick else "full", "seed": args.seed, "config": cfg}
+    previous = json.loads((out / "results.json").read_text()) if args.merge and (out / "results.json").exists() else {}
     t0 = time.perf_counter()
     for name, fn in EXPERIMENTS.items():
         if args.only and name not in args.only:
@@ -412,12 +416,41 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = fn(cfg, args.seed)
         (out / "results.json").write_text(json.dumps(results, indent=1))
     results["wall_s"] = round(time.perf_counter() - t0, 1)
+    if args.merge:
+        results = merge_results(out / "results.json", results, previous)
     results["plots"] = plot(results, out)
     if "load_sweep" in results:
         (out / "load_sweep.md").write_text(sweep_markdown(results["load_sweep"]))
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(headline(results)))
     return 0
+
+
+def merge_results(path: Path, new: dict, old: dict) -> dict:
+    """``old`` with the experiments of ``new`` in place of its own; a load sweep merges per workload.
+
+    Each merged experiment keeps the mode, seed and config it was run with
+    (``runs``), so a file assembled from several runs says which is which.
+    """
+    merged = dict(old)
+    runs = list(old.get("runs", []))
+    for name in EXPERIMENTS:
+        if name not in new:
+            continue
+        if name == "load_sweep" and "load_sweep" in old:
+            sweep = dict(old["load_sweep"])
+            sweep["workloads"] = {**old["load_sweep"]["workloads"], **new["load_sweep"]["workloads"]}
+            merged[name] = sweep
+        else:
+            merged[name] = new[name]
+        what = sorted(new["load_sweep"]["workloads"]) if name == "load_sweep" else None
+        runs.append({"experiment": name, "mode": new["mode"], "seed": new["seed"], "config": new["config"],
+                     **({"workloads": what} if what else {})})
+    merged["runs"] = runs
+    for k in ("mode", "seed", "config"):
+        merged.setdefault(k, new[k])
+    merged["wall_s"] = new.get("wall_s")
+    return merged
 
 
 def headline(r: dict) -> dict:

@@ -85,7 +85,7 @@ def test_every_search_and_gpu_action_completes(policy):
 
 
 def test_mopd_and_shared_pool_complete():
-    for name in ("mopd", "mopd+search"):
+    for name in ("mopd", "mopd-skewed", "mopd+search"):
         wl = load_workload(name).with_batch(12)
         for policy in ("tangram", "static-services", "serverless"):
             res = simulate(wl, policy, seed=0, check=True)

@@ -12,7 +12,7 @@ def register(sub) -> None:
         description="Drive the real engine and policy on a virtual clock with simulated executors.",
     )
     p.add_argument("--workload", required=True,
-                   help="built-in name (ai-coding, cpu-contended, deepsearch, mopd, mopd+search) or a YAML file")
+                   help="built-in name (ai-coding, cpu-contended, deepsearch, mopd, mopd-skewed, mopd+search) or a YAML file")
     p.add_argument("--policy", default="tangram",
                    help="tangram, tangram:fcfs|aging (queue order), trajectory, fixed-dop:N, static-services, "
                         "serverless, api-naive, or all")
