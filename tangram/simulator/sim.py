@@ -126,7 +126,8 @@ class Simulation:
                 api[f"api:{p.name}"] = ApiLimit(concurrency=10**9)
             else:
                 api[f"api:{p.name}"] = ApiLimit(concurrency=p.concurrency, quota=p.quota,
-                                               period_s=p.period_s if p.quota is not None else None, window=FIXED)
+                                               period_s=p.period_s if p.quota is not None else None, window=FIXED,
+                                               arrival_margin_s=p.arrival_margin_s if p.quota is not None else None)
             self.capacity[f"api:{p.name}"] = p.concurrency if p.concurrency is not None else p.quota
         self._has_quota = any(lim.quota is not None for lim in api.values())
         if api:

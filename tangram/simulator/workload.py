@@ -22,7 +22,7 @@ see :mod:`tangram.simulator.dists`)::
     rewards: {<class>: ...}       # run in order at the trajectory's end
     services: {<name>: {size_gb, t1_scale}}      # GPU models (DoPs follow from memory)
     cluster: {cpu_nodes, cores_per_node, mem_gb_per_node, gpu_nodes, gpus_per_node,
-              gpu_mem_gb, restore_gbps, api: {<name>: {concurrency, quota, period_s}}}
+              gpu_mem_gb, restore_gbps, api: {<name>: {concurrency, quota, period_s, arrival_margin_s}}}
     baselines: {trajectory: {pod_cores, start_s, start_per_concurrent_s},
                 static_services: {<service>: {dop, replicas}}, serverless: {load_gbps},
                 api_naive: {reject_s, backoff_s, backoff_max_s, max_retries}, compare: [policies]}
@@ -52,6 +52,10 @@ class ApiPool:
     concurrency: int | None
     quota: int | None
     period_s: float
+    # how late after dispatch the provider can receive a call (ApiLimit.arrival_margin_s);
+    # None: the managed quota counts a call until its answer. The simulated provider
+    # receives a call at its dispatch, within any margin.
+    arrival_margin_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,15 +275,17 @@ def parse_cluster(raw: Any, f: str) -> Cluster:
         pf = f"{f}.api.{pname}"
         if not isinstance(lim, dict):
             raise WorkloadError(pf, "expected a mapping with concurrency and/or quota + period_s")
-        unknown = set(lim) - {"concurrency", "quota", "period_s", "source"}
+        unknown = set(lim) - {"concurrency", "quota", "period_s", "arrival_margin_s", "source"}
         if unknown:
-            raise WorkloadError(f"{pf}.{sorted(unknown)[0]}", "unknown key (expected concurrency, quota, period_s)")
+            raise WorkloadError(f"{pf}.{sorted(unknown)[0]}",
+                                "unknown key (expected concurrency, quota, period_s, arrival_margin_s)")
         conc = _int(lim["concurrency"], f"{pf}.concurrency", minimum=1) if "concurrency" in lim else None
         quota = _int(lim["quota"], f"{pf}.quota", minimum=1) if "quota" in lim else None
         if conc is None and quota is None:
             raise WorkloadError(pf, "needs concurrency and/or quota")
         period = _num(lim.get("period_s", 1.0), f"{pf}.period_s", positive=True, allow_zero=False)
-        api.append(ApiPool(str(pname), conc, quota, period))
+        margin = _num(lim["arrival_margin_s"], f"{pf}.arrival_margin_s", positive=True) if "arrival_margin_s" in lim else None
+        api.append(ApiPool(str(pname), conc, quota, period, margin))
     c = Cluster(
         cpu_nodes=_int(raw.get("cpu_nodes", 0), f"{f}.cpu_nodes"),
         cores_per_node=_int(raw.get("cores_per_node", 0), f"{f}.cores_per_node"),
