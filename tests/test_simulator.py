@@ -233,3 +233,26 @@ def test_errors_are_workload_errors():
     with pytest.raises(WorkloadError) as ei:
         parse_cluster({"cpu_nodes": 1, "cores_per_node": 4, "api": {"s": {}}}, "cluster")
     assert ei.value.field == "cluster.api.s"
+
+
+def test_arrival_margin_frees_quota_sooner_and_stays_within_the_providers_limit():
+    base = load_workload("deepsearch").with_batch(128)
+    searches = {}
+    for margin in (None, 0.05):
+        # a quota of 8 calls a second, so that it binds at this batch
+        api = tuple(replace(p, quota=8, arrival_margin_s=margin) if p.quota else p for p in base.cluster.api)
+        res = simulate(base.with_cluster(replace(base.cluster, api=api)), "tangram", seed=0)
+        assert res.summary["retries"] == 0 and res.summary["failed"] == 0
+        starts = [r.start for r in res.records if r.rtype == "api:search"]
+        # the simulated provider counts a call at its dispatch, in fixed windows of period_s from 0
+        per_window = {}
+        for t in starts:
+            per_window[int(t // 1.0)] = per_window.get(int(t // 1.0), 0) + 1
+        assert max(per_window.values()) <= 8
+        searches[margin] = res.summary["by_class"]["search"]["mean_act_s"]
+    # without a margin a call counts until its answer, so in two windows whenever it spans a boundary
+    assert searches[0.05] < searches[None]
+    with pytest.raises(WorkloadError) as ei:
+        parse_cluster({"cpu_nodes": 1, "cores_per_node": 4,
+                       "api": {"s": {"quota": 5, "period_s": 1, "arrival_margin_s": -1}}}, "cluster")
+    assert ei.value.field == "cluster.api.s.arrival_margin_s"
