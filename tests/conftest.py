@@ -32,6 +32,28 @@ pytest.importorskip = _importorskip_or_fail
 
 
 # --------------------------------------------------------------------------
+# Durable state: `tangram serve` keeps it under ~/.local/state/tangram/<nodes' key> unless told
+# otherwise; every test gets a directory of its own (made by the service if it needs one), so
+# services of different tests never share, nor find each other's environments
+# --------------------------------------------------------------------------
+@pytest.fixture(scope="session", autouse=True)
+def _no_state_in_home(tmp_path_factory):
+    """Services a module-scoped fixture starts (before the per-test directory below is set) keep their
+    default state under the session's temporary directory, never in the user's home."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-state"))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path_factory, monkeypatch):
+    import uuid
+
+    monkeypatch.setenv("TANGRAM_STATE_DIR", str(tmp_path_factory.getbasetemp() / f"state-{uuid.uuid4().hex[:12]}"))
+
+
+# --------------------------------------------------------------------------
 # Docker Engine
 # --------------------------------------------------------------------------
 def _start_docker_engine() -> str:

@@ -208,3 +208,94 @@ def test_a_version_1_state_database_migrates_forward(tmp_path):
     store.close()
     with pytest.raises(StateError, match="newer than this tangram"):
         StateStore(str(tmp_path))
+
+
+async def test_several_nodes_sigkill_then_restart_reattaches_each_environment_on_its_own_node(tmp_path):
+    """Each environment's node is recorded when it is made there (its first action); a restart reattaches
+    it on that node, pinned, with its memory reserved there, and one that never ran waits to be placed."""
+    cores = sorted(os.sched_getaffinity(0))
+    cfg = tmp_path / "c.yaml"  # two nodes of 1 GiB: two environments of 800 MiB cannot share one
+    cfg.write_text("cpu_nodes:\n"
+                   f"  - {{name: na, executor: local, cores: [{cores[0]}], memory_mb: 1024}}\n"
+                   f"  - {{name: nb, executor: local, cores: [{cores[-1]}], memory_mb: 1024}}\n"
+                   "gpu_nodes: []\n")
+    state = tmp_path / "state"
+    proc, url = _serve(state, cfg)
+    try:
+        async with aiohttp.ClientSession() as s:
+            envs = [(await _j(await s.post(f"{url}/v1/environments", json={"memory_mb": 800})))[1]["id"]
+                    for _ in range(2)]
+            idle = (await _j(await s.post(f"{url}/v1/environments", json={"memory_mb": 800})))[1]["id"]
+            where = {}
+            for e in envs:
+                st, r = await _j(await s.post(f"{url}/v1/actions", json={
+                    "kind": "exec", "environment": e, "command": f"echo {e} > mine.txt; pwd"}))
+                assert r["status"] == "succeeded", r
+                where[e] = r["allocation"]["node"]
+            assert sorted(where.values()) == ["na", "nb"]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc, url = _serve(state, cfg)
+        async with aiohttp.ClientSession() as s:
+            st, listed = await _j(await s.get(f"{url}/v1/environments"))
+            assert sorted(e["id"] for e in listed["environments"]) == sorted(envs + [idle])
+            # pinned and reserved before any action: each node's memory holds its environment's 800 MiB
+            st, stats = await _j(await s.get(f"{url}/v1/stats"))
+            assert stats["pools"]["mem@na"]["free"] == stats["pools"]["mem@nb"]["free"] == 224, stats["pools"]
+            for e in envs:
+                st, r = await _j(await s.post(f"{url}/v1/actions", json={
+                    "kind": "exec", "environment": e, "command": "cat mine.txt"}))
+                assert (r["status"], r["stdout"], r["allocation"]["node"]) == ("succeeded", f"{e}\n", where[e]), r
+            # the environment that never ran is there, and is made on a node with room when it first runs
+            # (none now: both are full; it waits until one is deleted)
+            st, waiting = await _j(await s.post(f"{url}/v1/actions?wait=false",
+                                                json={"kind": "exec", "environment": idle, "command": "ls"}))
+            await asyncio.sleep(0.3)
+            st, cur = await _j(await s.get(f"{url}/v1/actions/{waiting['id']}"))
+            assert cur["status"] == "waiting", cur
+            assert (await s.delete(f"{url}/v1/environments/{envs[0]}")).status == 204
+            for _ in range(100):
+                st, cur = await _j(await s.get(f"{url}/v1/actions/{waiting['id']}"))
+                if cur["status"] == "succeeded":
+                    break
+                await asyncio.sleep(0.05)
+            assert cur["status"] == "succeeded" and cur["allocation"]["node"] == where[envs[0]], cur
+            for e in (envs[1], idle):
+                assert (await s.delete(f"{url}/v1/environments/{e}")).status == 204
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    for node in ("na", "nb"):
+        assert list((state / "envs" / node).iterdir()) == []
+
+
+async def test_the_default_state_directory_is_keyed_by_the_nodes_not_the_port(tmp_path, monkeypatch):
+    monkeypatch.delenv("TANGRAM_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    nodes = "cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n"
+    (tmp_path / "a.yaml").write_text(nodes)
+    (tmp_path / "b.yaml").write_text("# the same nodes, another file\n" + nodes)
+    proc, url = start_serve(["--config", str(tmp_path / "a.yaml"), "--port", "0", "--no-auth"])
+    try:
+        async with aiohttp.ClientSession() as s:
+            eid = (await _j(await s.post(f"{url}/v1/environments", json={})))[1]["id"]
+            st, r = await _j(await s.post(f"{url}/v1/actions", json={"kind": "exec", "environment": eid,
+                                                                     "command": "echo kept > f"}))
+            assert r["status"] == "succeeded"
+        # a second service on the same nodes (another file, another port) would book the same cores: refused
+        second = subprocess.run([sys.executable, "-m", "tangram.cli", "serve", "--config", str(tmp_path / "b.yaml"),
+                                 "--port", "0", "--no-auth"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0 and "in use by another tangram service" in second.stderr
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        [state] = list((tmp_path / "xdg" / "tangram").iterdir())
+        assert len(state.name) == 16 and (state / "state.sqlite3").exists()
+        proc, url2 = start_serve(["--config", str(tmp_path / "b.yaml"), "--port", "0", "--no-auth"])  # any port
+        async with aiohttp.ClientSession() as s:
+            st, r = await _j(await s.post(f"{url2}/v1/actions", json={"kind": "exec", "environment": eid,
+                                                                      "command": "cat f"}))
+            assert r.get("stdout") == "kept\n", r
+            assert (await s.delete(f"{url2}/v1/environments/{eid}")).status == 204
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

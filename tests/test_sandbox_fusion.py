@@ -51,7 +51,8 @@ def served(tmp_path_factory):
     cfg.write_text("cpu_nodes:\n  - name: here\n    executor: local\n    cores: 2\n    memory_mb: 3072\n"
                    "gpu_nodes: []\n")
     proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
-                             "--token-file", str(d / "token"), "--sandbox-key-file", str(d / "key")],
+                             "--token-file", str(d / "token"), "--sandbox-key-file", str(d / "key"),
+                             "--state-dir", str(d / "state")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = None
     deadline = time.monotonic() + 60

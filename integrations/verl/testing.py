@@ -142,8 +142,16 @@ def verl_config(model_dir: str | os.PathLike, overrides: Sequence[str] = ()) -> 
 @contextlib.contextmanager
 def serve(*, token: str | None = None, tmp: str | os.PathLike | None = None, config: str | None = None,
           timeout_s: float = 60.0) -> Iterator[str]:
-    """Run ``tangram serve --host 127.0.0.1 --port 0`` (no config unless given) and yield its base URL."""
-    cmd = [sys.executable, "-m", "tangram.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
+    """Run ``tangram serve --host 127.0.0.1 --port 0`` (no config unless given) and yield its base URL.
+
+    Its state lives in a temporary directory of its own, removed afterwards: a throwaway service
+    never shares (nor is refused) the default state directory of the nodes it serves."""
+    import shutil
+    import tempfile
+
+    state = tempfile.mkdtemp(prefix="tangram-state-")
+    cmd = [sys.executable, "-m", "tangram.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING",
+           "--state-dir", state]
     if config:
         cmd += ["--config", str(config)]
     if token:
@@ -182,6 +190,7 @@ def serve(*, token: str | None = None, tmp: str | os.PathLike | None = None, con
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def toy_reward_model():

@@ -21,8 +21,9 @@ def register(sub) -> None:
                         "token is read from, or created in, $TANGRAM_TOKEN_FILE or ~/.config/tangram/token")
     p.add_argument("--state-dir",
                    help="where environments and actions are recorded (SQLite) so a restart reattaches them "
-                        "(default: service.state_dir, else $TANGRAM_STATE_DIR or ~/.local/state/tangram/<host>-<port>; "
-                        "with --port 0 and neither set, state is kept in memory only)")
+                        "(default: service.state_dir, else $TANGRAM_STATE_DIR, else "
+                        "${XDG_STATE_HOME:-~/.local/state}/tangram/<key>, <key> a hash of the CPU nodes served: "
+                        "the same whatever the port)")
     p.add_argument("--check", action="store_true",
                    help="validate the config (fields, cores and memory of this machine, profile stores) and exit "
                         "without starting or reaching any node")
@@ -58,9 +59,11 @@ def _run(args) -> int:
             svc = dataclasses.replace(svc, token=token, token_file=path)
         if args.state_dir:
             svc = dataclasses.replace(svc, state_dir=token_path(args.state_dir))
-        elif svc.state_dir is None and (os.environ.get("TANGRAM_STATE_DIR") or svc.port != 0):
-            base = os.environ.get("TANGRAM_STATE_DIR") or token_path(f"~/.local/state/tangram/{svc.host}-{svc.port}")
-            svc = dataclasses.replace(svc, state_dir=token_path(base))
+        elif svc.state_dir is None:
+            from tangram.service.recover import default_state_dir
+
+            svc = dataclasses.replace(svc, state_dir=token_path(os.environ.get("TANGRAM_STATE_DIR")
+                                                                or default_state_dir(cfg)))
         if args.no_auth:
             if svc.token or svc.token_file:
                 raise ConfigError("--no-auth", "a token is configured (service.token / token_file / --token-file)")

@@ -232,6 +232,18 @@ class Engine:
         self._finish(rec, status)
         return self.schedule()
 
+    def place_trajectory(self, trajectory: str, node: str, mem_mb: int) -> None:
+        """Pin ``trajectory`` to ``node`` with ``mem_mb`` reserved there, as its first action would have
+        (an environment reattached after a restart); raises if the memory is not free."""
+        if trajectory in self.placement or trajectory in self._placed_mem:
+            raise ValueError(f"trajectory {trajectory!r} is placed already")
+        if mem_mb:
+            mpool = pool_name("mem", node)
+            self._owner[mpool].allocate(mpool, mem_mb, trajectory)
+            self._placed_mem[trajectory] = (mpool, mem_mb)
+        self.placement[trajectory] = node
+        self._relane(trajectory)
+
     def close_trajectory(self, trajectory: str) -> list[Started]:
         """The trajectory ended: its memory reservation and node pin go away."""
         if self.placement.pop(trajectory, None) is not None:

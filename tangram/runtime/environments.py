@@ -9,10 +9,11 @@ leaves a half-made environment behind: it is undone in the background.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Awaitable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping
 
 from tangram.core.errors import DemandError, UnschedulableError
 from tangram.executors.base import EnvironmentExecutor
@@ -42,6 +43,8 @@ class Environments:
         self.executors = executors
         self._envs: dict[str, Environment] = {}
         self.cleanups: set[asyncio.Task] = set()  # detached removals still running
+        # called once an environment exists on a node (before any action runs in it): the service records it
+        self.on_created: Callable[[Environment, str], None] | None = None
 
     def __contains__(self, env_id: str) -> bool:
         return env_id in self._envs
@@ -99,13 +102,15 @@ class Environments:
                 raise
         return env_id
 
-    def adopt(self, env_id: str, *, image: str | None, memory_mb: int, labels: Mapping[str, str], node: str,
-              network: bool = False) -> Environment:
-        """Register an environment that already exists on ``node`` (made by a previous run of the service)."""
+    def adopt(self, env_id: str, *, image: str | None, memory_mb: int, labels: Mapping[str, str],
+              node: str | None, network: bool = False) -> Environment:
+        """Register an environment a previous run of the service made: existing on ``node``, or, with
+        ``node`` None, not made on any node yet (it had no action; it is made with its first one)."""
         env = Environment(id=env_id, image=image, memory_mb=memory_mb, labels=dict(labels), network=network)
-        made = asyncio.get_running_loop().create_future()
-        made.set_result(None)
-        env.created[node] = made  # type: ignore[assignment] - a finished creation
+        if node is not None:
+            made = asyncio.get_running_loop().create_future()
+            made.set_result(None)
+            env.created[node] = made  # type: ignore[assignment] - a finished creation
         self._envs[env_id] = env
         return env
 
@@ -132,6 +137,9 @@ class Environments:
                 ex.create_environment(env.id, image=env.image, memory_mb=env.memory_mb, labels=env.labels,
                                       **({"network": True} if env.network else {})))
             env.created[node] = task
+            if self.on_created is not None and not env.oneshot:
+                # a callback, not code after the await: it runs even if every caller went away meanwhile
+                task.add_done_callback(functools.partial(self._created, env, node))
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -140,6 +148,10 @@ class Environments:
             if env.created.get(node) is task:
                 del env.created[node]  # let the next action try again
             raise
+
+    def _created(self, env: Environment, node: str, task: "asyncio.Task[None]") -> None:
+        if not task.cancelled() and task.exception() is None and self._envs.get(env.id) is env:
+            self.on_created(env, node)
 
     async def destroy(self, env: Environment) -> None:
         """Remove ``env`` from every node it was created on."""

@@ -3,8 +3,10 @@
 On start, before the first request:
 
 1. every recorded environment whose directory (local) or container (Docker,
-   labelled with this state's owner id) still exists is reattached: same id,
-   same files, next action runs in it;
+   labelled with this state's owner id) still exists is reattached on the node
+   its record names: same id, same files, pinned to that node with its memory
+   reserved there, next action runs in it; one that never ran an action (on a
+   service of several nodes it exists on none yet) is registered again as it was;
 2. everything the executors own without a record is removed (directories
    under the node's work root, owned containers; the local executor sweeps the
    cgroups of dead services itself, and a sandboxed command dies with the
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import time
@@ -30,6 +34,18 @@ from tangram.service.state import StateStore
 
 log = logging.getLogger("tangram.service")
 RESTARTED = "the service restarted while this action was waiting or running; it may be resubmitted"
+
+
+def default_state_dir(cfg: Any) -> str:
+    """Where ``tangram serve`` keeps its state when none is configured:
+    ``${XDG_STATE_HOME:-~/.local/state}/tangram/<key>``, ``<key>`` a hash of the CPU nodes it manages
+    (name, executor, endpoint, workdir). Not of the port or the config file's path: a restart on another
+    port, or with the file moved, finds its environments again; a second service on the same nodes
+    finds the directory held and is refused (it would book the same cores twice)."""
+    nodes = [[n.name, n.executor, n.endpoint, n.workdir] for n in cfg.cpu_nodes]
+    key = hashlib.sha256(json.dumps(nodes).encode()).hexdigest()[:16]
+    root = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(root, "tangram", key)
 
 
 def durable_config(cfg: Any) -> Any:
@@ -49,10 +65,15 @@ async def reconcile(store: StateStore, rt: Any) -> dict[str, int]:
         ex.set_owner(store.service_id)
     nodes = list(rt.env_executors)
     adopted: set[str] = set()
-    dropped = 0
+    dropped = unplaced = 0
     for rec in list(store.environments()):
         node = rec["node"] or (nodes[0] if len(nodes) == 1 else None)
-        ex = rt.env_executors.get(node) if node is not None else None
+        if node is None:  # several nodes, and it never ran an action: it exists on none yet, made with its first
+            rt.env_registry.adopt(rec["id"], image=rec["image"], memory_mb=rec["memory_mb"], labels=rec["labels"],
+                                  node=None, network=rec["network"])
+            unplaced += 1
+            continue
+        ex = rt.env_executors.get(node)
         ok = False
         if ex is not None:
             try:
@@ -63,6 +84,11 @@ async def reconcile(store: StateStore, rt: Any) -> dict[str, int]:
             rt.env_registry.adopt(rec["id"], image=rec["image"], memory_mb=rec["memory_mb"], labels=rec["labels"],
                                   node=node, network=rec["network"])
             adopted.add(rec["id"])
+            try:  # pinned to its node, its memory reserved there, as its first action had done
+                rt.engine.place_trajectory(rec["id"], node, rec["memory_mb"])
+            except Exception as exc:  # noqa: BLE001 - e.g. the node's memory shrank in the config
+                log.warning("environment %s: not pinned to %s (%s); its next action may run elsewhere",
+                            rec["id"], node, exc)
         else:
             store.drop_environment(rec["id"])
             dropped += 1
@@ -73,7 +99,9 @@ async def reconcile(store: StateStore, rt: Any) -> dict[str, int]:
         except Exception:  # noqa: BLE001
             log.exception("sweeping unrecorded environments failed")
     failed = store.fail_in_flight(RESTARTED)
-    counts = {"reattached": len(adopted), "lost": dropped, "swept": swept, "failed_in_flight": len(failed)}
+    rt.env_registry.on_created = lambda env, node: store.set_environment_node(env.id, node)
+    counts = {"reattached": len(adopted), "not_yet_placed": unplaced, "lost": dropped, "swept": swept,
+              "failed_in_flight": len(failed)}
     if any(counts.values()):
         log.warning("state %s: %s", store.directory, counts)
     return counts

@@ -2,7 +2,9 @@
 
 What is written, and when (so a crash loses nothing a caller was told):
 
-* an environment and its node, before ``POST /v1/environments`` answers 201;
+* an environment, before ``POST /v1/environments`` answers 201, and its node:
+  then too on a service of one node, else once it is made on the node of its
+  first action, before that action runs;
 * an action (id, idempotency key, environment), before it is submitted and acknowledged;
 * its outcome, when it finishes (the listener of the runtime).
 
@@ -140,6 +142,10 @@ class StateStore:
         self.db.execute("INSERT OR REPLACE INTO environments (id, image, memory_mb, labels, node, created_at, "
                         "last_used, network) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (env_id, image, memory_mb, json.dumps(labels), node, now, now, int(network)))
+
+    def set_environment_node(self, env_id: str, node: str) -> None:
+        """The node it was made on (several nodes: at its first action, before that action runs)."""
+        self.db.execute("UPDATE environments SET node=? WHERE id=? AND node IS NULL", (node, env_id))
 
     def touch_environment(self, env_id: str) -> None:
         self.db.execute("UPDATE environments SET last_used=? WHERE id=?", (time.time(), env_id))
