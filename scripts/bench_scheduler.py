@@ -6,7 +6,10 @@ placements, its running set). Two measures per size, taken side by side
 (the sizes interleaved, so machine noise hits them alike):
 
 * ``round_*``: one full round, ``engine.snapshot()`` + the policy, in a state
-  where ``candidates`` actions can start and ``queued`` wait;
+  where ``candidates`` actions can start and ``queued`` wait; wall-clock, and
+  ``round_cpu_*`` the CPU time the round's thread spent (on a loaded machine
+  a round longer than the OS's time slice is preempted, so wall-clock ratios
+  between sizes there measure the time slice more than the round);
 * ``event_*``: a stream of completions and arrivals through the engine
   (``complete()`` / ``submit()``, each with its round, or its skipped round).
 
@@ -85,6 +88,7 @@ class Size:
                 eng.submit(self._action())
         eng.policy = plan
         self.rounds: list[float] = []
+        self.round_cpu: list[float] = []
         self.events: list[float] = []
         self.scheduled = 0
 
@@ -96,9 +100,11 @@ class Size:
 
     def measure_round(self) -> None:
         eng = self.engine
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         p = eng.policy(eng.snapshot())
-        self.rounds.append((time.perf_counter() - t0) * 1e3)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        self.rounds.append((t1 - t0) * 1e3)
+        self.round_cpu.append((c1 - c0) * 1e3)
         self.scheduled = len(p.dispatches)
 
     def start_stream(self) -> None:
@@ -125,12 +131,14 @@ class Size:
         self.events.append((time.perf_counter() - t0) * 1e3)
 
     def result(self) -> dict:
-        r, e = sorted(self.rounds), sorted(self.events)
+        r, e, c = sorted(self.rounds), sorted(self.events), sorted(self.round_cpu)
         return {
             **self.spec,
             "round_median_ms": round(statistics.median(r), 4),
             "round_p99_ms": round(_p99(r), 4),
             "round_min_ms": round(r[0], 4),
+            "round_cpu_median_ms": round(statistics.median(c), 4),
+            "round_cpu_p99_ms": round(_p99(c), 4),
             "scheduled": self.scheduled,
             "event_median_ms": round(statistics.median(e), 4) if e else None,
             "event_p99_ms": round(_p99(e), 4) if e else None,
@@ -172,6 +180,7 @@ def main(argv=None) -> int:
     for s in sizes:
         s.measure_round()  # warm caches
         s.rounds.clear()
+        s.round_cpu.clear()
     for _ in range(args.repeats):  # interleaved: the sizes share the machine's noise
         for s in sizes:
             s.measure_round()
@@ -185,12 +194,15 @@ def main(argv=None) -> int:
     out = {
         "round_median_ms": results[0]["round_median_ms"],
         "round_p99_ms": results[0]["round_p99_ms"],
+        "round_cpu_median_ms": results[0]["round_cpu_median_ms"],
         "target_median_ms": 0.5,
         "sizes": results,
         "growth": {
             "cores_4x": _ratios(base.rounds, big.rounds),  # target <= 4
             "queued_10x_blocked": _ratios(blk2k.rounds, blk20k.rounds),  # target <= 2
             "queued_10x_blocked_events": _ratios(blk2k.events, blk20k.events),
+            "cores_4x_cpu": _ratios(base.round_cpu, big.round_cpu),  # the same, in CPU time
+            "queued_10x_blocked_cpu": _ratios(blk2k.round_cpu, blk20k.round_cpu),
         },
     }
     if args.json:
@@ -199,7 +211,8 @@ def main(argv=None) -> int:
         for r in results:
             print(f"{r['cores']:>5} cores, {r['candidates']:>4} candidates, {r['queued']:>6} queued"
                   f"{' (blocked on memory)' if r['blocked_on_memory'] else '':<21}: round median "
-                  f"{r['round_median_ms']:.3f} ms, p99 {r['round_p99_ms']:.3f} ms, {r['scheduled']} scheduled; "
+                  f"{r['round_median_ms']:.3f} ms, p99 {r['round_p99_ms']:.3f} ms "
+                  f"(CPU {r['round_cpu_median_ms']:.3f} ms), {r['scheduled']} scheduled; "
                   f"event median {r['event_median_ms']:.3f} ms, p99 {r['event_p99_ms']:.3f} ms")
         print("growth:", json.dumps(out["growth"]))
     return 0

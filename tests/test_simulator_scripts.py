@@ -67,5 +67,8 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
     for size in out["sizes"]:
         assert {"cores", "candidates", "queued", "round_median_ms", "round_p99_ms"} <= set(size)
         assert size["scheduled"] > 0 and size["events"] == 6
+        assert 0 < size["round_cpu_median_ms"] <= size["round_cpu_p99_ms"]
     assert [s["blocked_on_memory"] for s in out["sizes"]] == [False, False, True, True]
-    assert set(out["growth"]) == {"cores_4x", "queued_10x_blocked", "queued_10x_blocked_events"}
+    assert set(out["growth"]) == {"cores_4x", "queued_10x_blocked", "queued_10x_blocked_events",
+                                  "cores_4x_cpu", "queued_10x_blocked_cpu"}
+    assert out["round_cpu_median_ms"] == out["sizes"][0]["round_cpu_median_ms"]
