@@ -175,3 +175,15 @@ def test_the_engine_hands_the_policy_each_waiting_actions_key():
 def test_affinity_k_is_validated():
     with pytest.raises(ValueError, match="affinity_k"):
         PolicyParams(affinity_k=-1.0)
+
+
+def test_the_act_estimate_charges_a_gpu_waiter_its_restore():
+    from tangram.policy.estimate import waiter
+
+    a = Action.build("W", {"gpu": [1, 2, 4]}, service="b", t1_s=4.0, elasticity=Elasticity.amdahl(0.1),
+                     restore_s={1: 3.0, 2: 1.5, 4: 0.75})
+    gpu = PoolState("gpu@n0", "gpu", "n0", 8, 8, chunks=(8,))
+    snap = Snapshot(pools={gpu.name: gpu}, nodes=("n0",), waiting=())
+    umin, dmin, options = waiter(a, gpu, snap)
+    assert (umin, dmin) == (1, pytest.approx(4.0 + 3.0))
+    assert dict(options) == pytest.approx({u: a.duration(u) + a.restore_s[u] for u in (1, 2, 4)})

@@ -20,7 +20,8 @@ from tangram.policy.snapshot import PoolState, Snapshot
 
 
 def waiter(a: Action, pool: PoolState, snap: Snapshot):
-    """``(min units, duration at min, options to explore)`` of a waiting action.
+    """``(min units, duration at min, options to explore)`` of a waiting action (on a GPU
+    pool, each duration with the restore of a cache miss at that count).
 
     The options, ``((units, duration), ...)``, are None for an action the
     look-ahead does not explore (not scalable on this pool). Those of a
@@ -37,7 +38,14 @@ def waiter(a: Action, pool: PoolState, snap: Snapshot):
     if hit is not None and hit[0] == pool.rtype and hit[1] == pool.capacity:
         return hit[2]
     options = _explored_options(r.options, pool.capacity)
-    w = demand.min, _duration(a, demand.min, snap), tuple((u, a.duration(u)) for u in options)
+    restore = a.restore_s if (pool.chunked and a.service is not None) else None
+    if restore:
+        # a GPU waiter's future residency is unknown: it is charged what a miss costs at each
+        # count, as a candidate without an idle instance is (rows.option_row)
+        w = (demand.min, _duration(a, demand.min, snap) + restore.get(demand.min, 0.0),
+             tuple((u, a.duration(u) + restore.get(u, 0.0)) for u in options))
+    else:
+        w = demand.min, _duration(a, demand.min, snap), tuple((u, a.duration(u)) for u in options)
     r.waiter = (pool.rtype, pool.capacity, w)
     return w
 
