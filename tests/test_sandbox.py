@@ -178,3 +178,46 @@ async def test_read_only_paths_under_tmp_stay_visible(tmp_path):
     out = (await proc.communicate())[0].decode()
     assert "visible\n" in out and "hidden" not in out and "read-only" in out
     assert not (shared / "x").exists()
+
+
+async def test_system_calls_that_open_the_kernel_are_filtered():
+    """The seccomp filter (built with libseccomp): no new namespace (so no user namespace to regain
+    capabilities in), no mount, no bpf; ordinary programs (threads, subprocesses) run as before."""
+    from tangram.executors import seccomp
+
+    assert seccomp.unavailable() is None  # pyseccomp is a dependency and libseccomp2 is on every Debian
+    probe = ("import ctypes, os, threading, subprocess\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\n"
+             "def call(nr, *a):\n"
+             "    return 'ok' if libc.syscall(nr, *a) != -1 else os.strerror(ctypes.get_errno())\n"
+             "print('userns', call(272, 0x10000000))\n"   # unshare(CLONE_NEWUSER)
+             "print('netns', call(272, 0x40000000))\n"    # unshare(CLONE_NEWNET)
+             "print('mount', call(165, b'none', b'/tmp', b'tmpfs', 0, None))\n"
+             "print('bpf', call(321, 0, None, 0))\n"
+             "t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()\n"
+             "print(subprocess.run(['echo', 'child ok'], capture_output=True, text=True).stdout.strip())\n")
+    async with running_service() as svc, svc.client() as c:
+        env = await c.create_environment()
+        await c.exec(env, f"cat > probe.py <<'EOF'\n{probe}EOF")
+        r = await c.exec(env, "grep Seccomp: /proc/self/status; python3 probe.py; unshare -U true 2>&1 | head -1")
+        assert r.ok, r
+        lines = r.stdout.splitlines()
+        assert lines[0].split() == ["Seccomp:", "2"], lines  # a filter is loaded
+        assert lines[1:7] == ["userns Operation not permitted", "netns Operation not permitted",
+                              "mount Operation not permitted", "bpf Operation not permitted",
+                              "thread ok", "child ok"], lines
+        assert "unshare:" in lines[7], lines
+        await c.delete_environment(env)
+
+
+async def test_the_private_tmp_is_size_limited(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    box = sbx.Sandbox(tmp_mb=16)
+    r = await sbx.run(["bash", "-c", "head -c 8M /dev/zero > /tmp/a && echo fits; "
+                                     "head -c 16M /dev/zero 2>&1 > /tmp/b; df -m /tmp | tail -1"],
+                      str(work), sandbox=box, timeout_s=30)
+    out = r.stdout.decode()
+    assert "fits" in out and "No space left on device" in out, out
+    assert out.splitlines()[-1].split()[1] == "16", out  # the tmpfs's size in MiB
+    assert list(work.iterdir()) == []  # nothing of it landed in the work directory

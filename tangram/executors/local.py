@@ -141,6 +141,11 @@ class LocalExecutor(EnvironmentExecutor):
             except OSError as exc:
                 self._limits = None
                 log.warning("local executor: no memory/pids limits (cgroups not writable: %s)", exc)
+            from tangram.executors import seccomp
+
+            if seccomp.unavailable():
+                log.warning("local executor: no system-call filter in the sandbox (%s; pip install pyseccomp, "
+                            "and libseccomp2 from the system)", seccomp.unavailable())
         else:
             self.base_env = dict(os.environ if base_env is None else base_env)
             self._sandbox, self._limits = None, None
@@ -327,7 +332,7 @@ class LocalExecutor(EnvironmentExecutor):
                     raise
                 group = _Group((group.dirs if group is not None else []) + limit_dirs)
                 details["memory_mb"], details["pids_max"] = memory_mb, self.pids_max
-            fds, files = sbx.user_files(self._sandbox.uid, self._sandbox.gid)
+            fds, files = sbx.sandbox_files(self._sandbox.uid, self._sandbox.gid)
             inner = self._sandbox.argv(cwd, ["bash", "-c", command], network=network and self.allow_network,
                                        user_files=files)
             # bwrap itself dies with this service (SIGKILL included): its sandbox dies with it

@@ -24,6 +24,9 @@ here builds namespaces by hand):
   ``/root``, ``/home``, ``/var``, ``/sys`` (so no cgroup to escape to);
 * its own PID, IPC, UTS and cgroup namespaces; its own network namespace with
   loopback only unless ``network=True``;
+* a system-call filter (seccomp, :mod:`tangram.executors.seccomp`): no new
+  namespaces, no mounts, none of the kernel's administrative calls;
+* a private ``/tmp`` of ``tmp_mb`` (1024 MiB) at most;
 * an unprivileged uid: when the service runs as root, the command runs as
   ``uid`` (65534, nobody) on the host with no capabilities (``setpriv``);
   otherwise as the service's own uid mapped in a user namespace, all
@@ -48,6 +51,7 @@ from tangram.executors.cgroups import write_control
 SANDBOX, NONE = "sandbox", "none"
 NOBODY = 65534
 DEFAULT_PIDS_MAX = 512  # processes + threads of one run: a fork bomb stops here
+DEFAULT_TMP_MB = 1024  # size of a run's private /tmp (a tmpfs; its pages count in the run's memory too)
 # /etc entries a program may need to start, resolve names or verify TLS; never shadow, sudoers, keys
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "nsswitch.conf", "hosts",
         "ssl", "ca-certificates", "ca-certificates.conf", "mime.types", "protocols", "services", "inputrc")
@@ -87,6 +91,7 @@ class Sandbox:
     uid: int = NOBODY  # host uid when the service runs as root
     gid: int = NOBODY
     toolchain: tuple[str, ...] = field(default_factory=_toolchain)
+    tmp_mb: int = DEFAULT_TMP_MB  # the private /tmp's size (bwrap >= 0.10; older ones: unbounded but for memory)
 
     def argv(self, workdir: str, command: Sequence[str], *, network: bool = False,
              readonly: Sequence[str] = (), user_files: Sequence[str] = ()) -> list[str]:
@@ -105,7 +110,9 @@ class Sandbox:
         etc = [f"/etc/{n}" for n in _ETC + (_ETC_NET if network else ()) if os.path.exists(f"/etc/{n}")]
         etc += ["/etc/passwd"] if user_files else []  # (its parent made traversable below)
         # the private /tmp first: a toolchain or read-only path under /tmp (a venv, a clone) is bound over it
-        a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+        a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+        a += (["--size", str(self.tmp_mb << 20)] if self.tmp_mb > 0 and _has_option(bwrap, "--size") else [])
+        a += ["--tmpfs", "/tmp"]
         # parents of mount points would be made 0700 (root's): make them traversable first
         for d in _all_ancestors(binds + etc):
             if d != "/tmp":
@@ -154,6 +161,14 @@ def die_with(service_pid: int) -> list[str]:
             "sh"]
 
 
+@functools.lru_cache(maxsize=None)
+def _has_option(bwrap: str, option: str) -> bool:
+    try:
+        return option in subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def _all_ancestors(paths: Sequence[str]) -> list[str]:
     return sorted({anc for p in paths for anc in _ancestors(p)}, key=lambda d: (d.count("/"), d))
 
@@ -165,6 +180,17 @@ def _ancestors(path: str) -> list[str]:
         out.append(d)
         d = os.path.dirname(d)
     return out
+
+
+def sandbox_files(uid: int = NOBODY, gid: int = NOBODY) -> tuple[list[int], list[str]]:
+    """What bwrap reads from pipes for one run: :func:`user_files` and the system-call filter
+    (:mod:`tangram.executors.seccomp`; left out where it cannot be built). Pass the fds to the child
+    (``pass_fds``) and close them here after the spawn; give the arguments to :meth:`Sandbox.argv`."""
+    from tangram.executors import seccomp
+
+    fds, args = user_files(uid, gid)
+    sfds, sargs = seccomp.pipe_args()
+    return fds + sfds, args + sargs
 
 
 def user_files(uid: int = NOBODY, gid: int = NOBODY) -> tuple[list[int], list[str]]:
@@ -326,7 +352,7 @@ async def run(argv: Sequence[str], workdir: str, *, sandbox: Sandbox | None = No
 
     sb = sandbox or Sandbox()
     sb.prepare_workdir(workdir)
-    fds, files = user_files(sb.uid, sb.gid)
+    fds, files = sandbox_files(sb.uid, sb.gid)
     inner = sb.argv(workdir, argv, network=network, user_files=files)
     dirs: list[str] = []
     if limits is not None:
