@@ -20,6 +20,7 @@ LAYER_OF = {
     "tangram.core.estimator": "engine",
     "tangram.core.queue": "engine",
     "tangram.core.running": "engine",
+    "tangram.core.feasibility": "engine",
     "tangram.policy": "policy",
     "tangram.managers": "managers",
     "tangram.executors": "executors",

@@ -8,7 +8,6 @@ reports back with :meth:`Engine.complete`.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -18,8 +17,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 from tangram.core.errors import UnknownActionError, UnschedulableError
 from tangram.core.estimator import DurationEstimator
 from tangram.core.grants import Grant
-from tangram.core.model import Action, Demand
-from tangram.core.queue import LaneKey, Lanes, lane_bound
+from tangram.core.model import Action
+from tangram.core import feasibility
+from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_uses
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
 from tangram.policy.order import order_key
@@ -422,7 +422,7 @@ class Engine:
             return False
         released = self._released
         for lane, _ in self._lanes.items():
-            if _lane_uses(lane, released):
+            if lane_uses(lane, released):
                 return False
         return True
 
@@ -451,69 +451,12 @@ class Engine:
     def check_feasible(self, action: Action, pools: Mapping[str, PoolState] | None = None) -> None:
         """Reject a demand that no node can ever satisfy (never queued)."""
         pools = self.pool_states() if pools is None else pools
-        nodes = self.nodes(pools)
-        for rtype, demand in action.demands.items():
-            if rtype.startswith("api:"):
-                p = pools.get(rtype)
-                if p is None:
-                    raise UnschedulableError(f"resources.{rtype}", f"no API pool named {rtype[4:]!r} is configured")
-                if demand.min > p.capacity:
-                    raise UnschedulableError(f"resources.{rtype}", f"needs {demand.min} slots, the pool has {p.capacity}")
-        local = [t for t in action.demands if t in ("cpu", "gpu")]
-        if not local:
-            return
         bound = self.placement.get(action.trajectory) if (action.trajectory and "cpu" in action.demands) else None
-        candidates = (bound,) if bound is not None else nodes
-        reasons = []
-        for node in candidates:
-            why = self._node_cannot_host(action, node, pools, bound is None)
-            if why is None:
-                return
-            reasons.append(why)
-        rtype = local[0]
-        if not reasons:
-            raise UnschedulableError(f"resources.{rtype}", f"no node has a {rtype} pool")
-        where = f"trajectory's node {bound!r}" if bound is not None else "any node"
-        raise UnschedulableError(f"resources.{reasons[0][0]}", f"{where} can never fit it: {reasons[0][1]}")
+        feasibility.check(action, pools, self.nodes(pools), bound)
 
     def cap_to_capacity(self, action: Action, pools: Mapping[str, PoolState] | None = None) -> Action:
-        """``action`` with every demand's max lowered to the largest pool that could host it.
-
-        A range like ``{"min": 1, "max": 1000000}`` means "as many as you can give":
-        the policy then sees at most a node's worth of options, whatever was asked.
-        """
-        pools = self.pool_states() if pools is None else pools
-        capped: dict[str, Demand] = {}
-        for rtype, d in action.demands.items():
-            caps = [p.capacity for p in pools.values() if p.rtype == rtype]
-            if not caps:
-                continue
-            c = d.capped(max(caps))
-            if c is not None and c is not d:
-                capped[rtype] = c
-        if not capped:
-            return action
-        demands = {**action.demands, **capped}
-        elastic = [t for t, d in demands.items() if d.elastic]
-        return dataclasses.replace(action, demands=MappingProxyType(demands), key=elastic[0] if elastic else None)
-
-    @staticmethod
-    def _node_cannot_host(action: Action, node: str, pools, unplaced: bool) -> tuple[str, str] | None:
-        for rtype in ("cpu", "gpu"):
-            d = action.demands.get(rtype)
-            if d is None:
-                continue
-            p = pools.get(pool_name(rtype, node))
-            if p is None:
-                return rtype, f"node {node!r} has no {rtype} pool"
-            if d.min > p.capacity:
-                return rtype, f"needs at least {d.min}, node {node!r} has {p.capacity}"
-        if unplaced and "cpu" in action.demands and action.mem_mb:
-            p = pools.get(pool_name("mem", node))
-            cap = p.capacity if p else 0
-            if action.mem_mb > cap:
-                return "mem_mb", f"needs {action.mem_mb} MiB, node {node!r} has {cap}"
-        return None
+        """``action`` with every demand's max lowered to the largest pool that could host it."""
+        return feasibility.cap_to_capacity(action, self.pool_states() if pools is None else pools)
 
     def check_invariants(self) -> None:
         for m in self.managers:
@@ -539,22 +482,3 @@ class Engine:
         yield from self.running.values()
         yield from self.waiting.values()
 
-
-def _lane_uses(lane: LaneKey, pools: set[str]) -> bool:
-    """Whether an action of ``lane`` could start in, or reserve, any of ``pools``.
-
-    A node-local demand of a placed trajectory uses its home node's pool; any
-    other node-local demand (and an unplaced trajectory's memory) every node's.
-    """
-    home, mem, demands = lane[:3]
-    for pname in pools:
-        rtype, _, node = pname.partition("@")
-        if not node:
-            if any(t == rtype for t, _ in demands):
-                return True
-        elif rtype == "mem":
-            if mem:
-                return True
-        elif any(t == rtype for t, _ in demands) and (home is None or rtype != "cpu" or home == node):
-            return True
-    return False

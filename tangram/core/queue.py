@@ -169,3 +169,23 @@ def lane_bound(lane: LaneKey, pools: Mapping, nodes: tuple[str, ...]) -> int:
                 n += p.free // mem
         bound = n if bound is None or n < bound else bound
     return bound or 0
+
+
+def lane_uses(lane: LaneKey, pools: set[str]) -> bool:
+    """Whether an action of ``lane`` could start in, or reserve, any of ``pools``.
+
+    A node-local demand of a placed trajectory uses its home node's pool; any
+    other node-local demand (and an unplaced trajectory's memory) every node's.
+    """
+    home, mem, demands = lane[:3]
+    for pname in pools:
+        rtype, _, node = pname.partition("@")
+        if not node:
+            if any(t == rtype for t, _ in demands):
+                return True
+        elif rtype == "mem":
+            if mem:
+                return True
+        elif any(t == rtype for t, _ in demands) and (home is None or rtype != "cpu" or home == node):
+            return True
+    return False

@@ -1,0 +1,81 @@
+"""Whether an action can ever run on this cluster, judged on pool capacities alone (never on what is free).
+
+:func:`check` rejects, at submit, a demand no node can ever satisfy (so it is
+never queued); :func:`cap_to_capacity` lowers a range's max to the largest
+pool that could host it ("as many as you can give"), so the policy never sees
+more options than a node holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from tangram.core.errors import UnschedulableError
+from tangram.core.model import Action, Demand
+from tangram.policy.snapshot import PoolState, pool_name
+
+
+def check(action: Action, pools: Mapping[str, PoolState], nodes: Sequence[str], bound: str | None) -> None:
+    """Raise :class:`UnschedulableError` naming the field if no node (``bound``: its trajectory's node) ever fits."""
+    for rtype, demand in action.demands.items():
+        if rtype.startswith("api:"):
+            p = pools.get(rtype)
+            if p is None:
+                raise UnschedulableError(f"resources.{rtype}", f"no API pool named {rtype[4:]!r} is configured")
+            if demand.min > p.capacity:
+                raise UnschedulableError(f"resources.{rtype}", f"needs {demand.min} slots, the pool has {p.capacity}")
+    local = [t for t in action.demands if t in ("cpu", "gpu")]
+    if not local:
+        return
+    candidates = (bound,) if bound is not None else nodes
+    reasons = []
+    for node in candidates:
+        why = _node_cannot_host(action, node, pools, bound is None)
+        if why is None:
+            return
+        reasons.append(why)
+    rtype = local[0]
+    if not reasons:
+        raise UnschedulableError(f"resources.{rtype}", f"no node has a {rtype} pool")
+    where = f"trajectory's node {bound!r}" if bound is not None else "any node"
+    raise UnschedulableError(f"resources.{reasons[0][0]}", f"{where} can never fit it: {reasons[0][1]}")
+
+
+def cap_to_capacity(action: Action, pools: Mapping[str, PoolState]) -> Action:
+    """``action`` with every demand's max lowered to the largest pool that could host it.
+
+    A range like ``{"min": 1, "max": 1000000}`` means "as many as you can give":
+    the policy then sees at most a node's worth of options, whatever was asked.
+    """
+    capped: dict[str, Demand] = {}
+    for rtype, d in action.demands.items():
+        caps = [p.capacity for p in pools.values() if p.rtype == rtype]
+        if not caps:
+            continue
+        c = d.capped(max(caps))
+        if c is not None and c is not d:
+            capped[rtype] = c
+    if not capped:
+        return action
+    demands = {**action.demands, **capped}
+    elastic = [t for t, d in demands.items() if d.elastic]
+    return dataclasses.replace(action, demands=MappingProxyType(demands), key=elastic[0] if elastic else None)
+
+
+def _node_cannot_host(action: Action, node: str, pools: Mapping[str, PoolState], unplaced: bool) -> tuple[str, str] | None:
+    for rtype in ("cpu", "gpu"):
+        d = action.demands.get(rtype)
+        if d is None:
+            continue
+        p = pools.get(pool_name(rtype, node))
+        if p is None:
+            return rtype, f"node {node!r} has no {rtype} pool"
+        if d.min > p.capacity:
+            return rtype, f"needs at least {d.min}, node {node!r} has {p.capacity}"
+    if unplaced and "cpu" in action.demands and action.mem_mb:
+        p = pools.get(pool_name("mem", node))
+        cap = p.capacity if p else 0
+        if action.mem_mb > cap:
+            return "mem_mb", f"needs {action.mem_mb} MiB, node {node!r} has {cap}"
+    return None
