@@ -380,6 +380,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     seed = list(snap.running.get(pool.name, ()))
     seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
     seed = _completions(seed)  # the candidates' durations below are positive: nothing to clamp
+    seed.sort()  # once: each prefix's estimate then sorts this run plus its candidates' ends
     tail = [w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None]
     evicted: list = []  # waiters of group[t:], built as eviction goes deeper (it rarely does)
 
