@@ -85,9 +85,9 @@ def test_restore_is_charged_against_a_larger_dop_that_hits():
                      restore_s={1: 6.0, 4: 1.5})
     (d,) = plan(Snapshot(pools=pools, nodes=("n0",), waiting=(b,), waiting_keys=(0.0,))).dispatches
     assert d.units == {"gpu": 4}  # 2.5 s + no restore, against 4 s + 6 s
-    # with the same instance busy (not idle) both DoPs pay their restore: 4 + 6 against 2.5 + 1.5
-    busy = {"gpu@n0": PoolState("gpu@n0", "gpu", "n0", 8, 5, chunks=(1, 4), resident=frozenset({"b@dop4"}), idle=())}
-    (d,) = plan(Snapshot(pools=busy, nodes=("n0",), waiting=(b,), waiting_keys=(0.0,))).dispatches
+    # with no instance to take both DoPs pay their restore: 4 + 6 against 2.5 + 1.5
+    cold = {"gpu@n0": PoolState("gpu@n0", "gpu", "n0", 8, 5, chunks=(1, 4), resident=frozenset(), idle=())}
+    (d,) = plan(Snapshot(pools=cold, nodes=("n0",), waiting=(b,), waiting_keys=(0.0,))).dispatches
     assert d.estimated_s == pytest.approx(d.action.duration(d.units["gpu"]) + b.restore_s[d.units["gpu"]])
 
 
@@ -187,3 +187,22 @@ def test_the_act_estimate_charges_a_gpu_waiter_its_restore():
     umin, dmin, options = waiter(a, gpu, snap)
     assert (umin, dmin) == (1, pytest.approx(4.0 + 3.0))
     assert dict(options) == pytest.approx({u: a.duration(u) + a.restore_s[u] for u in (1, 2, 4)})
+
+
+@pytest.mark.parametrize("restore, started", [(5.0, 0), (0.5, 1)])
+def test_an_action_waits_for_its_models_busy_instance_when_that_beats_a_restore(restore, started):
+    # b@dop1 is resident but running; two GPUs are free. Its next request expects 1 s:
+    # waiting for the running one is cheaper than a 5 s restore, not than a 0.5 s one
+    pools = {"gpu@n0": PoolState("gpu@n0", "gpu", "n0", 8, 2, chunks=(2,), resident=frozenset({"b@dop1"}), idle=())}
+    snap = Snapshot(pools=pools, nodes=("n0",), waiting=(act("B", "b", restore=restore),), waiting_keys=(0.0,))
+    assert len(plan(snap).dispatches) == started
+
+
+def test_a_long_queue_of_one_model_spreads_past_its_busy_instance():
+    # ten queued requests of b, one busy b instance, a 3 s restore, 1 s each: the
+    # first two wait for the instance (1 s, 2 s < 3 s), the rest start on free GPUs now
+    pools = {"gpu@n0": PoolState("gpu@n0", "gpu", "n0", 8, 8, chunks=(8,), resident=frozenset({"b@dop1"}), idle=())}
+    waiting = tuple(act(f"B{i}", "b", restore=3.0) for i in range(10))
+    snap = Snapshot(pools=pools, nodes=("n0",), waiting=waiting, waiting_keys=tuple(float(i) for i in range(10)))
+    got = sorted(d.action.id for d in plan(snap).dispatches)
+    assert "B0" not in got and "B1" not in got and len(got) == 8

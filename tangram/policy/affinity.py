@@ -12,21 +12,30 @@ import heapq
 
 from tangram.core.grants import parse_service
 from tangram.core.model import Action
+from tangram.policy.order import expected_s
 from tangram.policy.snapshot import Snapshot
 
 
 class Affinity:
     """The idle resident GPU instances not yet claimed this round: pool -> model -> DoP -> count."""
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "busy", "held")
 
     def __init__(self, pools) -> None:
         self.left: dict[str, dict[str, dict[int, int]]] = {}
+        self.busy: dict[str, int] = {}  # model -> resident instances that are running (at least)
+        self.held: dict[str, int] = {}  # model -> actions held this round for its busy instances
         for name, p in pools.items():
-            for service in (p.idle if p.idle is not None else p.resident if p.chunked else ()):
+            idle = p.idle if p.idle is not None else p.resident if p.chunked else ()
+            for service in idle:
                 model, dop = parse_service(service)
                 per = self.left.setdefault(name, {}).setdefault(model, {})
                 per[dop] = per.get(dop, 0) + 1
+            if p.chunked and p.idle is not None:
+                for service in p.resident:
+                    if service not in idle:
+                        model = parse_service(service)[0]
+                        self.busy[model] = self.busy.get(model, 0) + 1
 
     def dops(self, pname: str, a: Action) -> frozenset[int]:
         """The DoPs of ``a``'s options at which an unclaimed idle instance of its service sits in ``pname``."""
@@ -52,8 +61,9 @@ def affinity_order(snap: Snapshot, affinity: Affinity, gpu_pools, closed):
     """The waiting actions in the order a round considers them (DESIGN.md §4.2).
 
     Under the aging order a GPU action with no idle instance of its service
-    to take (it would pay a restore) is considered ``affinity_k`` times that
-    restore later than its order key: queued actions of a resident service
+    to take (it would pay a restore) either waits this round for a busy
+    instance of its model (:func:`_hold`) or is considered ``affinity_k``
+    times that restore later than its order key: queued actions of a resident service
     take their instance first, and a resident service is evicted only when
     none of its actions is near the head. The shift is bounded by the
     action's own restore time, so the order stays starvation-free. Lazy: a
@@ -71,9 +81,33 @@ def affinity_order(snap: Snapshot, affinity: Affinity, gpu_pools, closed):
         while deferred and deferred[0][0] <= key:
             yield heapq.heappop(deferred)[2]
         if a.restore_s and a.service is not None and "gpu" in a.demands and not affinity.any_hit(a, gpu_pools, closed):
+            if _hold(a, affinity, snap):
+                continue  # its model's busy instance frees sooner than a restore would take
             seq += 1
             heapq.heappush(deferred, (key + k * max(a.restore_s.values()), seq, a))
             continue
         yield a
     while deferred:
         yield heapq.heappop(deferred)[2]
+
+
+def _hold(a: Action, affinity: Affinity, snap: Snapshot) -> bool:
+    """Whether ``a`` (it would restore) should wait for a busy instance of its model instead.
+
+    The ``n``-th action held for a model expects to wait ``n`` times its expected
+    duration over the model's busy instances; it waits while that is shorter
+    than the restore it would pay now at its smallest DoP. So a model with a short
+    queue is served by its resident instances, one with a long queue spreads to
+    new chunks, and a held action is a hit (a claim, in its order) when an
+    instance frees.
+    """
+    busy = affinity.busy.get(a.service, 0)
+    if not busy:
+        return False
+    restore = a.restore_s.get(a.demands["gpu"].min, 0.0)
+    held = affinity.held.get(a.service, 0)
+    wait = (held + 1) * expected_s(a, snap.class_estimates, snap.params.default_duration_s) / busy
+    if wait < restore:
+        affinity.held[a.service] = held + 1
+        return True
+    return False
