@@ -246,9 +246,11 @@ def _plot_sweep(sweep: dict, out: Path, plt) -> list[str]:
             if m == "mean_act_s":
                 ax.plot(x, [r["lower_bound_mean_act_s"] for r in rows], "k:", label="no-queueing bound")
                 ax.plot(x, [r["overload_bound_mean_act_s"] for r in rows], "k-.", label="pooled SRPT bound")
-                if any(r.get("memory_bound_mean_act_s") for r in rows):
+                # only where trajectories wait for memory somewhere (elsewhere it is the no-queueing bound)
+                if any((r.get("memory_bound_mean_act_s") or 0) > r["lower_bound_mean_act_s"] * (1 + 1e-9) for r in rows):
                     ax.plot(x, [r.get("memory_bound_mean_act_s") for r in rows], "k--", label="memory-slot bound")
-            if m == "step_time_s" and any(r.get("memory_bound_step_time_s") for r in rows):
+            if m == "step_time_s" and any((r.get("memory_bound_step_time_s") or 0) > r["results"]["tangram"].get(
+                    "lower_bound_step_time_s", 0) * (1 + 1e-9) for r in rows):
                 ax.plot(x, [r.get("memory_bound_step_time_s") for r in rows], "k--", label="memory-slot bound")
             ax.set(xlabel="batch (trajectories)", ylabel=titles[m], xscale="log", yscale="log")
         axes[0].legend(fontsize=7)
