@@ -73,3 +73,13 @@ def test_a_completion_that_frees_nothing_a_lane_uses_runs_no_round():
     assert [s.action.id for s in eng.complete("l0")] == ["l1"]  # the API's lane: a round
     assert eng.rounds == rounds + 1
     eng.check_invariants()
+
+
+def test_running_view_gives_each_actions_seconds_left():
+    from tangram.core.running import RunningView, _seconds_left
+
+    by_pool = {"cpu@n0": {"a": (0.0, 10.0, 2), "b": (1.0, 3.0, 1)}}  # (start, estimated end, units)
+    view = RunningView(by_pool, now=5.0)
+    assert view["cpu@n0"] == ((5.0, 2), (_seconds_left(1.0, 3.0, 5.0), 1)) == ((5.0, 2), (2.0, 1))  # b overran: half its age
+    assert view.get("cpu@n0") == view["cpu@n0"] and view.get("gpu@n0", ()) == ()
+    assert dict(view) == {"cpu@n0": view["cpu@n0"]}

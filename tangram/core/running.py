@@ -34,7 +34,11 @@ class RunningView(Mapping[str, tuple[tuple[float, int], ...]]):
 
     def __getitem__(self, pool: str) -> tuple[tuple[float, int], ...]:
         now = self._now
-        return tuple((_seconds_left(b, e, now), u) for b, e, u in self._by_pool[pool].values())
+        # _seconds_left, inlined: a round reads every running action of each pool it arranges
+        return tuple((e - now if e > now else 0.5 * (now - b), u) for b, e, u in self._by_pool[pool].values())
+
+    def get(self, pool: str, default=None):  # Mapping.get goes through a try/except per call
+        return self[pool] if pool in self._by_pool else default
 
     def __iter__(self):
         return iter(self._by_pool)
