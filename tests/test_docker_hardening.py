@@ -185,3 +185,43 @@ async def test_no_way_out_of_the_container_cgroup_and_no_privilege_to_gain(docke
         assert "mount: " in r.stdout and "unshare: " in r.stdout, r.stdout  # no capability, no new namespace
         assert find_pids(f"sleep {MARK}") == []  # the setsid'd sleep died with its action
         await c.delete_environment(env)
+
+
+async def test_a_creation_whose_answer_was_lost_leaves_no_container(docker_client):
+    """The engine made the container but its answer never arrived (it died, the connection broke): the
+    executor removes what carries the environment's label as soon as the engine answers again."""
+    import requests
+
+    class LosesTheAnswer:  # the real engine; only the reply to the first `run` is lost on the way back
+        def __init__(self, client):
+            self._client, self.lost = client, 0
+
+        def __getattr__(self, name):
+            return getattr(self._client, name)
+
+        @property
+        def containers(self):
+            outer, real = self, self._client.containers
+
+            class Containers:
+                def __getattr__(self, name):
+                    return getattr(real, name)
+
+                def run(self, **kw):
+                    c = real.run(**kw)
+                    if not outer.lost:
+                        outer.lost += 1
+                        raise requests.exceptions.ConnectionError("Connection aborted.")
+                    return c
+            return Containers()
+
+    ex = DockerExecutor(LosesTheAnswer(docker_client), default_memory_mb=64)
+    try:
+        with pytest.raises(requests.exceptions.ConnectionError):
+            await ex.create_environment("lost-answer", labels={"suite": "lost-answer"})
+        assert docker_client.containers.list(all=True, filters={"label": "suite=lost-answer"}) == []
+        await ex.create_environment("lost-answer", labels={"suite": "lost-answer"})  # a retry works
+        assert len(docker_client.containers.list(all=True, filters={"label": "suite=lost-answer"})) == 1
+    finally:
+        await ex.close()
+    assert docker_client.containers.list(all=True, filters={"label": "suite=lost-answer"}) == []
