@@ -85,16 +85,40 @@ class PrivateDockerd:
             self.proc.wait(10)
 
     def kill(self) -> None:
-        """The machine crashes: SIGKILL to this engine's dockerd, containerd, shims and containers."""
-        pids = self.processes()
+        """The machine crashes: SIGKILL to this engine's dockerd, containerd, shims and containers, and
+        their cgroups go, as with the reboot."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for _ in range(50):  # again until none is left: a dying containerd may have just spawned a shim
+            pids = self.processes()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        self._remove_container_cgroups()
+
+    def _remove_container_cgroups(self) -> None:
+        """As the reboot after a crash would: the killed containers' cgroups go (nobody else removes them)."""
+        try:
+            ids = os.listdir(os.path.join(self.dir, "data", "containers"))
+        except OSError:
+            return
+        deadline = time.monotonic() + 5
+        for cid in ids:
+            for ctrl in os.listdir("/sys/fs/cgroup"):
+                d = os.path.join("/sys/fs/cgroup", ctrl, "docker", cid)
+                while os.path.isdir(d):
+                    try:
+                        os.rmdir(d)  # empty once its killed processes are gone
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.05)
 
     def processes(self) -> list[int]:
         """Processes started for this engine: those naming its directory, and all their descendants."""

@@ -42,9 +42,9 @@ def test_short_chaos_run_with_docker_engine_kills(docker_client):
         from tests.helpers import missing
 
         missing("a private Docker Engine", "dockerd, run as root")
-    report, rc = _chaos("--executor", "docker", "--envs", "2", "--steps", "4", "--max-faults", "4", "--seed", "1")
+    report, rc = _chaos("--executor", "docker", "--envs", "2", "--steps", "4", "--max-faults", "4", "--seed", "2")
     faults = report["faults"]
-    assert faults["engine_sigkill"] + faults["engine_crash"] >= 1 and faults["service_sigkill"] >= 1, report
+    assert faults["engine_crash"] >= 1 and faults["service_sigkill"] >= 1, report
     phase = report["phases"][0]
     assert phase["answers"].get("failed/retryable", 0) >= 1, report  # in-flight actions were told, not lost
     assert phase["containers_seen"] >= 2, report  # the leak check looked at real containers

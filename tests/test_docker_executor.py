@@ -198,14 +198,16 @@ async def test_docker_kill_does_not_wait_behind_running_execs(docker_client):
         await ex.close()
 
 
-async def test_docker_dead_container_is_a_failed_result(docker_client):
+async def test_docker_stopped_container_is_started_again_and_a_removed_one_is_a_failed_result(docker_client):
     ex = DockerExecutor(docker_client)
     try:
         await ex.create_environment("dies")
-        docker_client.api.kill(ex.container_id("dies"))
-        r = await ex.exec("dies", "true", Placement("x", None, 1, cores=(CORES[0],)))
-        assert r.status == FAILED and r.error.startswith(("docker update of ", "docker exec in ")), r
-        r = await ex.exec("dies", "true", Placement("y", None, 1))  # no cores: no update, the exec itself fails
-        assert r.status == FAILED and r.error.startswith("docker exec in ") and "not running" in r.error
+        assert (await ex.exec("dies", "echo kept > f", Placement("w", None, 1))).status == SUCCEEDED
+        docker_client.api.kill(ex.container_id("dies"))  # e.g. its engine restarted, or its PID 1 was killed
+        r = await ex.exec("dies", "cat f", Placement("x", None, 1, cores=(CORES[0],)))
+        assert r.status == SUCCEEDED and r.stdout == "kept\n", r  # started again first, files intact
+        docker_client.api.remove_container(ex.container_id("dies"), force=True)
+        r = await ex.exec("dies", "true", Placement("y", None, 1))  # gone: nothing to start
+        assert r.status == FAILED and r.error.startswith("docker exec in ") and not r.node_down, r  # not retryable
     finally:
         await ex.close()

@@ -28,6 +28,14 @@
   the executor's own labels always win over a caller's. Output is read as a
   stream and capped at ``max_output_bytes`` per stream while it arrives
   (``details["truncated"]``); the rest is drained and dropped.
+* The engine may die under a running action: its exec stream breaks and the
+  action ends ``failed`` with ``node_down`` (answered ``retryable``). Every
+  container is then suspect until its next use, which first starts it again
+  if it is stopped and kills what an action left running in it (with
+  ``live-restore`` processes outlive the engine). A container found stopped
+  when an action is to run (an engine restart nobody noticed, its PID 1
+  killed) is started again first, its files intact. Containers carry the
+  restart policy ``unless-stopped`` too.
 
 ``docker`` is imported lazily; the core never imports it.
 """
@@ -60,6 +68,7 @@ ENV_LABEL = "org.arl-tangram.env"
 OWNER_LABEL = "org.arl-tangram.owner"  # the service (state directory) whose container it is
 RESERVED_LABEL_PREFIXES = ("org.arl-tangram.",)  # this executor's own: nobody else sets them
 DEFAULT_PIDS_MAX = 512
+ADOPT_TRIES = 10  # x 0.5 s: how long a container being restored by its engine is waited for at start
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -200,15 +209,18 @@ class DockerExecutor(EnvironmentExecutor):
         if not found:
             return False
         c = found[0]
-        if c.status != "running":  # e.g. the engine restarted: its files are still in the container
+        # started again if stopped (e.g. the engine restarted: its files are still in the container), and
+        # commands of the dead service that still run inside (an exec outlives its client) killed
+        for attempt in range(ADOPT_TRIES):  # an engine that just came back may still be restoring it
             try:
-                await self._ctl(c.start)
+                await self._ctl(self._revive, c.id)
+                break
             except Exception as e:  # noqa: BLE001 - cannot be revived: not adopted, swept
-                log.warning("docker executor: container %s of %s does not start: %s", c.id[:12], env_id, _why(e))
-                return False
-        # commands of the dead service may still run inside (an exec outlives its client): kill every
-        # process of an action (they all carry TANGRAM_ACTION_TOKEN); PID 1, the reaper, stays
-        await self._ctl(self._kill_all_inside, c.id)
+                if attempt == ADOPT_TRIES - 1:
+                    log.warning("docker executor: container %s of %s does not start: %s", c.id[:12], env_id,
+                                _why(e))
+                    return False
+                await asyncio.sleep(0.5)
         self._envs[env_id] = c.id
         return True
 
@@ -380,9 +392,18 @@ class DockerExecutor(EnvironmentExecutor):
 
     def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str],
                   stdin: bytes | None = None) -> tuple[str, str, int | None, str, bool]:
+        import docker
+
         api = self.client.api
-        ex = api.exec_create(cid, argv, environment=envd, workdir="/work", stdout=True, stderr=True,
-                             stdin=stdin is not None)
+        try:
+            ex = api.exec_create(cid, argv, environment=envd, workdir="/work", stdout=True, stderr=True,
+                                 stdin=stdin is not None)
+        except docker.errors.APIError as e:
+            if e.status_code != 409 or "not running" not in str(e):
+                raise
+            self._revive(cid)  # stopped, and nothing of the action ran yet: start it again, then run
+            ex = api.exec_create(cid, argv, environment=envd, workdir="/work", stdout=True, stderr=True,
+                                 stdin=stdin is not None)
         lim = self.max_output_bytes
         out, err, truncated = bytearray(), bytearray(), False
         sock = None
@@ -459,7 +480,7 @@ def _engine_lost(e: BaseException) -> bool:
     import docker
 
     if isinstance(e, docker.errors.APIError):  # it answered; a lost exec means it restarted under it
-        return e.status_code == 404 and "exec" in str(e).lower()
+        return e.status_code == 404 and "no such exec" in str(e.explanation or "").lower()
     return isinstance(e, (OSError, docker.errors.DockerException)) or type(e).__module__.startswith(
         ("requests", "urllib3"))
 
