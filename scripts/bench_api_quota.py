@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,8 +44,13 @@ def max_in_window(arrivals: list[float], period: float) -> int:
 
 
 def start_serve(cfg: Path) -> tuple[subprocess.Popen, str]:
+    # a state directory of its own, removed at exit: a throwaway service must neither share nor be
+    # refused the default state directory of the nodes it serves (a real service may hold it)
+    state = tempfile.mkdtemp(prefix="tangram-bench-state-")
+    atexit.register(shutil.rmtree, state, True)
     proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
-                             "--no-auth"]  # loopback benchmark,
+                             "--state-dir", state,
+                             "--no-auth"],  # loopback benchmark
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -24,9 +24,11 @@ Every program must pass in every mode.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,7 +64,12 @@ def start_service(tmp: Path, isolation: str) -> tuple[subprocess.Popen, str]:
                                "gpu_nodes": []}))
     key = tmp / f"sandbox-{isolation}.key"
     key.write_text(secrets.token_urlsafe(24))
+    # a state directory of its own, removed at exit: a throwaway service must neither share nor be
+    # refused the default state directory of the nodes it serves (a real service may hold it)
+    state = tempfile.mkdtemp(prefix="tangram-bench-state-")
+    atexit.register(shutil.rmtree, state, True)
     proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--log-level", "ERROR",
+                             "--state-dir", state,
                              "--config", str(cfg), "--token-file", str(tmp / f"token-{isolation}"),
                              "--sandbox-key-file", str(key)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

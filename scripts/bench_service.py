@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +43,12 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def start_service() -> tuple[subprocess.Popen, str]:
+    # a state directory of its own, removed at exit: a throwaway service must neither share nor be
+    # refused the default state directory of the nodes it serves (a real service may hold it)
+    state = tempfile.mkdtemp(prefix="tangram-bench-state-")
+    atexit.register(shutil.rmtree, state, True)
     proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--log-level", "WARNING",
+                             "--state-dir", state,
                              "--no-auth"],  # loopback benchmark
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
