@@ -1,6 +1,7 @@
 """Small builders for policy and engine tests (DESIGN.md §8)."""
 from __future__ import annotations
 
+import heapq
 import os
 from typing import NoReturn
 
@@ -82,3 +83,26 @@ def missing(what: str, install: str, *, detail: str = "") -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true: {why}; a missing optional dependency is a failure in CI, not a skip", pytrace=False)
     pytest.skip(why, allow_module_level=True)
+
+
+def drive(eng, clock, arrivals, seconds_of):
+    """Submit ``arrivals`` [(time, action)] on a virtual ``clock`` (an object with a settable ``t``),
+    completing each started action ``seconds_of(started)`` after it starts, in event order."""
+    events: list = []
+    seq = 0
+
+    def run(started):
+        nonlocal seq
+        for s in started:
+            seq += 1
+            heapq.heappush(events, (clock.t + seconds_of(s), seq, s.action.id))
+
+    for t, a in arrivals:
+        while events and events[0][0] <= t:
+            clock.t, _, done = heapq.heappop(events)
+            run(eng.complete(done))
+        clock.t = t
+        run(eng.submit(a))
+    while events:
+        clock.t, _, done = heapq.heappop(events)
+        run(eng.complete(done))

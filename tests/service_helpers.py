@@ -16,6 +16,18 @@ from tangram.service.app import RUNTIME_KEY, create_app, start_site
 from tangram.service.config import parse_config
 
 N_CORES = len(os.sched_getaffinity(0))
+FORK_BOMB = ("import os, time\n"
+             "n = 0\n"
+             "while n < 5000:\n"
+             "    try:\n"
+             "        pid = os.fork()\n"
+             "    except OSError:\n"
+             "        break\n"
+             "    if pid == 0:\n"
+             "        time.sleep(3600)\n"
+             "        os._exit(0)\n"
+             "    n += 1\n"
+             "print(n, flush=True)\n")  # forks until the pids limit stops it; prints how many it made
 
 
 def config(**overrides: Any):

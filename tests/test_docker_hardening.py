@@ -66,21 +66,9 @@ import asyncio  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from tests.service_helpers import N_CORES, assert_whole, config, find_pids, running_service  # noqa: E402
+from tests.service_helpers import FORK_BOMB, N_CORES, assert_whole, config, find_pids, running_service  # noqa: E402
 
 MARK = f"62.{os.getpid()}"  # a sleep no other process on this machine runs
-FORKER = ("import os, time\n"
-          "n = 0\n"
-          "while n < 5000:\n"
-          "    try:\n"
-          "        pid = os.fork()\n"
-          "    except OSError:\n"
-          "        break\n"
-          "    if pid == 0:\n"
-          "        time.sleep(3600)\n"
-          "        os._exit(0)\n"
-          "    n += 1\n"
-          "print(n, flush=True)\n")
 
 
 def _docker_service(**service):
@@ -141,7 +129,7 @@ async def test_memory_of_the_environment_is_its_limit(docker_client):
 async def test_a_fork_bomb_stops_at_the_pids_limit_and_nothing_outlives_the_action(docker_client):
     async with running_service(_docker_service()) as svc, svc.client() as c:
         env = await c.create_environment()
-        await c.exec(env, f"cat > forker.py <<'EOF'\n{FORKER}EOF")
+        await c.exec(env, f"cat > forker.py <<'EOF'\n{FORK_BOMB}EOF")
         r = await c.exec(env, "python3 forker.py", timeout_s=60)
         assert r.ok, r
         assert int(r.stdout) < DEFAULT_PIDS_MAX, r.stdout  # stopped by pids.max, not by the loop bound

@@ -2,7 +2,6 @@
 and its bound (starvation-freedom)."""
 from __future__ import annotations
 
-import heapq
 
 import pytest
 
@@ -11,6 +10,7 @@ from tangram.core.model import Action, Elasticity
 from tangram.managers.gpu import Chunk, GpuManager, GpuNode, ModelSpec
 from tangram.policy.schedule import plan
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
+from tests.helpers import drive
 
 MODELS = (ModelSpec("rm", 60), ModelSpec("judge", 60), ModelSpec("tiny", 10))
 
@@ -93,28 +93,13 @@ def test_restore_is_charged_against_a_larger_dop_that_hits():
 
 def _drive(eng, mgr, clock, arrivals):
     """Submit arrivals [(time, action)]; each started action runs its T1 (plus its restore on a miss)."""
-    events: list = []
-    seq = 0
+    def seconds_of(s):
+        (pool, chunk), = s.grants.items()
+        extra = 0.0 if mgr.lease(pool, s.action.id).hit else s.action.restore_s[chunk.size]
+        mgr.restored(pool, s.action.id, extra)
+        return extra + s.action.t1_s
 
-    def run(started):
-        nonlocal seq
-        for s in started:
-            (pool, chunk), = s.grants.items()
-            lease = mgr.lease(pool, s.action.id)
-            extra = 0.0 if lease.hit else s.action.restore_s[chunk.size]
-            mgr.restored(pool, s.action.id, extra)
-            seq += 1
-            heapq.heappush(events, (clock.t + extra + s.action.t1_s, seq, s.action.id))
-
-    for t, a in arrivals:
-        while events and events[0][0] <= t:
-            clock.t, _, done = heapq.heappop(events)
-            run(eng.complete(done))
-        clock.t = t
-        run(eng.submit(a))
-    while events:
-        clock.t, _, done = heapq.heappop(events)
-        run(eng.complete(done))
+    drive(eng, clock, arrivals, seconds_of)
 
 
 class _Clock:

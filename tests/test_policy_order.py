@@ -1,7 +1,6 @@
 """Queue order: FCFS (the paper's) and aging (shortest expected first, bounded)."""
 from __future__ import annotations
 
-import heapq
 import random
 
 import pytest
@@ -9,29 +8,7 @@ import pytest
 from tangram.core.model import Action
 from tangram.policy.order import expected_s, order_key
 from tangram.policy.snapshot import PolicyParams
-from tests.helpers import make_action, make_engine, make_node
-
-
-def _drive(eng, clock, arrivals, duration_of):
-    """Submit ``arrivals`` [(time, action)], completing each started action after its duration."""
-    events: list = []
-    seq = 0
-
-    def run(started):
-        nonlocal seq
-        for s in started:
-            seq += 1
-            heapq.heappush(events, (clock.t + duration_of(s.action), seq, s.action.id))
-
-    for t, a in arrivals:
-        while events and events[0][0] <= t:
-            clock.t, _, done = heapq.heappop(events)
-            run(eng.complete(done))
-        clock.t = t
-        run(eng.submit(a))
-    while events:
-        clock.t, _, done = heapq.heappop(events)
-        run(eng.complete(done))
+from tests.helpers import drive, make_action, make_engine, make_node
 
 
 def _short(i):
@@ -44,7 +21,7 @@ def test_aging_serves_short_work_first_and_fcfs_does_not():
         eng, clock = make_engine(make_node(cores=1), params=PolicyParams(order=order, aging_k=4.0))
         arrivals = [(0.0, make_action("busy", cpu=1, t1=5.0)), (0.1, make_action("long", cpu=1, t1=20.0)),
                     (0.2, _short(0))]
-        _drive(eng, clock, arrivals, lambda a: a.t1_s)
+        drive(eng, clock, arrivals, lambda s: s.action.t1_s)
         waits[order] = (eng.record("s0").queued_s, eng.record("long").queued_s)
     assert waits["fcfs"][0] > waits["fcfs"][1]  # the short one waits behind the long one
     assert waits["aging"][0] < waits["aging"][1]  # and goes first under aging
@@ -57,7 +34,7 @@ def test_aging_is_starvation_free_under_a_stream_of_shorter_actions(k):
     eng, clock = make_engine(make_node(cores=1), params=PolicyParams(order="aging", aging_k=k))
     arrivals = [(0.5 * i, _short(i)) for i in range(400)]
     arrivals.insert(4, (2.0, make_action("long", cpu=1, t1=10.0)))
-    _drive(eng, clock, arrivals, lambda a: a.t1_s)
+    drive(eng, clock, arrivals, lambda s: s.action.t1_s)
     long = eng.record("long")
     assert long.state == "succeeded"
     key = 2.0 + k * 10.0
@@ -77,7 +54,7 @@ def test_every_action_finishes_under_aging_with_random_sizes(seed):
     for i in range(300):
         cpu = rng.choice((1, 1, 2, 4))
         arrivals.append((0.3 * i, make_action(f"a{i}", cpu=cpu, t1=rng.choice((0.5, 1.0, 8.0)))))
-    _drive(eng, clock, arrivals, lambda a: a.t1_s)
+    drive(eng, clock, arrivals, lambda s: s.action.t1_s)
     recs = [eng.record(f"a{i}") for i in range(300)]
     assert all(r.state == "succeeded" for r in recs)
     for r in recs:  # each waits at most the work submitted up to its key, spread on 4 cores, plus one action

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tangram.executors import sandbox as sbx
-from tests.service_helpers import assert_whole, config, find_pids, running_service
+from tests.service_helpers import FORK_BOMB, assert_whole, config, find_pids, running_service
 
 CAN_SANDBOX, WHY = sbx.probe()
 MARK = f"61.{os.getpid()}"  # a sleep no other process on this machine runs
@@ -70,21 +70,9 @@ async def test_memory_is_bounded_by_the_environment():
 
 @pytest.mark.skipif(not HAS_LIMITS, reason="no writable memory/pids cgroups")
 async def test_process_count_is_bounded_and_nothing_outlives_the_action():
-    forker = ("import os, time\n"
-              "n = 0\n"
-              "while n < 5000:\n"
-              "    try:\n"
-              "        pid = os.fork()\n"
-              "    except OSError:\n"
-              "        break\n"
-              "    if pid == 0:\n"
-              "        time.sleep(3600)\n"
-              "        os._exit(0)\n"
-              "    n += 1\n"
-              "print(n, flush=True)\n")
     async with running_service() as svc, svc.client() as c:
         env = await c.create_environment()
-        await c.exec(env, f"cat > forker.py <<'EOF'\n{forker}EOF")
+        await c.exec(env, f"cat > forker.py <<'EOF'\n{FORK_BOMB}EOF")
         r = await c.exec(env, "python3 forker.py", timeout_s=60)
         assert r.ok, r
         assert int(r.stdout) < sbx.DEFAULT_PIDS_MAX, r.stdout  # stopped by pids.max, not by the loop bound
