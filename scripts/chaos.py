@@ -5,19 +5,22 @@ Each of ``--envs`` environments runs ``--steps`` exec actions in order; step
 ``i`` appends its key to ``runs.txt`` in the environment, then sleeps. A
 client resubmits a step with the same ``Idempotency-Key`` after a dropped
 connection, and under a new key (a new attempt) after ``failed`` with
-``retryable`` or ``cancelled``. Meanwhile, at seeded random times, bounded in
-count (``--max-faults``) and time (``--duration-s``), the suite
+``retryable`` or ``cancelled``. Meanwhile, at seeded random points, bounded in
+count (``--max-faults``; each kind at least once when the bound allows) and
+placed by count of submitted actions (never by the clock, so that a loaded
+machine cannot change which faults happen), the suite
 
 * SIGKILLs the service and starts it again on the same state directory,
 * cancels individual running actions (``DELETE /v1/actions/<id>``), and
 * (``--executor docker``) kills the service's Docker Engine and starts it
   again: the whole engine, as a machine crash would (dockerd, containerd,
-  shims and every container process; ``--engine-faults crash``, the default),
-  or ``dockerd`` alone (``sigkill``; its containers outlive it until it comes
-  back).
+  shims and every container process; ``--engine-faults crash``), or
+  ``dockerd`` alone (``sigkill``; containerd runs as a service of its own, as
+  distribution packages run it, and the containers outlive dockerd until it
+  comes back); ``both`` (the default) injects each.
 
 The Docker phase never touches the machine's shared engine: it starts a
-private ``dockerd`` (own socket, data root, exec root and pid file, see
+private ``dockerd`` and ``containerd`` (own sockets, roots and pid file, see
 ``tests/private_dockerd.py``), builds the sandbox image in it, points a
 Docker-mode service at it and removes it, its directory included, at the end.
 ``--executor both`` (the default) runs the local phase, then the Docker one.
@@ -107,7 +110,7 @@ async def call(session: aiohttp.ClientSession, method: str, url: str, *, patienc
             await asyncio.sleep(0.2)
 
 
-async def rollout(svc: Service, args, stats: dict, running: dict, quiesce) -> dict:
+async def rollout(svc: Service, args, plan: FaultPlan, stats: dict, running: dict, quiesce) -> dict:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         envs = []
         for i in range(args.envs):
@@ -121,9 +124,11 @@ async def rollout(svc: Service, args, stats: dict, running: dict, quiesce) -> di
             envs.append(body["id"])
         succeeded: dict[str, list[str]] = {e: [] for e in envs}
 
-        async def run_step(env: str, key: str, cmd: str) -> dict | None:
-            """Submit (resubmitting with the same key while the service is down) and poll to the end."""
+        async def run_step(env: str, key: str, cmd: str, number: int = 0) -> dict | None:
+            """Submit (resubmitting with the same key while the service is down) and poll to the end;
+            ``number``: the step submission's count in the rollout (0: an undo, not counted)."""
             body = {"kind": "exec", "environment": env, "command": cmd, "timeout_s": 60}
+            await plan.gate()
             deadline = time.monotonic() + 90
             while True:
                 st, r = await call(s, "POST", f"{svc.url}/v1/actions?wait=false", headers={"Idempotency-Key": key},
@@ -136,6 +141,8 @@ async def rollout(svc: Service, args, stats: dict, running: dict, quiesce) -> di
                 stats.setdefault("errors", []).append({"submit": key, "status": st, "body": r})
                 return None
             running[key] = r["id"]
+            if number:
+                plan.submitted(number)
             try:
                 while r.get("status") not in FINAL:
                     await asyncio.sleep(0.05)
@@ -154,7 +161,7 @@ async def rollout(svc: Service, args, stats: dict, running: dict, quiesce) -> di
                     key = f"{env}-s{step}-a{attempt}"
                     cmd = f"echo {env}-s{step} >> runs.txt; echo {key} >> attempts.txt; sleep {args.step_s}"
                     stats["submitted"] += 1
-                    r = await run_step(env, key, cmd)
+                    r = await run_step(env, key, cmd, stats["submitted"])
                     if r is None:
                         stats["lost"] += 1
                         break
@@ -203,39 +210,84 @@ async def rollout(svc: Service, args, stats: dict, running: dict, quiesce) -> di
         return {"files_kept": kept, "double_runs": double, "units_held": busy, "memory_held": mem_held}
 
 
-async def inject(svc: Service, engine, args, stats: dict, running: dict, rng: random.Random,
-                 stop: asyncio.Event) -> None:
-    """One fault at a time, each finished (service or engine back up) before the next."""
-    t_end = time.monotonic() + args.duration_s
-    kinds = ["service_sigkill", "action_cancel"]
-    if engine:
-        kinds += {"crash": ["engine_crash"], "sigkill": ["engine_sigkill"], "both": ["engine_sigkill", "engine_crash"]}[
-            args.engine_faults]
+class FaultPlan:
+    """Which fault comes at which action: by count of submitted steps, not by the clock, so that a loaded
+    machine changes when faults land, never whether. Every kind is injected once (in seeded order) before
+    any repeats, up to ``max_faults``; each at a seeded submission number of the rollout's first
+    ``envs * steps - envs`` submissions, which every run reaches. While a fault is being injected (the
+    service or engine coming back), no new action is submitted: the next fault cannot be outrun."""
+
+    def __init__(self, kinds: list[str], args, rng: random.Random):
+        order = rng.sample(kinds, len(kinds))
+        order += [rng.choice(kinds) for _ in range(max(0, args.max_faults - len(kinds)))]
+        order = order[:args.max_faults]
+        last = max(1, args.envs * args.steps - args.envs)
+        if len(order) > last:
+            order = order[:last]
+        self.schedule = list(zip(sorted(rng.sample(range(1, last + 1), len(order))), order))
+        self.due = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.closed = False  # the injector has stopped: nothing is due any more
+
+    def submitted(self, n: int) -> None:
+        """Step submission number ``n`` is running: the next fault is due once its number is reached."""
+        if not self.closed and self.schedule and n >= self.schedule[0][0]:
+            self.idle.clear()  # no new submission until the fault is in (see gate)
+            self.due.set()
+
+    async def gate(self) -> None:
+        await self.idle.wait()
+
+
+async def inject(svc: Service, engine, plan: FaultPlan, args, stats: dict, running: dict,
+                 rng: random.Random, stop: asyncio.Event) -> None:
+    """One fault at a time when the plan says so, each finished (service or engine back up) before the next."""
+    try:
+        await _inject(svc, engine, plan, args, stats, running, rng, stop)
+    finally:
+        plan.closed = True
+        plan.idle.set()
+
+
+async def _inject(svc: Service, engine, plan: FaultPlan, args, stats: dict, running: dict,
+                  rng: random.Random, stop: asyncio.Event) -> None:
+    t_end = time.monotonic() + args.duration_s  # a bound only: in a run that long something else is wrong
     async with aiohttp.ClientSession() as s:
-        while not stop.is_set() and time.monotonic() < t_end and sum(stats["faults"].values()) < args.max_faults:
-            await asyncio.sleep(rng.uniform(0.3, 1.5) * args.step_s * 3)
-            if stop.is_set():
+        while plan.schedule and not stop.is_set() and time.monotonic() < t_end:
+            due = asyncio.create_task(plan.due.wait())
+            halt = asyncio.create_task(stop.wait())
+            await asyncio.wait({due, halt}, return_when=asyncio.FIRST_COMPLETED)
+            due.cancel()
+            halt.cancel()
+            if stop.is_set() or not plan.due.is_set():
                 break
-            kind = rng.choice(kinds)
-            if kind == "service_sigkill":
-                svc.kill()
-                await asyncio.sleep(0.2)
-                await asyncio.to_thread(svc.start)
-            elif kind.startswith("engine_"):
-                # dockerd alone (its containers outlive it) or the whole engine (a machine crash)
-                await asyncio.to_thread(engine.kill_daemon if kind == "engine_sigkill" else engine.kill)
-                await asyncio.sleep(rng.uniform(0.2, 1.0))  # actions meanwhile are answered failed/retryable
-                await asyncio.to_thread(engine.start)
-            else:
-                ids = [aid for key, aid in list(running.items()) if "-undo" not in key]
-                if not ids:
-                    continue
-                try:
-                    async with s.delete(f"{svc.url}/v1/actions/{rng.choice(ids)}") as r:
-                        await r.read()
-                except aiohttp.ClientError:
-                    continue
-            stats["faults"][kind] += 1
+            plan.due.clear()
+            try:
+                await asyncio.sleep(rng.uniform(0.0, 0.5) * args.step_s)  # somewhere in the running action's life
+                kind = plan.schedule[0][1]
+                if kind == "service_sigkill":
+                    svc.kill()
+                    await asyncio.sleep(0.2)
+                    await asyncio.to_thread(svc.start)
+                elif kind.startswith("engine_"):
+                    # dockerd alone (containerd and the containers outlive it) or the whole engine (a crash)
+                    await asyncio.to_thread(engine.kill_daemon if kind == "engine_sigkill" else engine.kill)
+                    await asyncio.sleep(rng.uniform(0.2, 1.0))  # actions meanwhile are answered failed/retryable
+                    await asyncio.to_thread(engine.start)
+                else:
+                    ids = [aid for key, aid in list(running.items()) if "-undo" not in key]
+                    if not ids:
+                        continue  # the action finished first: this cancel waits for the next submission
+                    try:
+                        async with s.delete(f"{svc.url}/v1/actions/{rng.choice(ids)}") as r:
+                            await r.read()
+                    except aiohttp.ClientError:
+                        continue
+                plan.schedule.pop(0)
+                stats["faults"][kind] += 1
+            finally:
+                plan.idle.set()
 
 
 def leaks(svc: Service, state: Path) -> dict:
@@ -309,20 +361,24 @@ async def phase(executor: str, args, rng: random.Random, tmp: Path) -> dict:
         node = f"{{name: d0, executor: docker, endpoint: '{engine.endpoint}', cores: {args.cores}, memory_mb: 2048}}"
     else:
         node = f"{{name: local, executor: local, cores: {args.cores}, memory_mb: 2048}}"
+    services: list[Service] = []
     try:
         cfg = tmp / f"{executor}.yaml"
         cfg.write_text(f"cpu_nodes:\n  - {node}\ngpu_nodes: []\n")
         state = tmp / f"state-{executor}"
         svc = Service(state, cfg, free_port())
+        services.append(svc)
         svc.start()
         stats = {"submitted": 0, "retried": 0, "lost": 0, "answers": _Counter(),
                  "faults": _Counter({k: 0 for k in ("service_sigkill", "action_cancel")}
-                                    | ({"engine_crash": 0} if engine else {}))}
+                                    | ({k: 0 for k in ENGINE_FAULTS[args.engine_faults]} if engine else {}))}
         running: dict = {}
         stop = asyncio.Event()
         containers: set[str] = set()
         t0 = time.monotonic()
-        injector = asyncio.create_task(inject(svc, engine, args, stats, running, rng, stop))
+        kinds = ["service_sigkill", "action_cancel"] + (ENGINE_FAULTS[args.engine_faults] if engine else [])
+        plan = FaultPlan(kinds, args, rng)
+        injector = asyncio.create_task(inject(svc, engine, plan, args, stats, running, rng, stop))
         tracker = asyncio.create_task(track_containers(engine, containers, stop)) if engine else None
 
         async def quiesce() -> None:
@@ -330,7 +386,7 @@ async def phase(executor: str, args, rng: random.Random, tmp: Path) -> dict:
             await injector
 
         try:
-            result = await rollout(svc, args, stats, running, quiesce)
+            result = await rollout(svc, args, plan, stats, running, quiesce)
         finally:
             stop.set()
             await injector
@@ -353,6 +409,10 @@ async def phase(executor: str, args, rng: random.Random, tmp: Path) -> dict:
         if engine is not None:
             report["containers_seen"] = len(containers)  # whose cgroups were checked
     finally:
+        for svc in services:  # interrupted: the service must not outlive the run either
+            if svc.proc is not None and svc.proc.poll() is None:
+                svc.proc.kill()
+                svc.proc.wait(30)
         if engine is not None:
             engine.remove()
     if engine is not None:  # removed completely: no process, mount or file of it
@@ -386,6 +446,9 @@ async def main_async(args) -> dict:
     }
 
 
+ENGINE_FAULTS = {"crash": ["engine_crash"], "sigkill": ["engine_sigkill"], "both": ["engine_crash", "engine_sigkill"]}
+
+
 class _Counter(dict):
     def __missing__(self, key):
         return 0
@@ -398,16 +461,16 @@ def main() -> int:
     p.add_argument("--step-s", type=float, default=0.3, help="seconds each action sleeps (a window to be hit in)")
     p.add_argument("--cores", type=int, default=2, help="cores of the service's local node")
     p.add_argument("--max-faults", type=int, default=10, help="at most this many faults")
-    p.add_argument("--duration-s", type=float, default=120.0, help="no fault after this many seconds")
+    p.add_argument("--duration-s", type=float, default=600.0,
+                   help="no fault after this many seconds (a bound; faults come at seeded action counts)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--executor", choices=("local", "docker", "both"), default="both",
                    help="the service's node: local (bubblewrap sandbox), docker (a private Docker Engine, "
                         "killed and restarted too), or both, one after the other")
-    p.add_argument("--engine-faults", choices=("crash", "sigkill", "both"), default="crash",
+    p.add_argument("--engine-faults", choices=("crash", "sigkill", "both"), default="both",
                    help="how the Docker engine is killed: crash = dockerd, containerd, shims and containers "
-                        "(a machine crash; the default), sigkill = dockerd alone (see the caveat in "
-                        "docs/security.md: its own containerd dies with it and the restarted one does not always "
-                        "take the surviving containers over), both")
+                        "(a machine crash), sigkill = dockerd alone (containerd, a service of its own as in "
+                        "distribution packages, and the containers outlive it), both (the default)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = p.parse_args()
     report = asyncio.run(main_async(args))

@@ -6,7 +6,12 @@ flags as ``scripts/docker_engine.sh`` (no iptables, no bridge), with the
 ``vfs`` storage driver, which works on any file system (overlay on overlay
 does not).
 
-* :meth:`kill_daemon`: SIGKILL to ``dockerd`` alone: the engine crashed; its
+Laid out as distribution packages run the engine: ``containerd`` is a service
+of its own (here: its own config, root, state and socket in our directory) and
+``dockerd`` is given its socket (``--containerd``), so that ``dockerd`` dying
+does not take containerd along.
+
+* :meth:`kill_daemon`: SIGKILL to ``dockerd`` alone: the engine crashed;
   ``containerd``, shims and containers live on until it comes back (without
   ``live-restore`` the restarted engine then stops the containers, and starts
   those with a restart policy again).
@@ -24,6 +29,22 @@ import tempfile
 import time
 from typing import Any, Callable
 
+# containerd's own settings (``containerd config default``, trimmed): everything under our directory; no CRI
+# (Kubernetes) plugin, no debug socket, no metrics
+CONTAINERD_CONFIG = """version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "{sock}"
+
+[debug]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+"""
 ENGINE_FLAGS = ("--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs")
 
 
@@ -38,7 +59,9 @@ class PrivateDockerd:
         self.extra = extra
         self.connect = connect
         self.pidfile = os.path.join(self.dir, "d.pid")
+        self.containerd_sock = os.path.join(self.dir, "c.sock")
         self.proc: subprocess.Popen | None = None
+        self.containerd: subprocess.Popen | None = None
 
     def client(self, timeout: float = 60):
         import docker
@@ -49,21 +72,18 @@ class PrivateDockerd:
         if os.path.exists(self.pidfile):
             os.unlink(self.pidfile)  # left by a killed daemon: dockerd refuses to start over it
         if not self.processes():
-            # nothing of the old engine lives (a rebooted machine starts with an empty /run): without this,
-            # dockerd would trust the dead containerd's pid file
+            # nothing of the old engine lives (a rebooted machine starts with an empty /run): neither dockerd
+            # nor containerd may trust the dead ones' state
             remove_tree(os.path.join(self.dir, "exec"))
-        else:  # containers outlived the daemon (its containerd dies with it): a new containerd takes them over
-            for name in ("containerd.pid", "containerd.sock", "containerd.sock.ttrpc", "containerd-debug.sock"):
-                try:
-                    os.unlink(os.path.join(self.dir, "exec", "containerd", name))
-                except FileNotFoundError:
-                    pass
+            remove_tree(os.path.join(self.dir, "containerd", "state"))
+        if self.containerd is None or self.containerd.poll() is not None:
+            self._start_containerd(wait_s)
         log = open(os.path.join(self.dir, "log"), "ab")
         self.proc = subprocess.Popen(
             ["dockerd", "--host", self.endpoint, "--data-root", os.path.join(self.dir, "data"),
-             "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", self.pidfile, *ENGINE_FLAGS, *self.extra],
+             "--exec-root", os.path.join(self.dir, "exec"), "--pidfile", self.pidfile,
+             "--containerd", self.containerd_sock, *ENGINE_FLAGS, *self.extra],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            # containerd's stack dumps and runc's exec specs go to $TMPDIR: keep them in our directory
             env={**os.environ, "TMPDIR": self.dir})
         log.close()
         deadline = time.monotonic() + wait_s
@@ -78,6 +98,29 @@ class PrivateDockerd:
                     raise RuntimeError(f"private dockerd did not start: {self.tail()}")
                 time.sleep(0.2)
 
+    def _start_containerd(self, wait_s: float) -> None:
+        """containerd as a service of its own: every path it writes is in our directory."""
+        base = os.path.join(self.dir, "containerd")
+        os.makedirs(base, exist_ok=True)
+        config = os.path.join(base, "config.toml")
+        with open(config, "w") as f:
+            f.write(CONTAINERD_CONFIG.format(root=os.path.join(base, "root"), state=os.path.join(base, "state"),
+                                             sock=self.containerd_sock, opt=os.path.join(base, "opt")))
+        if os.path.exists(self.containerd_sock):
+            os.unlink(self.containerd_sock)  # a killed one's: the wait below must see the new one's
+        log = open(os.path.join(self.dir, "containerd.log"), "ab")
+        self.containerd = subprocess.Popen(
+            ["containerd", "--config", config], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True,  # not in dockerd's process group: a kill of dockerd leaves it running
+            # its stack dumps and runc's exec specs go to $TMPDIR: keep them in our directory
+            env={**os.environ, "TMPDIR": self.dir})
+        log.close()
+        deadline = time.monotonic() + wait_s
+        while not os.path.exists(self.containerd_sock):
+            if self.containerd.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"private containerd did not start: {self.tail('containerd.log')}")
+            time.sleep(0.05)
+
     def kill_daemon(self) -> None:
         """SIGKILL to dockerd only (containerd and the containers keep running)."""
         if self.proc is not None and self.proc.poll() is None:
@@ -87,9 +130,10 @@ class PrivateDockerd:
     def kill(self) -> None:
         """The machine crashes: SIGKILL to this engine's dockerd, containerd, shims and containers, and
         their cgroups go, as with the reboot."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        for proc in (self.proc, self.containerd):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
         for _ in range(50):  # again until none is left: a dying containerd may have just spawned a shim
             pids = self.processes()
             if not pids:
@@ -146,12 +190,13 @@ class PrivateDockerd:
         return sorted(found)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
+        for proc in (self.proc, self.containerd):  # dockerd first: it stops its containers through containerd
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    pass
         self.kill()  # whatever is left of it
 
     def remove(self) -> None:
@@ -159,9 +204,9 @@ class PrivateDockerd:
         self.stop()
         remove_tree(self.dir)
 
-    def tail(self) -> str:
+    def tail(self, name: str = "log") -> str:
         try:
-            with open(os.path.join(self.dir, "log"), "rb") as f:
+            with open(os.path.join(self.dir, name), "rb") as f:
                 return f.read()[-1500:].decode(errors="replace")
         except OSError:
             return ""

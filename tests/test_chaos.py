@@ -1,6 +1,8 @@
 """Short runs of the fault suite (``scripts/chaos.py``) during a real rollout: service SIGKILLs and action
 cancels (local sandbox), and the same plus kills of the service's Docker Engine (a private engine the suite
-starts and removes); no action lost, nothing run twice, files kept across restarts, nothing leaked."""
+starts and removes: the whole engine crashed, and dockerd alone SIGKILLed while its containerd and containers
+live on); no action lost, nothing run twice, files kept across restarts, nothing leaked. Faults come at seeded
+action counts, so each kind is injected however loaded the machine is."""
 from __future__ import annotations
 
 import json
@@ -31,7 +33,8 @@ def _clean(report: dict) -> None:
 
 def test_short_chaos_run_loses_and_leaks_nothing():
     report, rc = _chaos("--executor", "local", "--envs", "2", "--steps", "5", "--max-faults", "4", "--seed", "1")
-    assert report["faults_injected"] >= 2 and report["faults"]["service_sigkill"] >= 1, report
+    assert report["faults_injected"] == 4, report
+    assert report["faults"]["service_sigkill"] >= 1 and report["faults"]["action_cancel"] >= 1, report
     _clean(report)
     assert rc == 0
 
@@ -44,9 +47,11 @@ def test_short_chaos_run_with_docker_engine_kills(docker_client):
         missing("a private Docker Engine", "dockerd, run as root")
     report, rc = _chaos("--executor", "docker", "--envs", "2", "--steps", "4", "--max-faults", "4", "--seed", "2")
     faults = report["faults"]
-    assert faults["engine_crash"] >= 1 and faults["service_sigkill"] >= 1, report
+    for kind in ("engine_crash", "engine_sigkill", "service_sigkill", "action_cancel"):
+        assert faults.get(kind, 0) == 1, report  # each kind once, whatever the machine's load
     phase = report["phases"][0]
     assert phase["answers"].get("failed/retryable", 0) >= 1, report  # in-flight actions were told, not lost
     assert phase["containers_seen"] >= 2, report  # the leak check looked at real containers
+    assert phase["leak_detail"]["engine_processes_after_removal"] == [], report  # containerd included
     _clean(report)
     assert rc == 0
