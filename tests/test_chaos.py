@@ -45,6 +45,9 @@ def test_short_chaos_run_with_docker_engine_kills(docker_client):
         from tests.helpers import missing
 
         missing("a private Docker Engine", "dockerd, run as root")
+    # seed 2's schedule: service kill, dockerd kill, engine crash, cancel (by action count). dockerd is killed
+    # before the crash, when no container start is pending: a dockerd 20.10 killed inside a container start
+    # leaves a containerd task it cannot take over (docs/security.md), which this short run does not test
     report, rc = _chaos("--executor", "docker", "--envs", "2", "--steps", "4", "--max-faults", "4", "--seed", "2")
     faults = report["faults"]
     for kind in ("engine_crash", "engine_sigkill", "service_sigkill", "action_cancel"):
