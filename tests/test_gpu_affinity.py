@@ -191,3 +191,28 @@ def test_a_long_queue_of_one_model_spreads_past_its_busy_instance():
     snap = Snapshot(pools=pools, nodes=("n0",), waiting=waiting, waiting_keys=tuple(float(i) for i in range(10)))
     got = sorted(d.action.id for d in plan(snap).dispatches)
     assert "B0" not in got and "B1" not in got and len(got) == 8
+
+
+def test_two_idle_instances_of_one_service_serve_two_of_its_actions():
+    # b is resident and idle at DoP 1 and at DoP 2: the first b action takes one instance, not both,
+    # so the second starts on the other without a restore either
+    pools = {"gpu@n0": PoolState("gpu@n0", "gpu", "n0", 8, 3, chunks=(1, 2), resident=frozenset({"b@dop1", "b@dop2"}),
+                                 idle=("b@dop1", "b@dop2"))}
+    waiting = tuple(Action.build(i, {"gpu": [1, 2]}, service="b", t1_s=1.0, elasticity=Elasticity.amdahl(0.5),
+                                 action_class="svc:b", restore_s={1: 6.0, 2: 3.0}) for i in ("B1", "B2"))
+    ds = plan(Snapshot(pools=pools, nodes=("n0",), waiting=waiting, waiting_keys=(0.0, 0.1))).dispatches
+    assert sorted(d.units["gpu"] for d in ds) == [1, 2]
+    for d in ds:  # both hits: no restore in either estimate
+        assert d.estimated_s == pytest.approx(d.action.duration(d.units["gpu"]))
+
+
+def test_a_busy_instance_the_action_cannot_run_at_does_not_hold_it():
+    # b is resident only as an 8-GPU instance, busy; a b action that runs at 1 or 2 GPUs can never
+    # take that instance, so waiting for it would be for ever: it starts now (and pays its restore)
+    pools = {"gpu@n0": PoolState("gpu@n0", "gpu", "n0", 16, 8, chunks=(8,), resident=frozenset({"b@dop8"}), idle=())}
+    a = act("B", "b", dop=(1, 2), t1=1.0, restore=20.0)
+    (d,) = plan(Snapshot(pools=pools, nodes=("n0",), waiting=(a,), waiting_keys=(0.0,))).dispatches
+    assert d.action.id == "B" and d.estimated_s > d.action.duration(d.units["gpu"])
+    # the same action with a busy instance it can use waits for it (1 s of work against a 20 s restore)
+    pools["gpu@n0"] = PoolState("gpu@n0", "gpu", "n0", 16, 8, chunks=(8,), resident=frozenset({"b@dop1"}), idle=())
+    assert plan(Snapshot(pools=pools, nodes=("n0",), waiting=(a,), waiting_keys=(0.0,))).dispatches == ()

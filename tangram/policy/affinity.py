@@ -23,7 +23,7 @@ class Affinity:
 
     def __init__(self, pools) -> None:
         self.left: dict[str, dict[str, dict[int, int]]] = {}
-        self.busy: dict[str, int] = {}  # model -> resident instances that are running (at least)
+        self.busy: dict[str, dict[int, int]] = {}  # model -> DoP -> resident instances that are running
         self.held: dict[str, int] = {}  # model -> actions held this round for its busy instances
         for name, p in pools.items():
             idle = p.idle if p.idle is not None else p.resident if p.chunked else ()
@@ -34,8 +34,9 @@ class Affinity:
             if p.chunked and p.idle is not None:
                 for service in p.resident:
                     if service not in idle:
-                        model = parse_service(service)[0]
-                        self.busy[model] = self.busy.get(model, 0) + 1
+                        model, dop = parse_service(service)
+                        per = self.busy.setdefault(model, {})
+                        per[dop] = per.get(dop, 0) + 1
 
     def dops(self, pname: str, a: Action) -> frozenset[int]:
         """The DoPs of ``a``'s options at which an unclaimed idle instance of its service sits in ``pname``."""
@@ -50,11 +51,14 @@ class Affinity:
         return any(pname not in closed and self.dops(pname, a) for pname in gpu_pools)
 
     def claim(self, pname: str, a: Action) -> frozenset[int]:
+        """Take one idle instance for ``a`` (it runs on one): the DoP at which it ends soonest
+        (the smaller on a tie), leaving the others to the actions after it."""
         hits = self.dops(pname, a)
-        counts = self.left[pname][a.service] if hits else None
-        for u in hits:
-            counts[u] -= 1
-        return hits
+        if not hits:
+            return hits
+        u = min(hits, key=lambda d: (a.duration(d) or 0.0, d))  # no T1 known: the smallest
+        self.left[pname][a.service][u] -= 1
+        return frozenset((u,))
 
 
 def affinity_order(snap: Snapshot, affinity: Affinity, gpu_pools, closed):
@@ -101,7 +105,10 @@ def _hold(a: Action, affinity: Affinity, snap: Snapshot) -> bool:
     new chunks, and a held action is a hit (a claim, in its order) when an
     instance frees.
     """
-    busy = affinity.busy.get(a.service, 0)
+    # only instances at a DoP ``a`` can run at: one it cannot use would hold it for ever
+    per = affinity.busy.get(a.service)
+    options = a.demands["gpu"].options
+    busy = sum(n for dop, n in per.items() if dop in options) if per else 0
     if not busy:
         return False
     restore = a.restore_s.get(a.demands["gpu"].min, 0.0)
