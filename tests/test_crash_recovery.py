@@ -299,3 +299,22 @@ async def test_the_default_state_directory_is_keyed_by_the_nodes_not_the_port(tm
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_the_default_state_key_tells_hosts_and_gpu_or_api_only_services_apart(monkeypatch):
+    import yaml
+
+    from tangram.service.config import parse_config
+    from tangram.service.recover import default_state_dir
+
+    def key(text):
+        return default_state_dir(parse_config(yaml.safe_load(text)))
+
+    gpu_a = "cpu_nodes: []\ngpu_nodes: [{name: ga, gpus: [0], device: cpu}]\n"
+    gpu_b = "cpu_nodes: []\ngpu_nodes: [{name: gb, gpus: [0], device: cpu}]\n"
+    api = "cpu_nodes: []\ngpu_nodes: []\napi_pools: {search: {concurrency: 2}}\n"
+    assert len({key(gpu_a), key(gpu_b), key(api)}) == 3  # no CPU nodes: still apart
+    assert key(gpu_a) == key("# the same, another file\n" + gpu_a)
+    here = key(gpu_a)
+    monkeypatch.setattr("socket.gethostname", lambda: "another-host-sharing-this-home")
+    assert key(gpu_a) != here

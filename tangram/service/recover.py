@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
 from typing import Any
 
@@ -38,12 +39,16 @@ RESTARTED = "the service restarted while this action was waiting or running; it 
 
 def default_state_dir(cfg: Any) -> str:
     """Where ``tangram serve`` keeps its state when none is configured:
-    ``${XDG_STATE_HOME:-~/.local/state}/tangram/<key>``, ``<key>`` a hash of the CPU nodes it manages
-    (name, executor, endpoint, workdir). Not of the port or the config file's path: a restart on another
-    port, or with the file moved, finds its environments again; a second service on the same nodes
-    finds the directory held and is refused (it would book the same cores twice)."""
-    nodes = [[n.name, n.executor, n.endpoint, n.workdir] for n in cfg.cpu_nodes]
-    key = hashlib.sha256(json.dumps(nodes).encode()).hexdigest()[:16]
+    ``${XDG_STATE_HOME:-~/.local/state}/tangram/<key>``, ``<key>`` a hash of this host's name and the
+    resources it manages (CPU nodes: name, executor, endpoint, workdir; GPU nodes and API pools: names).
+    Not of the port or the config file's path: a restart on another port, or with the file moved, finds
+    its environments again; a second service on the same nodes finds the directory held and is refused
+    (it would book the same cores twice). The host name keeps two machines sharing a home directory
+    apart; the GPU nodes and API pools keep services without CPU nodes apart."""
+    managed = {"host": socket.gethostname(),
+               "cpu": [[n.name, n.executor, n.endpoint, n.workdir] for n in cfg.cpu_nodes],
+               "gpu": [n.name for n in cfg.gpu_nodes], "api": [p.name for p in cfg.api_pools]}
+    key = hashlib.sha256(json.dumps(managed, sort_keys=True).encode()).hexdigest()[:16]
     root = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return os.path.join(root, "tangram", key)
 
