@@ -332,11 +332,15 @@ async def test_shutdown_cancels_in_flight_actions_and_answers_them():
     async with running_service() as svc, svc.client() as c:
         rt = svc.runtime
         env = await c.create_environment(memory_mb=32)
-        pending = [asyncio.create_task(c.exec(env, "sleep 30")) for _ in range(N_CORES + 2)]
-        for _ in range(200):
+        pending = [asyncio.create_task(c.exec(env, "sleep 60")) for _ in range(N_CORES + 2)]
+        # every request reached the engine before the shutdown (on a loaded machine that takes
+        # seconds); a request still on its way would not be in flight, only unanswered
+        for _ in range(3000):
             if len(rt.engine.running) == N_CORES and len(rt.engine.waiting) == 2:
                 break
             await asyncio.sleep(0.01)
+        else:
+            pytest.fail(f"not all in flight: {len(rt.engine.running)} running, {len(rt.engine.waiting)} waiting")
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await svc.runner.cleanup()
