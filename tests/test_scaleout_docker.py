@@ -247,3 +247,34 @@ async def test_docker_node_unreachable_at_start_joins_when_its_engine_answers(do
     finally:
         await rt.close()
     rt.check_whole()
+
+
+async def test_a_reattach_that_fails_while_the_node_is_up_is_tried_again(docker_client):
+    # the engine answers again but cannot yet act on the container (here: paused, so nothing can be
+    # run in it); the reattach is retried until it works, not left suspended until give_up_s
+    main = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    cfg = parse_config({"cpu_nodes": [{"name": "d1", "executor": "docker", "endpoint": main}], "gpu_nodes": [],
+                        "scaleout": {"health": {"interval_s": 30.0}}})
+    rt = await build_runtime(cfg)
+    assert isinstance(rt, ClusterRuntime)
+    try:
+        env = await rt.create_environment(memory_mb=128, env_id="sx-retry", labels={"suite": "scaleout"})
+        assert (await rt.exec(env, "echo kept > /tmp/mark")).status == SUCCEEDED
+        from tangram.executors.docker import ENV_LABEL
+
+        [c] = docker_client.containers.list(filters={"label": f"{ENV_LABEL}={env}"})
+        assert rt.node_down("d1", "maintenance")
+        assert env in rt.suspended
+        c.pause()
+        try:
+            assert rt.node_up("d1")
+            await asyncio.sleep(1.5)  # at least one reattach failed on the paused container
+            assert env in rt.suspended
+        finally:
+            c.unpause()
+        await _until(lambda: env not in rt.suspended, timeout_s=30)
+        o = await rt.exec(env, "cat /tmp/mark")
+        assert o.status == SUCCEEDED and o.stdout == "kept\n", o
+        await rt.delete_environment(env)
+    finally:
+        await rt.close()

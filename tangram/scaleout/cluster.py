@@ -322,22 +322,39 @@ class ClusterRuntime(Runtime):
         return True
 
     async def _back(self, node: str, ex: GuardedEnvExecutor) -> None:
-        """Remove what was left of the node's lost environments; reattach its suspended ones."""
+        """Remove what was left of the node's lost environments; reattach its suspended ones.
+
+        A reattach that fails while the node stays up (an engine that answers its health
+        check while it still restores a container) is tried again, backing off, until it
+        works or the environment's ``give_up_s`` runs out; if the node goes down again the
+        next ``node_up`` takes over."""
         await ex.cleanup_orphans()
-        for t, (n, why, _) in list(self.suspended.items()):
-            if n != node or self.suspended.get(t, (None,))[0] != node:
-                continue
-            try:
-                ok = await ex.reattach_environment(t)
-            except Exception as exc:  # noqa: BLE001 - the node failed again meanwhile: still suspended
-                log.warning("node %s: reattaching environment %s failed: %s", node, t, exc)
-                continue
-            if t not in self.suspended:  # deleted meanwhile
-                continue
-            if ok:
-                del self.suspended[t]
-            else:
-                self._lose(t, node, f"{why}; its environment did not survive")
+        pending = [t for t, (n, _, _) in self.suspended.items() if n == node]
+        delay = 0.25
+        while pending and node not in self.down:
+            retry = []
+            for t in pending:
+                entry = self.suspended.get(t)
+                if entry is None or entry[0] != node:  # deleted, or suspended anew, meanwhile
+                    continue
+                why, since = entry[1], entry[2]
+                try:
+                    ok = await ex.reattach_environment(t)
+                except Exception as exc:  # noqa: BLE001 - not ready yet, or the node failed again
+                    log.warning("node %s: reattaching environment %s failed: %s", node, t, exc)
+                    if time.monotonic() - since <= self.give_up_s:
+                        retry.append(t)
+                    continue
+                if t not in self.suspended:  # deleted meanwhile
+                    continue
+                if ok:
+                    del self.suspended[t]
+                else:
+                    self._lose(t, node, f"{why}; its environment did not survive")
+            pending = retry
+            if pending:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 5.0)
         log.info("node %r: suspended environments handled", node)
 
     # ------------------------------------------------------------------ #
