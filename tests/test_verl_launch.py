@@ -106,10 +106,16 @@ def test_readme_launch_composes_with_verl_and_reaches_ray_start_workers(tmp_path
         if ray.is_initialized():
             ray.shutdown()
         tmp = tempfile.mkdtemp(prefix="tgl-", dir="/tmp")  # short: Ray's unix socket paths
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "temp_dir": tmp,
-                                                                "include_dashboard": False})
+        # `Cluster` writes its address file to the default Ray dir ($RAY_TMPDIR, else $TMPDIR or /tmp,
+        # + /ray) whatever `temp_dir` says, and that dir exists only where Ray ran before: keep all of
+        # it under our own temp root (removed below), as on a fresh machine
+        monkeypatch.setenv("RAY_TMPDIR", tmp)
+        os.makedirs(os.path.join(tmp, "ray"))
+        cluster = None
         remote = ray.remote(num_cpus=0)(probe)
         try:
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "temp_dir": os.path.join(tmp, "ray"),
+                                                                    "include_dashboard": False})
             ray.init(address=cluster.address)  # the driver's own environment says nothing of tangram
             without = ray.get(remote.remote(cfg), timeout=120)
             ray.shutdown()
@@ -121,5 +127,6 @@ def test_readme_launch_composes_with_verl_and_reaches_ray_start_workers(tmp_path
         finally:
             if ray.is_initialized():
                 ray.shutdown()
-            cluster.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
             shutil.rmtree(tmp, ignore_errors=True)
