@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import json
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +29,7 @@ from aiohttp import web  # noqa: E402
 
 from tangram.client import TangramClient  # noqa: E402
 from tangram.demo.upstream_limits import UpstreamLimits, limits_middleware  # noqa: E402
+from tangram.service.launch import ServeProcess, ServeStartError, start_serve  # noqa: E402
 
 
 def max_in_window(arrivals: list[float], period: float) -> int:
@@ -43,24 +41,15 @@ def max_in_window(arrivals: list[float], period: float) -> int:
     return best
 
 
-def start_serve(cfg: Path) -> tuple[subprocess.Popen, str]:
-    # a state directory of its own, removed at exit: a throwaway service must neither share nor be
-    # refused the default state directory of the nodes it serves (a real service may hold it)
-    state = tempfile.mkdtemp(prefix="tangram-bench-state-")
-    atexit.register(shutil.rmtree, state, True)
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
-                             "--state-dir", state,
-                             "--no-auth"],  # loopback benchmark
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "listening on" in line:
-            return proc, line.strip().rsplit(" ", 1)[1]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise SystemExit("tangram serve did not start")
+def start_service(cfg: Path) -> ServeProcess:
+    # a throwaway state directory: a benchmark's service must neither share nor be refused the
+    # default state directory of the nodes it serves (a real service may hold it)
+    try:
+        return start_serve(["--config", str(cfg), "--port", "0",
+                            "--no-auth"],  # loopback benchmark
+                           cwd=REPO, throwaway_state=True)
+    except ServeStartError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 async def one_run(args: argparse.Namespace, seed: int) -> dict:
@@ -84,17 +73,13 @@ async def one_run(args: argparse.Namespace, seed: int) -> dict:
             "cpu_nodes": [{"name": "here", "executor": "local", "cores": 1, "memory_mb": 256}], "gpu_nodes": [],
             "api_pools": {"search": {"concurrency": args.concurrency, "quota": args.quota,
                                      "period_s": args.period_s, "window": args.window}}}))
-        proc, service = start_serve(cfg)
-        try:
-            async with TangramClient(service) as c:
+        with start_service(cfg) as srv:
+            async with TangramClient(srv.url) as c:
                 t0 = time.monotonic()
                 results = await asyncio.gather(*(
                     c.run_action({"kind": "http", "url": url, "resources": {"api": "search"}})
                     for _ in range(args.callers)))
                 wall = time.monotonic() - t0
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     await runner.cleanup()
     return {"caller_429s": sum(1 for r in results if (r.output or {}).get("status") == 429),
             "failed": sum(1 for r in results if not r.ok),

@@ -24,11 +24,10 @@ Every program must pass in every mode.
 from __future__ import annotations
 
 import argparse
-import atexit
+import contextlib
 import json
 import os
 import secrets
-import shutil
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from tangram.service.launch import ServeProcess, ServeStartError, start_serve  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -53,7 +54,7 @@ def programs() -> list[str]:
             for p in read_problems().values()]
 
 
-def start_service(tmp: Path, isolation: str) -> tuple[subprocess.Popen, str]:
+def start_service(tmp: Path, isolation: str) -> tuple[ServeProcess, str]:
     """``tangram serve`` on this machine's cores and memory (the embedded default's node, with ``isolation``)."""
     from tangram.service.config import default_config
 
@@ -64,22 +65,15 @@ def start_service(tmp: Path, isolation: str) -> tuple[subprocess.Popen, str]:
                                "gpu_nodes": []}))
     key = tmp / f"sandbox-{isolation}.key"
     key.write_text(secrets.token_urlsafe(24))
-    # a state directory of its own, removed at exit: a throwaway service must neither share nor be
-    # refused the default state directory of the nodes it serves (a real service may hold it)
-    state = tempfile.mkdtemp(prefix="tangram-bench-state-")
-    atexit.register(shutil.rmtree, state, True)
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--log-level", "ERROR",
-                             "--state-dir", state,
-                             "--config", str(cfg), "--token-file", str(tmp / f"token-{isolation}"),
-                             "--sandbox-key-file", str(key)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    while True:
-        line = proc.stdout.readline()
-        if "listening on" in line:
-            return proc, f"{line.strip().rsplit(' ', 1)[1]}/sandbox/{key.read_text()}/run_code"
-        if not line:
-            proc.kill()
-            raise SystemExit("tangram serve did not start")
+    # a throwaway state directory: a benchmark's service must neither share nor be refused the
+    # default state directory of the nodes it serves (a real service may hold it)
+    try:
+        srv = start_serve(["--port", "0", "--log-level", "ERROR", "--config", str(cfg),
+                           "--token-file", str(tmp / f"token-{isolation}"), "--sandbox-key-file", str(key)],
+                          cwd=REPO, throwaway_state=True)
+    except ServeStartError as exc:
+        raise SystemExit(str(exc)) from None
+    return srv, f"{srv.url}/sandbox/{key.read_text()}/run_code"
 
 
 def run_level(call, progs: list[str], threads: int) -> dict:
@@ -110,10 +104,12 @@ def main() -> int:
 
     progs = programs()
     py = os.path.realpath(sys.executable)  # the interpreter the endpoint's python language runs too
-    with tempfile.TemporaryDirectory(prefix="bench-sfusion-") as tmpdir:
+    with tempfile.TemporaryDirectory(prefix="bench-sfusion-") as tmpdir, contextlib.ExitStack() as services:
         tmp = Path(tmpdir)
-        proc, url = start_service(tmp, "sandbox")
-        proc_none, url_none = start_service(tmp, "none")
+        srv, url = start_service(tmp, "sandbox")
+        services.enter_context(srv)  # stopped (SIGTERM) on the way out, whatever happens
+        srv_none, url_none = start_service(tmp, "none")
+        services.enter_context(srv_none)
 
         def via(run_url: str):
             def endpoint(code: str) -> bool:
@@ -131,43 +127,38 @@ def main() -> int:
                     return False
 
         modes = (("direct", direct), ("endpoint", via(url)), ("endpoint_unsandboxed", via(url_none)))
-        try:
-            for _, call in modes[1:]:
-                call("print(1)")  # first call: the runner's and interpreter's files come into the page cache
-            out: dict = {"programs": len(progs), "cores": len(os.sched_getaffinity(0)), "levels": {}}
-            for threads in levels:
-                runs: dict[str, list[dict]] = {mode: [] for mode, _ in modes}
-                for _ in range(args.repeats):
-                    for mode, call in modes:
-                        runs[mode].append(run_level(call, progs, threads))
-                level: dict = {}
-                for mode, rs in runs.items():
-                    tp = [r["throughput"] for r in rs]
-                    level[mode] = {"throughput_median": statistics.median(tp), "throughput_min": min(tp),
-                                   "throughput_max": max(tp),
-                                   "p50_s_median": statistics.median(r["p50_s"] for r in rs),
-                                   "p99_s_median": statistics.median(r["p99_s"] for r in rs),
-                                   "failed": sum(r["failed"] for r in rs)}
-                for mode in ("endpoint", "endpoint_unsandboxed"):
-                    ratios = [e["throughput"] / d["throughput"] for d, e in zip(runs["direct"], runs[mode])]
-                    level[f"{mode}_over_direct"] = {"median": statistics.median(ratios), "min": min(ratios),
-                                                    "max": max(ratios)}
-                out["levels"][str(threads)] = level
-                if not args.json:
-                    parts = [f"{threads:>3} threads:"]
-                    for mode, _ in modes:
-                        m = level[mode]
-                        parts.append(f"{mode} {m['throughput_median']:5.1f}/s ({m['throughput_min']:.1f}-"
-                                     f"{m['throughput_max']:.1f}) p50 {m['p50_s_median']*1e3:.0f} ms "
-                                     f"p99 {m['p99_s_median']*1e3:.0f} ms")
-                        if mode != "direct":
-                            r = level[f"{mode}_over_direct"]
-                            parts[-1] += f" ratio {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
-                    print(" | ".join(parts), flush=True)
-        finally:
-            for p in (proc, proc_none):
-                p.terminate()
-                p.wait(timeout=30)
+        for _, call in modes[1:]:
+            call("print(1)")  # first call: the runner's and interpreter's files come into the page cache
+        out: dict = {"programs": len(progs), "cores": len(os.sched_getaffinity(0)), "levels": {}}
+        for threads in levels:
+            runs: dict[str, list[dict]] = {mode: [] for mode, _ in modes}
+            for _ in range(args.repeats):
+                for mode, call in modes:
+                    runs[mode].append(run_level(call, progs, threads))
+            level: dict = {}
+            for mode, rs in runs.items():
+                tp = [r["throughput"] for r in rs]
+                level[mode] = {"throughput_median": statistics.median(tp), "throughput_min": min(tp),
+                               "throughput_max": max(tp),
+                               "p50_s_median": statistics.median(r["p50_s"] for r in rs),
+                               "p99_s_median": statistics.median(r["p99_s"] for r in rs),
+                               "failed": sum(r["failed"] for r in rs)}
+            for mode in ("endpoint", "endpoint_unsandboxed"):
+                ratios = [e["throughput"] / d["throughput"] for d, e in zip(runs["direct"], runs[mode])]
+                level[f"{mode}_over_direct"] = {"median": statistics.median(ratios), "min": min(ratios),
+                                                "max": max(ratios)}
+            out["levels"][str(threads)] = level
+            if not args.json:
+                parts = [f"{threads:>3} threads:"]
+                for mode, _ in modes:
+                    m = level[mode]
+                    parts.append(f"{mode} {m['throughput_median']:5.1f}/s ({m['throughput_min']:.1f}-"
+                                 f"{m['throughput_max']:.1f}) p50 {m['p50_s_median']*1e3:.0f} ms "
+                                 f"p99 {m['p99_s_median']*1e3:.0f} ms")
+                    if mode != "direct":
+                        r = level[f"{mode}_over_direct"]
+                        parts[-1] += f" ratio {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
+                print(" | ".join(parts), flush=True)
     if args.json:
         print(json.dumps(out, indent=1))
     failed = sum(lv[m]["failed"] for lv in out["levels"].values() for m in ("direct", "endpoint",

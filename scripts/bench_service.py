@@ -18,14 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tangram.client import TangramClient  # noqa: E402
+from tangram.service.launch import ServeProcess, ServeStartError, start_serve  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -42,20 +39,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, int(round(q / 100 * len(xs))) - 1))]
 
 
-def start_service() -> tuple[subprocess.Popen, str]:
-    # a state directory of its own, removed at exit: a throwaway service must neither share nor be
-    # refused the default state directory of the nodes it serves (a real service may hold it)
-    state = tempfile.mkdtemp(prefix="tangram-bench-state-")
-    atexit.register(shutil.rmtree, state, True)
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--log-level", "WARNING",
-                             "--state-dir", state,
-                             "--no-auth"],  # loopback benchmark
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise SystemExit(f"serve did not start: {line!r}")
-    return proc, line.strip().rsplit(" ", 1)[1]
+def start_service() -> ServeProcess:
+    # a throwaway state directory: a benchmark's service must neither share nor be refused the
+    # default state directory of the nodes it serves (a real service may hold it)
+    try:
+        return start_serve(["--port", "0", "--log-level", "WARNING",
+                            "--no-auth"],  # loopback benchmark
+                           cwd=REPO, throwaway_state=True)
+    except ServeStartError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -153,7 +145,8 @@ async def queued(c: TangramClient, n: int) -> dict:
 
 
 async def main(args) -> dict:
-    proc, url = start_service()
+    srv = start_service()
+    url = srv.url
     out: dict = {"cores": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
     try:
         async with TangramClient(url, timeout_s=600) as c:
@@ -161,10 +154,9 @@ async def main(args) -> dict:
             for clients, total in ((1, args.n1), (64, args.n64), (512, args.n512)):
                 out["exec"].append(await exec_level(c, clients, total))
             out["queued"] = await queued(c, args.queued)
-        out["service_peak_rss_mb"] = peak_rss_mb(proc.pid)
+        out["service_peak_rss_mb"] = peak_rss_mb(srv.pid)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        srv.stop(grace_s=30)
     out["direct"] = [await direct_level(k, n) for k, n in ((1, args.n1), (out["cores"], args.n64))]
     return out
 

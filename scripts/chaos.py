@@ -40,9 +40,7 @@ import asyncio
 import json
 import os
 import random
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +50,9 @@ import aiohttp
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from tangram.service.launch import ServeProcess, ServeStartError, start_serve  # noqa: E402
+
 FINAL = ("succeeded", "failed", "timeout", "cancelled")
 
 
@@ -65,32 +66,23 @@ class Service:
     def __init__(self, state: Path, cfg: Path, port: int):
         self.state, self.cfg, self.port = state, cfg, port
         self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
+        self.serve: ServeProcess | None = None
         self.pids: list[int] = []
 
     def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tangram.cli", "serve", "--config", str(self.cfg), "--port", str(self.port),
-             "--no-auth", "--state-dir", str(self.state), "--log-level", "ERROR"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if "listening on" in line:
-                self.pids.append(self.proc.pid)
-                return
-            if not line and self.proc.poll() is not None:
-                break
-        raise SystemExit("chaos: tangram serve did not start")
+        try:
+            self.serve = start_serve(["--config", str(self.cfg), "--port", str(self.port), "--no-auth",
+                                      "--log-level", "ERROR"], cwd=REPO, env=env, state_dir=self.state)
+        except ServeStartError as exc:
+            raise SystemExit(f"chaos: {exc}") from None
+        self.pids.append(self.serve.pid)
 
     def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
+        self.serve.kill()
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+        self.serve.stop(grace_s=60)
 
 
 RETRIES = 60  # attempts at an undo: a restarting engine answers retryable for a few seconds
@@ -410,9 +402,8 @@ async def phase(executor: str, args, rng: random.Random, tmp: Path) -> dict:
             report["containers_seen"] = len(containers)  # whose cgroups were checked
     finally:
         for svc in services:  # interrupted: the service must not outlive the run either
-            if svc.proc is not None and svc.proc.poll() is None:
-                svc.proc.kill()
-                svc.proc.wait(30)
+            if svc.serve is not None:
+                svc.serve.kill()
         if engine is not None:
             engine.remove()
     if engine is not None:  # removed completely: no process, mount or file of it

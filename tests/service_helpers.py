@@ -4,16 +4,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 from tangram.client import TangramClient
 from tangram.runtime import Runtime
+from tangram.service import launch
 from tangram.service.app import RUNTIME_KEY, create_app, start_site
 from tangram.service.config import parse_config
+from tangram.service.launch import ServeProcess
 
 N_CORES = len(os.sched_getaffinity(0))
 FORK_BOMB = ("import os, time\n"
@@ -112,16 +111,6 @@ def find_pids(marker: str) -> list[int]:
 REPO = Path(__file__).resolve().parent.parent
 
 
-def start_serve(args: list[str], *, wait_s: float = 60.0) -> tuple[subprocess.Popen, str]:
-    """``tangram serve ARGS`` as a subprocess; returns it and the URL it printed once listening."""
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "listening on" in line:
-            return proc, line.strip().rsplit(" ", 1)[1]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"serve did not start: {proc.stderr.read()}")
+def start_serve(args: list[str], *, wait_s: float = 60.0) -> ServeProcess:
+    """``tangram serve ARGS`` as a subprocess of this checkout, once it listens (``.url``, ``.stop()``)."""
+    return launch.start_serve(args, wait_s=wait_s, cwd=REPO)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tangram.service.launch import ServeProcess
 from tests.service_helpers import config, find_pids, running_service, start_serve
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 MARK = f"61.{os.getpid()}"  # a sleep no other process on this machine runs
 
 
-def _serve(state: Path, cfg: Path) -> tuple[subprocess.Popen, str]:
+def _serve(state: Path, cfg: Path) -> ServeProcess:
     return start_serve(["--config", str(cfg), "--port", "0", "--no-auth", "--state-dir", str(state)])
 
 
@@ -34,7 +34,8 @@ async def test_sigkill_then_restart_reattaches_and_fails_in_flight_actions(tmp_p
     cfg = tmp_path / "c.yaml"
     cfg.write_text("cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n")
     state = tmp_path / "state"
-    proc, url = _serve(state, cfg)
+    srv = _serve(state, cfg)
+    url = srv.url
     try:
         async with aiohttp.ClientSession() as s:
             st, env = await _j(await s.post(f"{url}/v1/environments", json={"memory_mb": 256}))
@@ -54,10 +55,10 @@ async def test_sigkill_then_restart_reattaches_and_fails_in_flight_actions(tmp_p
                 if cur["status"] == "running":
                     break
                 await asyncio.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        srv.kill()
         (state / "envs" / "here" / "env-orphan").mkdir(parents=True)  # owned, never recorded
-        proc, url = _serve(state, cfg)
+        srv = _serve(state, cfg)
+        url = srv.url
         # the sandbox dies with the service (pdeathsig on bwrap, --die-with-parent below it); what a kill
         # landing in the instant before those are armed leaves is swept at start (its cgroups name a dead pid)
         for _ in range(100):
@@ -83,8 +84,7 @@ async def test_sigkill_then_restart_reattaches_and_fails_in_flight_actions(tmp_p
             assert not (state / "envs" / "here" / "env-orphan").exists()
             assert (await s.delete(f"{url}/v1/environments/{eid}")).status == 204
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        srv.stop(grace_s=30)
     assert list((state / "envs" / "here").iterdir()) == []
 
 
@@ -92,13 +92,14 @@ async def test_graceful_restart_keeps_environments(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n")
     state = tmp_path / "state"
-    proc, url = _serve(state, cfg)
+    srv = _serve(state, cfg)
+    url = srv.url
     async with aiohttp.ClientSession() as s:
         eid = (await _j(await s.post(f"{url}/v1/environments", json={})))[1]["id"]
         await s.post(f"{url}/v1/actions", json={"kind": "exec", "environment": eid, "command": "echo 1 > a"})
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
-    proc, url = _serve(state, cfg)
+    assert srv.stop(grace_s=30) == 0
+    srv = _serve(state, cfg)
+    url = srv.url
     try:
         async with aiohttp.ClientSession() as s:
             st, r = await _j(await s.post(f"{url}/v1/actions",
@@ -106,22 +107,20 @@ async def test_graceful_restart_keeps_environments(tmp_path):
             assert r["stdout"] == "1\n"
             await s.delete(f"{url}/v1/environments/{eid}")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        srv.stop(grace_s=30)
 
 
 async def test_a_second_service_on_the_same_state_is_refused(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n")
-    proc, _ = _serve(tmp_path / "state", cfg)
+    srv = _serve(tmp_path / "state", cfg)
     try:
         second = subprocess.run([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
                                  "--no-auth", "--state-dir", str(tmp_path / "state")], cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
         assert second.returncode != 0 and "in use by another tangram service" in second.stderr
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        srv.stop(grace_s=30)
 
 
 async def test_results_are_bounded_then_410_and_idle_environments_are_reclaimed():
@@ -152,7 +151,8 @@ async def test_docker_node_sigkill_then_restart_reattaches_the_container(tmp_pat
     cfg.write_text(f"cpu_nodes:\n  - {{name: d0, executor: docker, endpoint: '{endpoint}', cores: 1, memory_mb: 2048}}\n"
                    "gpu_nodes: []\n")
     state = tmp_path / "state"
-    proc, url = _serve(state, cfg)
+    srv = _serve(state, cfg)
+    url = srv.url
     try:
         async with aiohttp.ClientSession() as s:
             eid = (await _j(await s.post(f"{url}/v1/environments", json={"labels": {"suite": "crash"}})))[1]["id"]
@@ -165,15 +165,15 @@ async def test_docker_node_sigkill_then_restart_reattaches_the_container(tmp_pat
                 if find_pids(f"sleep {MARK}"):
                     break
                 await asyncio.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        srv.kill()
         assert find_pids(f"sleep {MARK}")  # an exec outlives its client: still running in the container
         owner = docker_client.containers.list(filters={"label": "suite=crash"})[0].labels["org.arl-tangram.owner"]
         stray = docker_client.containers.run("tangram-sandbox:latest", ["/bin/sleep", "600"], detach=True,
                                              network_mode="none",
                                              labels={"org.arl-tangram.owner": owner, "org.arl-tangram.env": "env-x"},
                                              volumes={"/usr": {"bind": "/usr", "mode": "ro"}})
-        proc, url = _serve(state, cfg)
+        srv = _serve(state, cfg)
+        url = srv.url
         async with aiohttp.ClientSession() as s:
             st, r = await _j(await s.post(f"{url}/v1/actions",
                                           json={"kind": "exec", "environment": eid, "command": "cat /work/f"}))
@@ -184,8 +184,7 @@ async def test_docker_node_sigkill_then_restart_reattaches_the_container(tmp_pat
             assert docker_client.containers.list(all=True, filters={"id": stray.id}) == []  # owned, unrecorded
             assert (await s.delete(f"{url}/v1/environments/{eid}")).status == 204
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        srv.stop(grace_s=30)
     assert docker_client.containers.list(all=True, filters={"label": "suite=crash"}) == []
 
 
@@ -220,7 +219,8 @@ async def test_several_nodes_sigkill_then_restart_reattaches_each_environment_on
                    f"  - {{name: nb, executor: local, cores: [{cores[-1]}], memory_mb: 1024}}\n"
                    "gpu_nodes: []\n")
     state = tmp_path / "state"
-    proc, url = _serve(state, cfg)
+    srv = _serve(state, cfg)
+    url = srv.url
     try:
         async with aiohttp.ClientSession() as s:
             envs = [(await _j(await s.post(f"{url}/v1/environments", json={"memory_mb": 800})))[1]["id"]
@@ -233,9 +233,9 @@ async def test_several_nodes_sigkill_then_restart_reattaches_each_environment_on
                 assert r["status"] == "succeeded", r
                 where[e] = r["allocation"]["node"]
             assert sorted(where.values()) == ["na", "nb"]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        proc, url = _serve(state, cfg)
+        srv.kill()
+        srv = _serve(state, cfg)
+        url = srv.url
         async with aiohttp.ClientSession() as s:
             st, listed = await _j(await s.get(f"{url}/v1/environments"))
             assert sorted(e["id"] for e in listed["environments"]) == sorted(envs + [idle])
@@ -263,8 +263,7 @@ async def test_several_nodes_sigkill_then_restart_reattaches_each_environment_on
             for e in (envs[1], idle):
                 assert (await s.delete(f"{url}/v1/environments/{e}")).status == 204
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        srv.stop(grace_s=30)
     for node in ("na", "nb"):
         assert list((state / "envs" / node).iterdir()) == []
 
@@ -275,7 +274,8 @@ async def test_the_default_state_directory_is_keyed_by_the_nodes_not_the_port(tm
     nodes = "cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n"
     (tmp_path / "a.yaml").write_text(nodes)
     (tmp_path / "b.yaml").write_text("# the same nodes, another file\n" + nodes)
-    proc, url = start_serve(["--config", str(tmp_path / "a.yaml"), "--port", "0", "--no-auth"])
+    srv = start_serve(["--config", str(tmp_path / "a.yaml"), "--port", "0", "--no-auth"])
+    url = srv.url
     try:
         async with aiohttp.ClientSession() as s:
             eid = (await _j(await s.post(f"{url}/v1/environments", json={})))[1]["id"]
@@ -286,19 +286,18 @@ async def test_the_default_state_directory_is_keyed_by_the_nodes_not_the_port(tm
         second = subprocess.run([sys.executable, "-m", "tangram.cli", "serve", "--config", str(tmp_path / "b.yaml"),
                                  "--port", "0", "--no-auth"], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert second.returncode != 0 and "in use by another tangram service" in second.stderr
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        srv.kill()
         [state] = list((tmp_path / "xdg" / "tangram").iterdir())
         assert len(state.name) == 16 and (state / "state.sqlite3").exists()
-        proc, url2 = start_serve(["--config", str(tmp_path / "b.yaml"), "--port", "0", "--no-auth"])  # any port
+        srv = start_serve(["--config", str(tmp_path / "b.yaml"), "--port", "0", "--no-auth"])  # any port
+        url2 = srv.url
         async with aiohttp.ClientSession() as s:
             st, r = await _j(await s.post(f"{url2}/v1/actions", json={"kind": "exec", "environment": eid,
                                                                       "command": "cat f"}))
             assert r.get("stdout") == "kept\n", r
             assert (await s.delete(f"{url2}/v1/environments/{eid}")).status == 204
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        srv.stop(grace_s=30)
 
 
 def test_the_default_state_key_tells_hosts_and_gpu_or_api_only_services_apart(monkeypatch):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +13,14 @@ import pytest
 from tangram.client import TangramClient, TangramHTTPError
 from tangram.profiles import ProfileStoreError, load_profiles
 from tangram.service.config import ConfigError, load_config, parse_config
+from tangram.service.launch import ServeProcess
 from tests.service_helpers import start_serve
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)
 
 
-def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
+def _start(args: list[str]) -> ServeProcess:
     return start_serve(args, wait_s=30)
 
 
@@ -30,7 +30,8 @@ async def test_serve_subprocess_with_token(tmp_path):
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text("cpu_nodes:\n  - name: here\n    executor: local\n    cores: 1\n    memory_mb: 256\n"
                    "gpu_nodes: []\nscheduler:\n  depth: 2\n  lookahead: 8\n")
-    proc, url = _start(["--config", str(cfg), "--port", "0", "--token-file", str(token)])
+    srv = _start(["--config", str(cfg), "--port", "0", "--token-file", str(token)])
+    url = srv.url
     try:
         assert url.startswith("http://127.0.0.1:")  # loopback unless told otherwise
         async with TangramClient(url) as anon:
@@ -49,9 +50,8 @@ async def test_serve_subprocess_with_token(tmp_path):
             await c.delete_environment(env)
             assert (await c.stats())["pools"]["mem@here"]["free"] == 256
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=20)
-    assert rc == 0, proc.stderr.read()
+        rc = srv.stop(grace_s=20)
+    assert rc == 0, srv.output()
 
 
 def test_serve_reports_config_errors(tmp_path):

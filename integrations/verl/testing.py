@@ -18,9 +18,6 @@ import contextlib
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -146,51 +143,19 @@ def serve(*, token: str | None = None, tmp: str | os.PathLike | None = None, con
 
     Its state lives in a temporary directory of its own, removed afterwards: a throwaway service
     never shares (nor is refused) the default state directory of the nodes it serves."""
-    import shutil
-    import tempfile
+    from tangram.service.launch import start_serve
 
-    state = tempfile.mkdtemp(prefix="tangram-state-")
-    cmd = [sys.executable, "-m", "tangram.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING",
-           "--state-dir", state]
+    args = ["--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
     if config:
-        cmd += ["--config", str(config)]
+        args += ["--config", str(config)]
     if token:
         tf = Path(tmp or ".") / "tangram-token"
         tf.write_text(token)
-        cmd += ["--token-file", str(tf)]
+        args += ["--token-file", str(tf)]
     else:
-        cmd += ["--no-auth"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()  # type: ignore[union-attr]
-            if not line:
-                if proc.poll() is not None:
-                    break
-                continue
-            lines.append(line)
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                url = m.group(1)
-                break
-        if url is None:
-            raise RuntimeError("tangram serve did not start: " + "".join(lines)[-2000:])
-        # keep draining its output so it never blocks on a full pipe
-        import threading
-
-        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(state, ignore_errors=True)
+        args += ["--no-auth"]
+    with start_serve(args, wait_s=timeout_s, throwaway_state=True) as srv:
+        yield srv.url
 
 
 def toy_reward_model():
