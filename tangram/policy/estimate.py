@@ -87,6 +87,24 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
             umin, dmin, options = waiters[i]
             if options is not None:
                 best = math.inf
+                if i + 1 == n:
+                    # the last waiter: nothing after it to walk, so each count only reads
+                    # ahead (no copy); the smallest end is all the search keeps
+                    size = len(ends)
+                    for u, d in options:
+                        while free < u:  # _start_time, continued from the previous count
+                            if k == size:
+                                free = u
+                                break
+                            t, got = ends[k]
+                            k += 1
+                            free += got
+                            if t > now:
+                                now = t
+                        end = now + d
+                        if end < best:
+                            best = end
+                    return total + best
                 for u, d in options:
                     h = ends[k:]
                     f, t, j = _start_time(h, 0, free, now, u)
@@ -109,7 +127,23 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
     size = len(ends)
     for umin, dmin, options in (waiters[i:] if i else waiters):
         if options is not None and len(options) > 1:
-            umin, dmin, free, now, k = _take_earliest(ends, k, free, now, options)
+            # the count that ends soonest (the smallest on a tie), as a look-ahead:
+            # each count needs the completions the one before needed, and more
+            best_end = math.inf
+            for u, d in options:
+                while free < u:
+                    if k == size:  # as _start_time: units the estimate does not know of are free
+                        free = u
+                        break
+                    t, got = ends[k]
+                    k += 1
+                    free += got
+                    if t > now:
+                        now = t
+                if now + d < best_end:
+                    best_end = now + d
+                    umin, dmin, b_free, b_now, b_k = u, d, free, now, k
+            free, now, k = b_free, b_now, b_k
         else:
             while free < umin:  # _start_time, inlined
                 if k == size:
@@ -126,32 +160,6 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
         size += 1
         free -= umin
     return total
-
-
-def _take_earliest(ends, k, free, now, options):
-    """The ``(units, duration)`` among ``options`` (ascending units) that ends soonest
-    (the smallest on a tie), started as _start_time would start it; returns
-    ``(units, duration, free, start, k)`` with the completions it waited for taken.
-
-    Each option needs the completions the one before needed, and more: one
-    pass reads ahead from ``k`` without taking anything.
-    """
-    size = len(ends)
-    best = None
-    best_end = math.inf
-    for u, d in options:
-        while free < u:
-            if k == size:  # as _start_time: units the estimate does not know of are free
-                free = u
-                break
-            t, got = ends[k]
-            k += 1
-            free += got
-            if t > now:
-                now = t
-        if best is None or now + d < best_end:
-            best, best_end = (u, d, free, now, k), now + d
-    return best
 
 
 def _start_time(ends, k, free, now, units):
