@@ -1,6 +1,7 @@
 """The units operator's greedy fast path agrees with the DP (and brute force)."""
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import random
@@ -11,6 +12,8 @@ import pytest
 from tangram.core.model import Elasticity
 from tangram.policy import UnitsOperator, arrange
 from tangram.policy.arrange import GreedyTable, PrefixTable, _units_table, prefix_table, prefix_table_rows
+
+arrange_module = importlib.import_module("tangram.policy.arrange")  # the package's `arrange` is the function
 
 
 def _convex_row(rng: random.Random, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,3 +107,26 @@ def test_policy_sized_amdahl_rows_take_the_fast_path():
     assert isinstance(table, GreedyTable)
     units, _ = table.units_and_durations(256)
     assert sum(units) == 1024  # every gain is positive: the whole capacity is used
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_small_tables_on_lists_give_the_arrays_floats(seed, monkeypatch):
+    """Up to ``_SMALL_TABLE`` rows the greedy runs on Python lists: the same counts and the
+    same floats as on arrays, with tied gains across identical rows too."""
+    rng = random.Random(300 + seed)
+    cases = []
+    for _ in range(80):
+        rows = [_convex_row(rng, rng.randint(1, 4), rng.randint(1, 12))
+                for _ in range(rng.randint(0, arrange_module._SMALL_TABLE - 1))]
+        if rows and rng.random() < 0.4:
+            rows.append(rows[rng.randrange(len(rows))])  # a twin: equal gains at the budget's edge
+        cases.append((rows, rng.randint(0, 60)))
+    small = [GreedyTable(rows, cap) for rows, cap in cases]
+    monkeypatch.setattr(arrange_module, "_SMALL_TABLE", -1)
+    for (rows, cap), fast in zip(cases, small):
+        ref = GreedyTable(rows, cap)
+        for t in range(len(rows) + 1):
+            assert fast.feasible(t) == ref.feasible(t)
+            if ref.feasible(t):
+                assert fast.best(t) == ref.best(t)
+                assert fast.units_and_durations(t) == ref.units_and_durations(t)

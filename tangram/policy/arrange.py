@@ -253,6 +253,12 @@ def greedy_exact(units: np.ndarray, durs: np.ndarray) -> bool:
     return bool(np.all(gains[1:] <= gains[:-1] + 1e-12 * np.abs(durs[:-2])))
 
 
+# Below this many rows the greedy runs on Python lists: numpy's per-call cost is
+# most of a small table's time, and for fewer than 8 numbers numpy's sum is the
+# plain left-to-right sum, so both give the same floats.
+_SMALL_TABLE = 7
+
+
 class GreedyTable:
     """Same answers as :class:`PrefixTable` for the units operator when every
     row is convex: each prefix starts all its candidates at their minimum and
@@ -262,8 +268,19 @@ class GreedyTable:
     def __init__(self, rows, capacity: int):
         self.exact_from = 0
         self._capacity = capacity
-        n = len(rows)
         self._cache: dict[int, tuple[float, tuple[int, ...], list[float]]] = {}
+        if len(rows) <= _SMALL_TABLE:
+            self._small = [(u.tolist(), d.tolist()) for u, d in rows]
+            self._rows = rows
+            self._min_sum = [0]
+            for u, _ in self._small:
+                self._min_sum.append(self._min_sum[-1] + u[0])
+            return
+        self._small = None
+        self._arrays(rows)
+
+    def _arrays(self, rows) -> None:
+        n = len(rows)
         if not n:
             self._mins = np.zeros(0, dtype=np.int64)
             self._min_sum = self._row_start = self._pos_end = np.zeros(1, dtype=np.int64)
@@ -297,6 +314,13 @@ class GreedyTable:
             return hit
         if not self.feasible(t):
             raise ValueError(f"prefix {t} has no feasible arrangement")
+        if self._small is not None:
+            out = self._solve_small(t)
+            if out is not None:
+                self._cache[t] = out
+                return out
+            self._small = None  # a tie at the budget's edge: numpy's choice among the tied gains decides
+            self._arrays(self._rows)
         budget = self._capacity - int(self._min_sum[t])
         end = int(self._pos_end[t])
         starts = self._row_start[:t]
@@ -313,6 +337,29 @@ class GreedyTable:
         out = (float(durs.sum()), tuple(units), durs.tolist())
         self._cache[t] = out
         return out
+
+    def _solve_small(self, t: int):
+        """:meth:`_solve` on lists; None when the budget ends inside a run of equal gains."""
+        budget = self._capacity - self._min_sum[t]
+        rows = self._small[:t]
+        extra = [0] * t
+        if budget > 0:
+            gains = []  # (gain, row): the positive gains within each row, as the arrays keep them
+            for i, (_, d) in enumerate(rows):
+                for j in range(len(d) - 1):
+                    g = d[j] - d[j + 1]
+                    if g > 0:
+                        gains.append((g, i))
+            if len(gains) > budget:
+                gains.sort(key=lambda gi: gi[0], reverse=True)
+                if gains[budget - 1][0] == gains[budget][0]:
+                    return None
+                gains = gains[:budget]
+            for _, i in gains:
+                extra[i] += 1
+        durs = [d[x] for (_, d), x in zip(rows, extra)]
+        units = tuple(u[0] + x for (u, _), x in zip(rows, extra))
+        return float(sum(durs)), units, durs
 
     def best(self, t: int) -> float:
         return self._solve(t)[0] if self.feasible(t) else math.inf

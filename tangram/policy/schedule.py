@@ -408,12 +408,14 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         units, durs = table.units_and_durations(t)
         if durs is None:
             durs = [group[i].action.duration(u) for i, u in enumerate(units)]
-        obj = table.best(t) + _estimate_from(
+        rest = waiters(t)
+        # nothing waits: the estimate of no waiters is 0 (the walk would only sort the completions)
+        obj = table.best(t) + (_estimate_from(
             seed + list(zip(durs, units)),
             capacity - sum(units),
-            waiters(t),
+            rest,
             snap.params.depth - 1,
-        )
+        ) if rest else 0.0)
         if best is None or obj < best[0] - _EPS:
             best = (obj, t, units)
         else:
