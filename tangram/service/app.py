@@ -185,6 +185,13 @@ async def _error_middleware(request: web.Request, handler) -> web.StreamResponse
     except web.HTTPRequestEntityTooLarge as exc:
         return _error(413, f"request body too large (limit {exc.max_size} bytes)"
                       if hasattr(exc, "max_size") else "request body too large", "body")
+    except web.HTTPRequestTimeout as exc:
+        return _error(408, exc.reason, "body")
+    except web.HTTPMethodNotAllowed as exc:  # RFC 9110: a 405 lists the methods the route allows
+        allowed = sorted(exc.allowed_methods)
+        resp = _error(405, f"method {exc.method} is not allowed here (allowed: {', '.join(allowed)})", "method")
+        resp.headers["Allow"] = ", ".join(allowed)
+        return resp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -213,13 +220,16 @@ def _auth_middleware(token: str | None):
 
 
 async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
+    limit = request.app[CONFIG_KEY].service.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:  # refused before it is sent
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
     try:  # raises 413 past client_max_size; a sender that stalls mid-body gets 408
         raw = await asyncio.wait_for(request.read(), request.app[CONFIG_KEY].service.body_timeout_s)
     except asyncio.TimeoutError:
         raise web.HTTPRequestTimeout(reason="request body not received in time") from None
     if not raw.strip():
         if optional:
-            return None
+            return {}  # no body at all: every field takes its default (a JSON null is refused)
         raise DemandError("body", "a JSON object is required")
     try:
         return json.loads(raw)

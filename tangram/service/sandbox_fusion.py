@@ -74,7 +74,8 @@ class SandboxFusionEndpoint:
         try:
             req = proto.parse_run_code(body, self.languages)
         except DemandError as exc:
-            if exc.field == "language" and isinstance(body, dict) and body.get("language") in self.unavailable:
+            lang = body.get("language") if isinstance(body, dict) else None
+            if exc.field == "language" and isinstance(lang, str) and lang in self.unavailable:
                 return _invalid("language", f"{body['language']!r} is disabled on this service: "
                                             f"{self.unavailable[body['language']]}")
             return _invalid(exc.field, exc.reason)

@@ -79,18 +79,19 @@ def parse_action(body: Any) -> dict[str, Any]:
     resources = body.get("resources", {})
     if not isinstance(resources, Mapping):
         raise DemandError("resources", f"must be an object, got {_tname(resources)}")
+    demands: dict[str, Any] = {}
     for key, val in resources.items():
         if key == "cpu":
-            _demand(val, "resources.cpu", allow_range=True)
+            demands[key] = _demand(val, "resources.cpu", allow_range=True)
         elif key == "gpu":
-            _demand(val, "resources.gpu", allow_range=False)
+            demands[key] = _demand(val, "resources.gpu", allow_range=False)
         elif key == "api":
-            _string(val, "resources.api", limit=LIMITS["name"])
+            demands[key] = _string(val, "resources.api", limit=LIMITS["name"])
         elif key == "mem_mb":
-            _int(val, "resources.mem_mb", lo=0)
+            demands[key] = _int(val, "resources.mem_mb", lo=0)
         else:
             raise DemandError(f"resources.{key}", "unknown resource (expected cpu, gpu, api or mem_mb)")
-    out: dict[str, Any] = {"kind": kind, "resources": dict(resources)}
+    out: dict[str, Any] = {"kind": kind, "resources": demands}
     if "profile" in body:
         out["profile"] = _string(body["profile"], "profile", limit=LIMITS["name"])
     if body.get("timeout_s") is not None:
@@ -157,8 +158,6 @@ def parse_action(body: Any) -> dict[str, Any]:
 
 def parse_environment(body: Any) -> dict[str, Any]:
     """The keyword arguments of :meth:`Runtime.create_environment` for ``POST /v1/environments``."""
-    if body is None:
-        body = {}
     if not isinstance(body, Mapping):
         raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
     for key in body:
@@ -208,25 +207,22 @@ def _env(env: Any) -> dict[str, str]:
     return dict(env)
 
 
-def _demand(v: Any, field: str, *, allow_range: bool) -> None:
+def _demand(v: Any, field: str, *, allow_range: bool) -> Any:
+    """A cpu or gpu demand with whole numbers as ints (its bounds are checked by ``Action.build``)."""
+    v = _whole(v)
     if isinstance(v, bool):
         raise DemandError(field, f"must be an integer{' or {min, max}' if allow_range else ' or a list'}, got {v!r}")
     if isinstance(v, int):
-        return
+        return v
     if isinstance(v, Mapping) and allow_range:
         for k in v:
             if k not in ("min", "max"):
                 raise DemandError(f"{field}.{k}", "unknown key (expected min and max)")
         if "min" not in v:
             raise DemandError(f"{field}.min", "is required in a range")
-        for k in ("min", "max"):
-            if k in v:
-                _int(v[k], f"{field}.{k}", lo=1)
-        return
+        return {k: _int(v[k], f"{field}.{k}", lo=1) for k in ("min", "max") if k in v}
     if isinstance(v, list):
-        for i, x in enumerate(v):
-            _int(x, f"{field}[{i}]", lo=1)
-        return
+        return [_int(x, f"{field}[{i}]", lo=1) for i, x in enumerate(v)]
     raise DemandError(field, f"must be an integer{', a {min, max} range' if allow_range else ''} or a list, "
                              f"got {_tname(v)}")
 
@@ -250,7 +246,16 @@ def _utf8(v: Any, field: str) -> None:
             raise DemandError(field, "is not valid Unicode (a lone surrogate)") from None
 
 
+def _whole(v: Any) -> Any:
+    """``v`` as an int when it is a whole number (JSON, and JSON Schema, make no difference between 2 and
+    2.0), else unchanged."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
 def _int(v: Any, field: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    v = _whole(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise DemandError(field, f"must be an integer, got {_tname(v)}")
     if lo is not None and v < lo:
