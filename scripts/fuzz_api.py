@@ -21,6 +21,7 @@ The rules the spec cannot express are in ``scripts/fuzz_api_hooks.py``.
 from __future__ import annotations
 
 import argparse
+import base64
 import collections
 import json
 import os
@@ -107,6 +108,7 @@ def run_schemathesis(url: str, token: str, key: str, workdir: Path, args: argpar
     report = json.loads((workdir / "report.json").read_text())
     statuses: collections.Counter = collections.Counter()
     by_operation: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    refused: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for line in (workdir / "events.ndjson").read_text().splitlines():
         event = json.loads(line).get("ScenarioFinished")
         if not event:
@@ -117,10 +119,26 @@ def run_schemathesis(url: str, token: str, key: str, workdir: Path, args: argpar
             code = str(response["status_code"]) if response else "no-response"
             statuses[code] += 1
             by_operation[label][code] += 1
+            if code.startswith("4"):
+                refused[label][f"{code} {_field_of(response)}"] += 1
     report["statuses"] = dict(sorted(statuses.items()))
     report["by_operation"] = {k: dict(sorted(v.items())) for k, v in sorted(by_operation.items())}
+    # what refused requests were refused for: status and field, the most common per operation
+    report["refusals"] = {k: dict(v.most_common(8)) for k, v in sorted(refused.items())}
     report["output_tail"] = p.stdout[-6000:] if p.returncode else ""
     return report
+
+
+def _field_of(response: dict) -> str:
+    """The ``field`` of a recorded error answer (its body is text or ``{"$base64": ...}``)."""
+    content = response.get("content")
+    if isinstance(content, dict) and "$base64" in content:
+        content = base64.b64decode(content["$base64"]).decode("utf-8", "replace")
+    try:
+        field = json.loads(content or "").get("field")
+    except (ValueError, AttributeError):
+        return "-"
+    return field if isinstance(field, str) else "-"
 
 
 def descendants(pid: int) -> list[int]:
@@ -202,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             "statuses": report["statuses"],
             "server_errors": sum(n for code, n in report["statuses"].items() if code.startswith("5")),
             "by_operation": report["by_operation"],
+            "refusals": report["refusals"],
             "test_cases": report["test_cases"],
             "failures": [{"code": f["code"], "title": f["title"], "count": f["count"],
                           "operations": f["operations"]} for f in report["failures"]],

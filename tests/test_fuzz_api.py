@@ -84,8 +84,8 @@ RAW_CASES = [
     ("lone surrogate", _req(b"POST", b"/v1/actions", b'{"kind": "exec", "command": "\\ud800"}'), 400, "command"),
     ("NaN timeout", _req(b"POST", b"/v1/actions", b'{"kind": "exec", "command": "true", "timeout_s": NaN}'),
      400, "timeout_s"),
-    ("Infinity cores", _req(b"POST", b"/v1/actions", b'{"kind": "exec", "command": "true", "resources": {"cpu": 1e999}}'),
-     400, "resources.cpu"),
+    ("Infinity cores", _req(b"POST", b"/v1/actions",
+                            b'{"kind": "exec", "command": "true", "resources": {"cpu": 1e999}}'), 400, "resources.cpu"),
     ("a 5000-digit integer", _req(b"POST", b"/v1/environments", b'{"memory_mb": ' + b"9" * 5000 + b"}"), 400, "body"),
     ("huge body", _req(b"POST", b"/v1/actions", b'{"kind": "exec", "command": "' + b"x" * (2 << 20) + b'"}'),
      413, "body"),
@@ -236,6 +236,26 @@ async def test_whole_numbers_written_as_floats_are_integers():
         async with s.delete(f"{svc.url}/v1/environments/{env}") as r:
             assert r.status == 204
         assert_whole(svc.runtime)
+
+
+async def test_an_idempotency_key_is_visible_ascii():
+    async with running_service() as svc, aiohttp.ClientSession() as s:
+        for key in ("a\tb", "caf\u00e9", "x" * 257):
+            async with s.post(f"{svc.url}/v1/actions", json={"kind": "exec", "command": "true"},
+                              headers={"Idempotency-Key": key}) as r:
+                assert r.status == 400 and (await r.json())["field"] == "Idempotency-Key", key
+        async with s.post(f"{svc.url}/v1/actions", json={"kind": "exec", "command": "true"},
+                          headers={"Idempotency-Key": "run 7/step 3 {a=b}"}) as r:
+            assert r.status == 200
+        assert_whole(svc.runtime)
+
+
+async def test_an_unknown_empty_field_name_is_named():
+    async with running_service() as svc, aiohttp.ClientSession() as s:
+        for path, body in (("/v1/environments", {"": 1}), ("/v1/actions", {"kind": "exec", "command": "true", "": 1}),
+                           ("/sandbox/run_code", {"code": "", "language": "bash", "": 1})):
+            async with s.post(f"{svc.url}{path}", json=body) as r:
+                assert r.status in (400, 422) and (await r.json())["field"] == "<empty key>", path
 
 
 async def test_an_environment_body_of_null_is_refused_and_no_body_is_the_defaults():

@@ -76,8 +76,7 @@ class SandboxFusionEndpoint:
         except DemandError as exc:
             lang = body.get("language") if isinstance(body, dict) else None
             if exc.field == "language" and isinstance(lang, str) and lang in self.unavailable:
-                return _invalid("language", f"{body['language']!r} is disabled on this service: "
-                                            f"{self.unavailable[body['language']]}")
+                return _invalid("language", f"{lang!r} is disabled on this service: {self.unavailable[lang]}")
             return _invalid(exc.field, exc.reason)
         lang = self.languages[req.language]
         # a bytearray, emptied once the action ended: the finished result keeps its action, not the input

@@ -169,7 +169,8 @@ def parse_run_code(body: Any, languages: Mapping[str, Language]) -> RunCodeReque
         raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
     for key in body:
         if key not in REQUEST_FIELDS:
-            raise DemandError(str(key), f"unknown field (expected {', '.join(sorted(REQUEST_FIELDS))})")
+            raise DemandError(str(key) or "<empty key>",
+                              f"unknown field (expected {', '.join(sorted(REQUEST_FIELDS))})")
     if "code" not in body:
         raise DemandError("code", "is required")
     code = _text(body["code"], "code")

@@ -73,9 +73,9 @@ def parse_action(body: Any) -> dict[str, Any]:
         raise DemandError("kind", f"must be one of {sorted(KIND_FIELDS)}, got {kind!r}")
     for key in body:
         if key not in ALL_FIELDS:
-            raise DemandError(str(key), "unknown field")
+            raise DemandError(str(key) or "<empty key>", "unknown field")
         if key not in COMMON_FIELDS and key not in KIND_FIELDS[kind]:
-            raise DemandError(str(key), f"is not a field of {kind} actions")
+            raise DemandError(str(key) or "<empty key>", f"is not a field of {kind} actions")
     resources = body.get("resources", {})
     if not isinstance(resources, Mapping):
         raise DemandError("resources", f"must be an object, got {_tname(resources)}")
@@ -162,7 +162,7 @@ def parse_environment(body: Any) -> dict[str, Any]:
         raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
     for key in body:
         if key not in ("image", "memory_mb", "labels", "network"):
-            raise DemandError(str(key), "unknown field (expected image, memory_mb, labels, network)")
+            raise DemandError(str(key) or "<empty key>", "unknown field (expected image, memory_mb, labels, network)")
     check_tree(body)
     out: dict[str, Any] = {}
     if body.get("image") is not None:
