@@ -27,7 +27,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tangram.service import launch  # noqa: E402  (standard library only)
+from tangram.service.launch import ServeProcess  # noqa: E402
 SPEC = REPO / "docs" / "openapi.yaml"
 # 422 answers a schema-valid demand the cluster can never satisfy (no GPU node, no such API pool, more
 # memory than any node has, network refused), as the spec documents; 503/504/429 a full queue
@@ -55,29 +57,17 @@ def _http(method: str, url: str, token: str | None = None, timeout: float = 30.0
         return e.code, e.read()
 
 
-def start_serve(workdir: Path) -> tuple[subprocess.Popen, str, str, str]:
-    """``tangram serve`` on the embedded default config; returns it, its URL, token and sandbox key."""
+def start_serve(workdir: Path) -> tuple[ServeProcess, str, str]:
+    """``tangram serve`` on the embedded default config; returns it, its token and sandbox key."""
     token, key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-    (workdir / "token").write_text(token + "\n")
-    (workdir / "sandbox-key").write_text(key + "\n")
-    for f in ("token", "sandbox-key"):
-        os.chmod(workdir / f, 0o600)
+    for name, secret in (("token", token), ("sandbox-key", key)):
+        (workdir / name).write_text(secret + "\n")
+        os.chmod(workdir / name, 0o600)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tangram.cli", "serve", "--port", "0", "--token-file", str(workdir / "token"),
-         "--state-dir", str(workdir / "state"), "--sandbox-key-file", str(workdir / "sandbox-key"),
-         "--log-level", "WARNING"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=open(workdir / "serve.log", "w"), text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "listening on" in line:
-            return proc, line.strip().rsplit(" ", 1)[1], token, key
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"tangram serve did not start: {(workdir / 'serve.log').read_text()[-2000:]}")
+    serve = launch.start_serve(["--port", "0", "--token-file", str(workdir / "token"), "--sandbox-key-file",
+                                str(workdir / "sandbox-key"), "--log-level", "WARNING"],
+                               env=env, cwd=REPO, state_dir=workdir / "state")
+    return serve, token, key
 
 
 def run_schemathesis(url: str, token: str, key: str, workdir: Path, args: argparse.Namespace) -> dict:
@@ -160,7 +150,7 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def clean_up_and_check(url: str, token: str, proc: subprocess.Popen) -> list[str]:
+def clean_up_and_check(url: str, token: str, serve: ServeProcess) -> list[str]:
     """Remove what the run left behind, then every way the service could still hold something."""
     leaks: list[str] = []
     status, listing = _http("GET", f"{url}/v1/environments", token)
@@ -186,7 +176,7 @@ def clean_up_and_check(url: str, token: str, proc: subprocess.Popen) -> list[str
                     problems.append(f"pool {name}: free {pool['free']} of {pool['capacity']}")
             if stats["admission"]["held"]:
                 problems.append(f"admission still holds {stats['admission']['held']}")
-        kids = descendants(proc.pid)
+        kids = descendants(serve.pid)
         if kids:
             problems.append(f"child processes left: {kids}")
         if not problems or time.monotonic() > deadline:
@@ -208,10 +198,11 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="tangram-fuzz-"))
-    proc = None
+    serve = None
     summary: dict[str, Any] = {"seed": args.seed, "max_examples": args.max_examples}
     try:
-        proc, url, token, key = start_serve(workdir)
+        serve, token, key = start_serve(workdir)
+        url = serve.url
         report = run_schemathesis(url, token, key, workdir, args)
         health, _ = _http("GET", f"{url}/healthz")
         summary.update({
@@ -226,18 +217,16 @@ def main(argv: list[str] | None = None) -> int:
                           "operations": f["operations"]} for f in report["failures"]],
             "errors": report["errors"],
             "warnings": {k: v for k, v in report["warnings"].items() if v},
-            "service_alive": proc.poll() is None and health == 200,
+            "service_alive": serve.proc.poll() is None and health == 200,
         })
-        summary["leaks"] = clean_up_and_check(url, token, proc)
-        proc.send_signal(signal.SIGTERM)
-        summary["serve_exit_code"] = proc.wait(timeout=60)
+        summary["leaks"] = clean_up_and_check(url, token, serve)
+        summary["serve_exit_code"] = serve.stop(grace_s=60)
         summary["output_tail"] = report["output_tail"]
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc is not None and summary.get("serve_exit_code") != 0:
-            summary["serve_log_tail"] = (workdir / "serve.log").read_text()[-4000:]
+        if serve is not None:
+            serve.kill()  # no-op once stopped
+            if summary.get("serve_exit_code") != 0:
+                summary["serve_log_tail"] = serve.output()[-4000:]
         shutil.rmtree(workdir, ignore_errors=True)
     summary["elapsed_s"] = round(time.monotonic() - started, 1)
     ok = (not summary["failures"] and not summary["errors"] and summary["server_errors"] == 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -150,14 +149,12 @@ def serve(tmp_path_factory):
     (d / "token").write_text(TOKEN)
     (d / "key").write_text(KEY)
     (d / "service.yaml").write_text("service:\n  header_timeout_s: 1\n  body_timeout_s: 1\n")
-    proc, url = start_serve(["--config", str(d / "service.yaml"), "--port", "0", "--token-file", str(d / "token"),
-                             "--state-dir", str(d / "state"), "--sandbox-key-file", str(d / "key"),
-                             "--log-level", "WARNING"])
+    serve = start_serve(["--config", str(d / "service.yaml"), "--port", "0", "--token-file", str(d / "token"),
+                         "--state-dir", str(d / "state"), "--sandbox-key-file", str(d / "key"), "--log-level", "WARNING"])
     try:
-        yield proc, int(url.rsplit(":", 1)[1])
+        yield serve.proc, int(serve.url.rsplit(":", 1)[1])
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert serve.stop(grace_s=30) == 0, serve.output()[-3000:]
 
 
 @pytest.mark.parametrize("name,raw,status,field", RAW_CASES, ids=[c[0] for c in RAW_CASES])
