@@ -94,14 +94,15 @@ def assert_whole(rt: Runtime, *, live_envs_mem: int = 0) -> None:
 
 
 def find_pids(marker: str) -> list[int]:
-    """Processes whose command line contains ``marker``."""
+    """Live processes whose command line, its arguments joined by spaces, contains ``marker``
+    (``sleep 61.2`` finds the ``sleep`` itself, whose arguments /proc separates by NULs)."""
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
+                if marker.encode() in f.read().replace(b"\0", b" "):
                     out.append(int(d))
         except OSError:
             pass

@@ -15,6 +15,7 @@ from tangram.core.model import Action
 from tangram.executors.base import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, Placement
 from tangram.executors.local import AFFINITY, CGROUP_V1, CGROUP_V2, LocalExecutor
 from tangram.managers.cpu import CpuManager, CpuNode
+from tests.service_helpers import find_pids
 from tests.test_basic_manager import drive
 
 pytestmark = pytest.mark.timeout(60)
@@ -194,7 +195,16 @@ async def test_bad_placement_and_args(local):
 # ---------------------------------------------------------------------- #
 # timeouts and cancellation really kill the process tree
 
-TREE = "echo $$ > leader.pid; sleep 300 & echo $! > child.pid; (sleep 301 & echo $! > grandchild.pid; wait) & sleep 302"
+# Processes are looked for by their command lines, not by pids the command writes: where the action
+# runs in a PID namespace of its own (no cgroup), $$ and $! are that namespace's numbers.
+TAG = f"{os.getpid()}"
+TREE = (f"echo $$ > leader.pid; sleep 300.{TAG} & echo $! > child.pid; "
+        f"(sleep 301.{TAG} & echo $! > grandchild.pid; wait) & sleep 302.{TAG}")
+
+
+def _tree_gone() -> bool:
+    """The leader (its script names every sleep), the child and the grandchild are all gone."""
+    return not any(find_pids(f"sleep 30{i}.{TAG}") for i in range(3))
 
 
 async def test_timeout_kills_sleep_and_children(either):
@@ -204,30 +214,28 @@ async def test_timeout_kills_sleep_and_children(either):
     elapsed = time.monotonic() - t0
     assert r.status == TIMEOUT and r.error == "killed after 0.5 s"
     assert elapsed < 0.5 + ex.kill_grace_s + 1.0
-    d = ex.env_dir("traj")
-    for name in ("leader", "child", "grandchild"):
-        pid = int(open(os.path.join(d, f"{name}.pid")).read())
-        assert _gone(pid), f"{name} {pid} still runs"
+    assert os.path.exists(os.path.join(ex.env_dir("traj"), "grandchild.pid"))  # the whole tree was up
+    assert _tree_gone()
     for g in r.details.get("cgroup", ()):
         assert not os.path.exists(g)
 
 
 async def test_timeout_kills_even_an_escaped_setsid_child(either):
-    # found through its cgroup, or through the action token in its environment (affinity mode)
-    r = await either.exec("traj", "setsid sleep 303 & echo $! > escaped.pid; sleep 304",
+    # found through its cgroup, or dies with the action's own PID namespace (affinity mode)
+    r = await either.exec("traj", f"setsid sleep 303.{TAG} & echo $! > escaped.pid; sleep 304.{TAG}",
                           Placement("t", "local", dop=1, cores=(CORES[0],)), timeout_s=0.3)
     assert r.status == TIMEOUT
-    pid = int(open(os.path.join(either.env_dir("traj"), "escaped.pid")).read())
-    assert _gone(pid)
+    assert os.path.exists(os.path.join(either.env_dir("traj"), "escaped.pid"))
+    assert find_pids(f"sleep 303.{TAG}") == []
 
 
 async def test_escaped_daemon_holding_output_is_killed_after_normal_exit(either):
     t0 = time.monotonic()
-    r = await either.exec("traj", "setsid sleep 306 & echo $! > daemon.pid; echo done",
+    r = await either.exec("traj", f"setsid sleep 306.{TAG} & echo done",
                           Placement("t", "local", dop=1, cores=(CORES[0],)))
     assert (r.status, r.stdout) == (SUCCEEDED, "done\n")
     assert time.monotonic() - t0 < 1.5
-    assert _gone(int(open(os.path.join(either.env_dir("traj"), "daemon.pid")).read()))
+    assert find_pids(f"sleep 306.{TAG}") == []
 
 
 async def test_sigterm_ignoring_command_gets_sigkill(local):
@@ -254,8 +262,7 @@ async def test_cancel_kills_before_returning(either):
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for name in ("leader", "child", "grandchild"):  # dead by the time cancel returned
-        assert _gone(int(open(os.path.join(d, f"{name}.pid")).read())), name
+    assert _tree_gone()  # dead by the time cancel returned
     if ex.isolation != AFFINITY:
         assert [n for n in os.listdir(f"/sys/fs/cgroup/cpuset/{ex.cgroup_parent}") if n.startswith(ex._tag)] == []
 

@@ -37,10 +37,16 @@
 
 * A timeout or a cancellation kills the whole process group (SIGTERM, then
   SIGKILL after ``kill_grace_s``) and everything left in the action's cgroup
-  before returning. Without a cgroup, processes that left the process group
-  (``setsid``) are found by ``TANGRAM_ACTION_TOKEN`` in their environment (a
-  /proc scan, only on kill paths). Background processes left by a command
-  that exited are killed too: after an action its cores are free again.
+  before returning. Background processes left by a command that exited are
+  killed too: after an action its cores are free again. What finds a process
+  that left the process group (``setsid``) must not be something the command
+  can undo: a cgroup (an unsandboxed action without cores still gets one, only
+  to track it, when the hierarchy is writable); inside the sandbox, bubblewrap's
+  PID namespace; an unsandboxed action without a cgroup runs as the init of a
+  PID namespace of its own (``unshare``, when the machine allows it), so its
+  processes die with it. Only where none of these exists are they found by
+  ``TANGRAM_ACTION_TOKEN`` in their environment (a /proc scan on kill paths),
+  which a command that clears its environment (``env -i``) escapes.
 """
 from __future__ import annotations
 
@@ -75,7 +81,7 @@ from tangram.executors.cgroups import (
     _cpulist,
     _Group,
 )
-from tangram.executors.processes import _Collector, _Tracker
+from tangram.executors.processes import _Collector, _Tracker, pid_namespace_prefix
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +155,9 @@ class LocalExecutor(EnvironmentExecutor):
         else:
             self.base_env = dict(os.environ if base_env is None else base_env)
             self._sandbox, self._limits = None, None
+        # where no cgroup tracks an unsandboxed action, its own PID namespace does
+        self._pidns = pid_namespace_prefix() if sandbox == sbx.NONE else None
+        self._warned_untracked = False
         self._env_info: dict[str, tuple[int, bool]] = {}  # env id -> (memory_mb, network)
         self.allowed_cores = frozenset(os.sched_getaffinity(0))
         self._envs: dict[str, str] = {}
@@ -318,6 +327,10 @@ class LocalExecutor(EnvironmentExecutor):
             group = self._cg.create(name, cores, cfs)
             details["cgroup"] = group.dirs
             details["cfs_quota"] = cfs is not None
+        elif self._sandbox is None and not cores and self.isolation in (CGROUP_V1, CGROUP_V2):
+            # nothing to pin, but a cgroup still holds every process of the action for its kill
+            group = self._cg.create(name, sorted(self.allowed_cores), None)
+            details["cgroup"] = group.dirs
         memory_mb = 0
         fds: list[int] = []  # the sandbox's /etc/passwd and /etc/group, as pipes
         if self._sandbox is not None:
@@ -337,6 +350,14 @@ class LocalExecutor(EnvironmentExecutor):
                                        user_files=files)
             # bwrap itself dies with this service (SIGKILL included): its sandbox dies with it
             script = "exec " + shlex.join(sbx.die_with(os.getpid()) + inner)
+        pidns = group is None and self._sandbox is None and self._pidns is not None
+        if pidns:  # the command is its namespace's init: every process it leaves dies with it
+            script = "exec " + shlex.join([*self._pidns, "bash", "-c", command])
+            details["pid_namespace"] = True
+        elif group is None and self._sandbox is None and not self._warned_untracked:
+            self._warned_untracked = True
+            log.warning("local executor: no cgroup and no PID namespace here: a command that leaves its process "
+                        "group and clears its environment (setsid env -i ...) can outlive its action")
         if group is not None:
             script = group.join_prefix() + script
         try:
@@ -352,7 +373,7 @@ class LocalExecutor(EnvironmentExecutor):
         spawned = time.perf_counter()
         pid = transport.get_pid()
         details["pid"] = pid
-        track = _Tracker(pid, group, token.encode())
+        track = _Tracker(pid, group, b"" if pidns else token.encode())  # the namespace needs no /proc scan
         log.debug("local exec %s pid %d isolation %s cores %s", placement.action_id, pid, isolation, cores)
         status, error = None, None
         try:

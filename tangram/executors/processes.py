@@ -3,13 +3,20 @@
 An action's processes are its process group, every member of its cgroup
 (even after ``setsid``) and, without a cgroup, every process whose
 environment carries its ``TANGRAM_ACTION_TOKEN``; :class:`_Tracker` signals
-them all and tells whether any still runs. :class:`_Collector` keeps the
-output (capped) and tells the leader's exit apart from the pipes' EOF.
+them all and tells whether any still runs. The token is the weakest of these:
+a command can clear its environment (``env -i``), so an action without a
+cgroup runs in a PID namespace of its own when the machine allows one
+(:func:`pid_namespace_prefix`), which no process inside can leave.
+:class:`_Collector` keeps the output (capped) and tells the leader's exit
+apart from the pipes' EOF.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import shutil
+import subprocess
 
 from tangram.executors.cgroups import _Group
 
@@ -22,6 +29,29 @@ def _proc_state(pid: int) -> tuple[str, int] | None:
         return fields[0].decode(), int(fields[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def pid_namespace_prefix() -> tuple[str, ...] | None:
+    """An argv prefix that runs a command as the init of a new PID namespace, or None if this machine can't.
+
+    ``unshare --pid --fork --kill-child``: the command is the namespace's PID 1 and
+    gets SIGKILL when ``unshare`` (the action's process-group leader) dies; when
+    PID 1 ends the kernel kills every process of the namespace, whatever it did
+    to its environment, session or parentage. A non-root service needs a user
+    namespace for that (``--user --map-current-user``: the same uid inside).
+    Probed once per process by running ``true`` under it.
+    """
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    user = [] if os.geteuid() == 0 else ["--user", "--map-current-user"]
+    prefix = (unshare, *user, "--pid", "--fork", "--kill-child")
+    try:
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return prefix if ok else None
 
 
 def _marked(token: bytes) -> list[int]:
