@@ -21,6 +21,7 @@ numpy (a min-plus product over shifted views of the previous row).
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Sequence
@@ -343,6 +344,13 @@ class GreedyTable:
         budget = self._capacity - self._min_sum[t]
         rows = self._small[:t]
         extra = [0] * t
+        if budget > 0:
+            # a gain d[j] - d[j+1] of finite floats is > 0 exactly when d[j] > d[j+1]
+            extra = [sum(map(operator.gt, d, d[1:])) for _, d in rows]
+            if sum(extra) <= budget:  # every positive gain is taken
+                budget = 0
+            else:
+                extra = [0] * t
         if budget > 0:
             gains = []  # (gain, row): the positive gains within each row, as the arrays keep them
             for i, (_, d) in enumerate(rows):

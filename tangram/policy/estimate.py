@@ -73,6 +73,12 @@ def estimate_from(ends: list, free_units: int, waiters: list, explore: int) -> f
     return _walk(ends, 0, free_units, 0.0, waiters, 0, explore)
 
 
+def estimate_sorted(ends: list, free_units: int, waiters: list, explore: int) -> float:
+    """:func:`estimate_from` of pairs already sorted (a round inserts its few candidates'
+    ends into the sorted running ones instead of sorting them all again)."""
+    return _walk(ends, 0, free_units, 0.0, waiters, 0, explore)
+
+
 # The completions are kept as a sorted list read from index ``k`` on, not as a
 # heap: the earliest-finish choice looks ahead without taking, and a new
 # completion (never earlier than the current time, so never before index k)
@@ -104,6 +110,27 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
                         end = now + d
                         if end < best:
                             best = end
+                    return total + best
+                if explore == 1 and i + 2 == n:
+                    # one waiter after this one, not explored: each count reads ahead
+                    # (continued from the previous count), and the last waiter reads the
+                    # completions with this one's end merged in (no copy, no insertion)
+                    size = len(ends)
+                    last = waiters[i + 1]
+                    for u, d in options:
+                        while free < u:
+                            if k == size:
+                                free = u
+                                break
+                            t, got = ends[k]
+                            k += 1
+                            free += got
+                            if t > now:
+                                now = t
+                        end = now + d
+                        rest = end + _last_end(ends, k, free - u, now, last, (end, u))
+                        if rest < best:
+                            best = rest
                     return total + best
                 for u, d in options:
                     h = ends[k:]
@@ -160,6 +187,32 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
         size += 1
         free -= umin
     return total
+
+
+def _last_end(ends, k, free, now, waiter, extra) -> float:
+    """The hot loop's end time for ``waiter``, the last one, reading ``ends`` from ``k`` with
+    the completion ``extra`` merged in where insort would have put it (after equal ones)."""
+    umin, dmin, options = waiter
+    size = len(ends)
+    pending = True
+    best = math.inf
+    for u, d in (options if options is not None and len(options) > 1 else ((umin, dmin),)):
+        while free < u:
+            if pending and (k == size or extra < ends[k]):
+                t, got = extra
+                pending = False
+            elif k == size:
+                free = u
+                break
+            else:
+                t, got = ends[k]
+                k += 1
+            free += got
+            if t > now:
+                now = t
+        if now + d < best:
+            best = now + d
+    return best
 
 
 def _start_time(ends, k, free, now, units):

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+from bisect import insort
 from types import MappingProxyType
 from typing import Sequence
 
@@ -19,7 +20,7 @@ from tangram.core.model import Action
 from tangram.policy.affinity import Affinity, affinity_order
 from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
 from tangram.policy.estimate import completions as _completions
-from tangram.policy.estimate import estimate_from as _estimate_from
+from tangram.policy.estimate import estimate_sorted as _estimate_sorted
 from tangram.policy.estimate import waiter as _waiter
 from tangram.policy.needs import Needs
 from tangram.policy.needs import needs as _needs
@@ -397,7 +398,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     last = 0 if seed else 1
     for t in range(n, last - 1, -1):
         if t == 0:
-            obj = _estimate_from(list(seed), capacity, waiters(0), snap.params.depth - 1)
+            obj = _estimate_sorted(list(seed), capacity, waiters(0), snap.params.depth - 1)
             if best is None or obj < best[0] - _EPS:
                 best = (obj, 0, ())
             break
@@ -410,8 +411,8 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
             durs = [group[i].action.duration(u) for i, u in enumerate(units)]
         rest = waiters(t)
         # nothing waits: the estimate of no waiters is 0 (the walk would only sort the completions)
-        obj = table.best(t) + (_estimate_from(
-            seed + list(zip(durs, units)),
+        obj = table.best(t) + (_estimate_sorted(
+            _with_ends(seed, durs, units),
             capacity - sum(units),
             rest,
             snap.params.depth - 1,
@@ -428,6 +429,18 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
             c.units[c.action.key] = units[i]
         else:
             cands[cands.index(c)] = None  # evicted: keeps its queue position
+
+
+def _with_ends(seed: list, durs, units) -> list:
+    """The sorted ``seed`` with the kept candidates' ``(duration, units)`` inserted in order."""
+    ends = list(seed)
+    if len(durs) > 8:
+        ends += zip(durs, units)
+        ends.sort()
+        return ends
+    for end in zip(durs, units):
+        insort(ends, end)
+    return ends
 
 
 def _rtype_of(c: _Candidate, pname: str) -> str:
