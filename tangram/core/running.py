@@ -35,7 +35,7 @@ class RunningView(Mapping[str, tuple[tuple[float, int], ...]]):
     def __getitem__(self, pool: str) -> tuple[tuple[float, int], ...]:
         now = self._now
         # _seconds_left, inlined: a round reads every running action of each pool it arranges
-        return tuple((e - now if e > now else 0.5 * (now - b), u) for b, e, u in self._by_pool[pool].values())
+        return tuple([(e - now if e > now else 0.5 * (now - b), u) for b, e, u in self._by_pool[pool].values()])
 
     def get(self, pool: str, default=None):  # Mapping.get goes through a try/except per call
         return self[pool] if pool in self._by_pool else default

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 import operator
+from itertools import repeat
+from operator import itemgetter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Sequence
@@ -354,16 +356,12 @@ class GreedyTable:
         if budget > 0:
             gains = []  # (gain, row): the positive gains within each row, as the arrays keep them
             for i, (_, d) in enumerate(rows):
-                for j in range(len(d) - 1):
-                    g = d[j] - d[j + 1]
-                    if g > 0:
-                        gains.append((g, i))
-            if len(gains) > budget:
-                gains.sort(key=lambda gi: gi[0], reverse=True)
-                if gains[budget - 1][0] == gains[budget][0]:
-                    return None
-                gains = gains[:budget]
-            for _, i in gains:
+                gains += zip(map(operator.sub, d, d[1:]), repeat(i))
+            gains = [gi for gi in gains if gi[0] > 0]
+            gains.sort(key=itemgetter(0), reverse=True)
+            if gains[budget - 1][0] == gains[budget][0]:
+                return None
+            for _, i in gains[:budget]:
                 extra[i] += 1
         durs = [d[x] for (_, d), x in zip(rows, extra)]
         units = tuple(u[0] + x for (u, _), x in zip(rows, extra))

@@ -152,11 +152,12 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
     # it on its own (its minimum made "wait for many units" look worse than "start
     # now on one" whenever a node was briefly full)
     size = len(ends)
+    push, inf = insort, math.inf  # locals: read once per waiter
     for umin, dmin, options in (waiters[i:] if i else waiters):
         if options is not None and len(options) > 1:
             # the count that ends soonest (the smallest on a tie), as a look-ahead:
             # each count needs the completions the one before needed, and more
-            best_end = math.inf
+            best_end = inf
             for u, d in options:
                 while free < u:
                     if k == size:  # as _start_time: units the estimate does not know of are free
@@ -183,7 +184,7 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
                     now = t
         end = now + dmin
         total += end
-        insort(ends, (end, umin), k)
+        push(ends, (end, umin), k)
         size += 1
         free -= umin
     return total
