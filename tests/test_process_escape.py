@@ -126,3 +126,60 @@ async def test_a_command_in_its_own_pid_namespace_keeps_its_exit_code_input_outp
             assert f.read() == "cleaned\n"
     finally:
         await ex.close()
+
+
+# ---------------------------------------------------------------------- #
+# Docker executor: one container per environment, no cgroup or namespace per action inside it
+
+
+@pytest.fixture
+async def docker_ex(docker_client):
+    from tangram.executors.docker import DockerExecutor
+
+    ex = DockerExecutor(docker_client, kill_grace_s=0.3)
+    await ex.create_environment("escape")
+    yield ex
+    await ex.destroy_environment("escape")
+    await ex.close()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+async def test_docker_detached_and_orphaned_processes_with_no_environment_die_with_their_action(docker_ex, mark):
+    p = Placement("a", None, dop=1)
+    m1, m2, m3 = f"{mark}1", f"{mark}2", f"{mark}3"
+    r = await docker_ex.exec("escape", f"{DOUBLE_FORK}; {RUNNING}; {DETACHED} echo done".format(m=m1), p)
+    assert (r.status, r.stdout) == (SUCCEEDED, "running\ndone\n"), r
+    assert find_pids(f"sleep {m1}") == []
+    r = await docker_ex.exec("escape", f"{DETACHED} {RUNNING}; sleep 30".format(m=m2), p, timeout_s=3)
+    assert (r.status, r.stdout) == (TIMEOUT, "running\n"), r
+    assert find_pids(f"sleep {m2}") == []
+    # the environment goes on: its next action runs, and leaves nothing either
+    r = await docker_ex.exec("escape", f"{DOUBLE_FORK}; {RUNNING}".format(m=m3), p)
+    assert (r.status, r.stdout) == (SUCCEEDED, "running\n"), r
+    assert find_pids(f"sleep {m3}") == []
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+async def test_docker_an_action_ending_spares_what_a_concurrent_action_of_its_environment_still_runs(docker_ex, mark):
+    import asyncio
+
+    mine, helper, cleared = f"{mark}1", f"{mark}2", f"{mark}3"
+    # B: a double-forked helper that keeps B's mark, and a child with a cleared environment still under B
+    b = asyncio.ensure_future(docker_ex.exec(
+        "escape", f"(sleep {helper} &); env -i sleep {cleared} & "
+                  f"until pgrep -x -f 'sleep {cleared}' >/dev/null; do sleep 0.01; done; echo b-up > b-up; sleep 3",
+        Placement("b", None, dop=1)))
+    for _ in range(500):
+        if find_pids(f"sleep {cleared}") and find_pids(f"sleep {helper}"):
+            break
+        await asyncio.sleep(0.01)
+    assert find_pids(f"sleep {helper}") and find_pids(f"sleep {cleared}")
+    r = await docker_ex.exec("escape", f"{DOUBLE_FORK}; {RUNNING}".format(m=mine), Placement("a", None, dop=1))
+    assert (r.status, r.stdout) == (SUCCEEDED, "running\n"), r
+    assert find_pids(f"sleep {mine}") == []  # A's escapee is gone ...
+    assert find_pids(f"sleep {helper}") and find_pids(f"sleep {cleared}")  # ... B's processes are not
+    rb = await b
+    assert rb.status == SUCCEEDED, rb
+    assert find_pids(f"sleep {helper}") == [] and find_pids(f"sleep {cleared}") == []  # they end with B

@@ -10,15 +10,16 @@
   common case of a trajectory whose consecutive actions get the same cores).
 * The command runs through the low-level exec API in a worker thread.
   Killing the exec's client side leaves the process running, so the action's
-  processes are marked *inside* the container: the exec's environment holds
-  ``TANGRAM_ACTION_TOKEN=<unique token>``, which every descendant inherits
-  (also one that escaped its session with ``setsid``, which a pid file or a
-  process group would miss). On timeout or cancel a second exec signals every
-  process whose ``/proc/<pid>/environ`` holds the token (SIGTERM, then
-  SIGKILL after ``kill_grace_s``), and the call returns only once the first
-  exec has ended. The wrapper does the same with SIGKILL when the command
-  exits normally, so whatever it left in the background does not keep
-  running on cores that are free again.
+  processes are found *inside* the container: the exec's environment holds
+  ``TANGRAM_ACTION_TOKEN=<unique token>``, which every descendant inherits,
+  and since a command can clear that (``env -i``) a sweep also follows parent
+  links: what descends from a marked process, or was orphaned (reparented to
+  the container's PID 1) without another running action's token, is the
+  action's too (:mod:`tangram.executors.docker_scripts`). On timeout or cancel
+  a second exec sweeps (SIGTERM, then SIGKILL after ``kill_grace_s``), and the
+  call returns only once the first exec has ended. The wrapper sweeps with
+  SIGKILL when the command exits normally, so whatever it left in the
+  background does not keep running on cores that are free again.
 * PID 1 of the container is a bash loop that reaps orphans (the image has no
   init): killed processes do not pile up as zombies.
 * Hardened by default: no network, a memory limit (the environment's

@@ -1,19 +1,43 @@
 """The shell scripts the Docker executor runs inside its containers (bash: the host's, bound read-only).
 
-Every process of an action is found, to be killed, by a mark in its
-environment; these scripts set it, look for it and kill with it.
+An action's processes are found, to be killed, by what its command cannot undo
+as well as by a mark it inherits. The mark: every process of an action starts
+with ``TANGRAM_ACTION_TOKEN=<token>`` in its environment. A command can clear
+it (``env -i``) and leave its session (``setsid``), so a sweep also follows
+each process's parent links (``/proc/<pid>/stat``): a process descending from
+one marked with the action's token is the action's, and one that nobody's
+running exec leads to any more (orphaned: its parent is the container's PID 1)
+is killed too, unless it carries the token of another action still running
+(its wrapper, an exec of the engine, holds ``<token>.w`` and has parent 0,
+which no process in the container can forge). PID 1 and its own children (its
+session, which no other process can join) are never touched.
 """
 from __future__ import annotations
 
-# Every process of an action carries TANGRAM_ACTION_TOKEN=<token> in its
-# environment (set on the exec, inherited by all descendants, even one that
-# left the session with setsid): that is how the action's processes are found
-# inside the container to kill them: every /proc/<pid>/environ holding an
-# entry matching $want gets $sig. Bash builtins only (mapfile, [[ ]], kill):
-# no fork, so it works when a fork bomb has used up the container's pids.
-_MARKED = ('for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; [ "$p" = "$$" ] && continue; '
-           '{ mapfile -d "" -t v < "$e"; } 2>/dev/null || continue; '
-           'for x in "${v[@]}"; do if [[ $x == $want ]]; then kill -$sig $p 2>/dev/null; break; fi; done; done')
+# $want: the token to kill (a pattern: '*' for every action's), $sig: the signal.
+# One pass reads every process's parent, session and token; then a process is
+# signalled if its chain of parents meets $want before it meets the root of a
+# running exec (parent 0) or the token of another running action, or if the
+# chain ends at PID 1 (orphaned). Bash builtins only (read, mapfile, [[ ]],
+# kill): no fork, so it works when a fork bomb has used up the container's pids.
+_SWEEP = (
+    'declare -A par sid tok live; procs=(/proc/[0-9]*); set -f\n'
+    'for d in "${procs[@]}"; do p=${d#/proc/}; [ "$p" = "$$" ] && continue\n'
+    '  { read -r st < "$d/stat"; } 2>/dev/null || continue\n'
+    '  st=${st##*) }; f=($st); par[$p]=${f[1]}; sid[$p]=${f[3]}\n'
+    '  { mapfile -d "" -t v < "$d/environ"; } 2>/dev/null || continue\n'
+    '  for x in "${v[@]}"; do if [[ $x == TANGRAM_ACTION_TOKEN=* ]]; then tok[$p]=${x#*=}; break; fi; done\n'
+    'done\n'
+    'for p in "${!par[@]}"; do [ "${par[$p]}" = 0 ] && [[ ${tok[$p]} == *.w ]] && live[${tok[$p]%.w}]=1; done\n'
+    'for p in "${!par[@]}"; do [ "${sid[$p]}" = 1 ] && continue; q=$p; hit=; n=0\n'
+    '  while [ -n "$q" ] && [ $n -lt 4096 ]; do t=${tok[$q]}\n'
+    '    if [ -n "$t" ]; then [[ $t == $want ]] && { hit=1; break; }; [ -n "${live[${t%.w}]}" ] && break; fi\n'
+    '    q=${par[$q]}; [ "$q" = 0 ] && break; [ "$q" = 1 ] && { hit=1; break; }; n=$((n+1))\n'
+    '  done\n'
+    '  [ -n "$hit" ] && kill -$sig $p 2>/dev/null\n'
+    'done\n'
+    'set +f; unset par sid tok live\n'
+)
 
 # $0 = the command, $1 = the token. Runs the command, then kills whatever it
 # left running (background jobs, daemons) so the action's cores are free.
@@ -28,7 +52,7 @@ WRAPPER = (
     "TANGRAM_ACTION_TOKEN=$1 bash -c \"$0\"\n"
     "rc=$?\n"
     "for p in /proc/[0-9]*; do if [ -z \"${seen[$p]}\" ]; then\n"
-    "  want=\"TANGRAM_ACTION_TOKEN=$1\"; sig=KILL\n  " + _MARKED + "\n  break\nfi; done\n"
+    "  want=$1; sig=KILL\n" + _SWEEP + "  break\nfi; done\n"
     "exit $rc\n"
 )
 
@@ -41,6 +65,6 @@ REAPER = ["/bin/bash", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait 
 
 # $1 = the token, $2 = the signal: signal every process of the action.
 # With KILL a second pass catches a child forked while the first one ran.
-KILLER = "want=\"TANGRAM_ACTION_TOKEN=$1\"; sig=$2\n" + _MARKED + "\n[ $sig = KILL ] && { " + _MARKED + "; }\nexit 0\n"
-# every action's processes (a service that died left them): the wrappers too
-KILL_ALL = "want='TANGRAM_ACTION_TOKEN=*'; sig=KILL\n" + _MARKED + "\nexit 0\n"
+KILLER = "want=$1; sig=$2\n" + _SWEEP + "[ $sig = KILL ] && {\n" + _SWEEP + "}\nexit 0\n"
+# every action's processes (a service that died left them): the wrappers too, and every orphan
+KILL_ALL = "want='*'; sig=KILL\n" + _SWEEP + "exit 0\n"
