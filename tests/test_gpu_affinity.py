@@ -216,3 +216,61 @@ def test_a_busy_instance_the_action_cannot_run_at_does_not_hold_it():
     # the same action with a busy instance it can use waits for it (1 s of work against a 20 s restore)
     pools["gpu@n0"] = PoolState("gpu@n0", "gpu", "n0", 16, 8, chunks=(8,), resident=frozenset({"b@dop1"}), idle=())
     assert plan(Snapshot(pools=pools, nodes=("n0",), waiting=(a,), waiting_keys=(0.0,))).dispatches == ()
+
+
+# A held action's wait is when its model's busy instance frees (the running action's time left, from the
+# snapshot), not its own expected duration. Two free GPUs, b@dop1 resident and running, a 3 s restore.
+def _busy_b(running_services, free=2):
+    pools = {"gpu@n0": PoolState("gpu@n0", "gpu", "n0", 8, free, chunks=(free,), resident=frozenset({"b@dop1"}),
+                                 idle=())}
+    return pools, running_services
+
+
+@pytest.mark.parametrize("t1, left, started", [
+    (10.0, 0.2, 0),  # a long action, but the instance frees in 0.2 s: waiting beats a 3 s restore
+    (1.0, 20.0, 1),  # a short action, but the instance is busy for 20 s more: restore now
+    (1.0, 2.9, 0),  # just under the restore: wait
+    (1.0, 3.1, 1),  # just over: restore
+])
+def test_a_held_action_waits_for_the_busy_instances_time_left_not_its_own_duration(t1, left, started):
+    pools, running = _busy_b({"b": ((left, 1),)})
+    snap = Snapshot(pools=pools, nodes=("n0",), waiting=(act("B", "b", t1=t1, restore=3.0),), waiting_keys=(0.0,),
+                    running_services=running)
+    assert len(plan(snap).dispatches) == started
+
+
+def test_held_actions_queue_on_the_busy_instances_by_when_each_frees():
+    # b is resident and busy on two nodes, its instances free in 0.5 s and 2.5 s; 1 s per action, 3 s
+    # restore: the instances serve held actions from 0.5, 1.5, 2.5 and 2.5 s; the fifth would wait 3.5 s
+    # (> 3 s) and starts on a free GPU now, as does the sixth
+    pools = {f"gpu@{n}": PoolState(f"gpu@{n}", "gpu", n, 8, free, chunks=(free,) if free else (),
+                                   resident=frozenset({"b@dop1"}), idle=())
+             for n, free in (("n0", 4), ("n1", 0))}
+    waiting = tuple(act(f"B{i}", "b", restore=3.0) for i in range(6))
+    snap = Snapshot(pools=pools, nodes=("n0", "n1"), waiting=waiting, waiting_keys=tuple(float(i) for i in range(6)),
+                    running_services={"b": ((2.5, 1), (0.5, 1))})
+    assert sorted(d.action.id for d in plan(snap).dispatches) == ["B4", "B5"]
+
+
+def test_a_running_action_at_a_dop_the_waiter_cannot_use_is_not_waited_for():
+    # the only running b action is on an 8-GPU instance; the waiter runs at 1 or 2 GPUs. Its resident
+    # 1-GPU instance is busy with nothing known to run on it: it frees evenly over the waiter's 1 s
+    pools = {"gpu@n0": PoolState("gpu@n0", "gpu", "n0", 16, 2, chunks=(2,), resident=frozenset({"b@dop1"}), idle=())}
+    a = act("B", "b", dop=(1, 2), t1=1.0, restore=20.0)
+    snap = Snapshot(pools=pools, nodes=("n0",), waiting=(a,), waiting_keys=(0.0,), running_services={"b": ((0.1, 8),)})
+    assert plan(snap).dispatches == ()  # held: 1 s (the even spread) < 20 s, not the 8-GPU action's 0.1 s
+    a = act("B", "b", dop=(1, 2), t1=30.0, restore=20.0)
+    snap = Snapshot(pools=pools, nodes=("n0",), waiting=(a,), waiting_keys=(0.0,), running_services={"b": ((0.1, 8),)})
+    assert len(plan(snap).dispatches) == 1  # 30 s > 20 s: the 8-GPU instance freeing soon does not hold it
+
+
+def test_the_engine_tells_the_policy_when_each_services_running_gpu_actions_end():
+    clock = _Clock()
+    eng = Engine([GpuManager([GpuNode("g0", 2, 100)], MODELS)], clock=clock, params=PolicyParams())
+    (s,) = eng.submit(act("r0", "rm", t1=5.0))
+    clock.t = 1.0
+    (entry,) = eng.snapshot().running_services["rm"]
+    assert entry == (pytest.approx(s.record.estimated_end - 1.0), 1)  # (seconds left, the instance's DoP)
+    assert "judge" not in eng.snapshot().running_services
+    eng.complete("r0")
+    assert "rm" not in eng.snapshot().running_services

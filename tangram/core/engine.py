@@ -126,6 +126,8 @@ class Engine:
         # pool -> action id -> (estimated end, units), in start order: the snapshot's
         # completion-heap seed, kept incrementally instead of walking every running action
         self._running_by_pool: dict[str, dict[str, tuple[float, float, int]]] = {}  # (start, est. end, units)
+        # the same for running GPU actions by service: when its busy resident instances free (GPU affinity)
+        self._running_by_service: dict[str, dict[str, tuple[float, float, int]]] = {}
         self.rounds = 0
 
     # ------------------------------------------------------------------ #
@@ -269,12 +271,14 @@ class Engine:
         nodes = self.nodes(pools)
         extra = 1 + self.params.lookahead  # the blocked head, and what the ACT estimate looks at
         view = self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra)
+        now = self.clock()
         return Snapshot(
             pools=pools,
             nodes=nodes,
             waiting=view,
             waiting_keys=view.keys,
-            running=RunningView(self._running_by_pool, self.clock()),
+            running=RunningView(self._running_by_pool, now),
+            running_services=RunningView(self._running_by_service, now),
             placement=MappingProxyType(self.placement),  # read only during the synchronous call
             class_estimates=self.estimator.class_estimates(),
             params=self.params,
@@ -335,6 +339,8 @@ class Engine:
         self.running[a.id] = rec
         for rtype, pname in d.pools.items():
             self._running_by_pool.setdefault(pname, {})[a.id] = (now, rec.estimated_end, d.units[rtype])
+        if a.service is not None and "gpu" in d.units:
+            self._running_by_service.setdefault(a.service, {})[a.id] = (now, rec.estimated_end, d.units["gpu"])
         return Started(rec, d, grants)
 
     def _finish(self, rec: ActionRecord, status: str) -> None:
@@ -357,6 +363,10 @@ class Engine:
                 held = self._running_by_pool.get(pname)
                 if held is not None and held.pop(rec.action.id, None) is not None and not held:
                     del self._running_by_pool[pname]
+            service = rec.action.service
+            held = self._running_by_service.get(service) if service is not None else None
+            if held is not None and held.pop(rec.action.id, None) is not None and not held:
+                del self._running_by_service[service]
         if rec.action.trajectory is None:
             self._release_mem(rec.action.id)  # a one-shot action's memory lives with it
 

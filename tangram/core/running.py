@@ -1,6 +1,7 @@
 """What the engine tells the policy about running actions: seconds left and units, per pool.
 
-The snapshot's one channel for running actions (``Snapshot.running``).
+The snapshot's channel for running actions: per pool (``Snapshot.running``)
+and, for GPU actions, per service (``Snapshot.running_services``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _seconds_left(started: float, estimated_end: float, now: float) -> float:
 
 
 class RunningView(Mapping[str, tuple[tuple[float, int], ...]]):
-    """pool -> ``(seconds left, units)`` of its running actions, computed on demand.
+    """pool (or service) -> ``(seconds left, units)`` of its running actions, computed on demand.
 
     The policy reads it only for the pools it arranges elastically; building
     it for every pool on every round cost more than the round itself.

@@ -19,12 +19,14 @@ from tangram.policy.snapshot import Snapshot
 class Affinity:
     """The idle resident GPU instances not yet claimed this round: pool -> model -> DoP -> count."""
 
-    __slots__ = ("left", "busy", "held")
+    __slots__ = ("left", "busy", "frees")
 
     def __init__(self, pools) -> None:
         self.left: dict[str, dict[str, dict[int, int]]] = {}
         self.busy: dict[str, dict[int, int]] = {}  # model -> DoP -> resident instances that are running
-        self.held: dict[str, int] = {}  # model -> actions held this round for its busy instances
+        # (model, DoPs) -> min-heap of when each of its usable busy instances frees, past the actions held
+        # for it this round (:func:`_hold`)
+        self.frees: dict[tuple[str, frozenset[int]], list[float]] = {}
         for name, p in pools.items():
             idle = p.idle if p.idle is not None else p.resident if p.chunked else ()
             for service in idle:
@@ -98,23 +100,34 @@ def affinity_order(snap: Snapshot, affinity: Affinity, gpu_pools, closed):
 def _hold(a: Action, affinity: Affinity, snap: Snapshot) -> bool:
     """Whether ``a`` (it would restore) should wait for a busy instance of its model instead.
 
-    The ``n``-th action held for a model expects to wait ``n`` times its expected
-    duration over the model's busy instances; it waits while that is shorter
-    than the restore it would pay now at its smallest DoP. So a model with a short
-    queue is served by its resident instances, one with a long queue spreads to
-    new chunks, and a held action is a hit (a claim, in its order) when an
-    instance frees.
+    Its model's busy instances at DoPs ``a`` can use free when their running
+    actions end (``Snapshot.running_services``: seconds left, the instance's
+    DoP); each action held this round takes the first to free and keeps it for
+    its own expected duration (a min-heap of free times, one pop and push per
+    hold). ``a`` waits while the first free time is sooner than the restore it
+    would pay now at its smallest DoP. So a model with a short queue is served
+    by its resident instances, one with a long queue spreads to new chunks, and
+    a held action is a hit (a claim, in its order) when an instance frees.
+    Instances with no running action known are taken to free evenly over
+    ``a``'s expected duration.
     """
     # only instances at a DoP ``a`` can run at: one it cannot use would hold it for ever
     per = affinity.busy.get(a.service)
+    if not per:
+        return False
     options = a.demands["gpu"].options
-    busy = sum(n for dop, n in per.items() if dop in options) if per else 0
-    if not busy:
+    key = (a.service, options)
+    frees = affinity.frees.get(key)
+    expected = expected_s(a, snap.class_estimates, snap.params.default_duration_s)
+    if frees is None:
+        busy = sum(n for dop, n in per.items() if dop in options)
+        left = sorted(s for s, dop in snap.running_services.get(a.service, ()) if dop in options)[:busy]
+        frees = left + [(i + 1) * expected / busy for i in range(busy - len(left))]  # (sorted: a heap)
+        affinity.frees[key] = frees
+    if not frees:
         return False
     restore = a.restore_s.get(a.demands["gpu"].min, 0.0)
-    held = affinity.held.get(a.service, 0)
-    wait = (held + 1) * expected_s(a, snap.class_estimates, snap.params.default_duration_s) / busy
-    if wait < restore:
-        affinity.held[a.service] = held + 1
+    if frees[0] < restore:
+        heapq.heapreplace(frees, frees[0] + expected)
         return True
     return False

@@ -68,6 +68,9 @@ class Snapshot:
     # pool -> (seconds left, units) of its running actions: the one channel for them
     # (the engine passes a lazy mapping: only the pools the policy arranges are computed)
     running: Mapping[str, Sequence[tuple[float, int]]] = field(default_factory=lambda: _EMPTY)
+    # service -> (seconds left, DoP) of its running GPU actions: when its busy resident instances free
+    # (GPU affinity weighs waiting for one against a restore); lazy like ``running``
+    running_services: Mapping[str, Sequence[tuple[float, int]]] = field(default_factory=lambda: _EMPTY)
     class_estimates: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # running average duration per class
     params: PolicyParams = field(default_factory=PolicyParams)
 
