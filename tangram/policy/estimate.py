@@ -132,12 +132,22 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
                         if rest < best:
                             best = rest
                     return total + best
+                size = len(ends)
                 for u, d in options:
+                    while free < u:  # _start_time, continued from the previous count
+                        if k == size:
+                            free = u
+                            break
+                        t, got = ends[k]
+                        k += 1
+                        free += got
+                        if t > now:
+                            now = t
+                    # the rest reads on from here: a copy of what is left, this end inserted
                     h = ends[k:]
-                    f, t, j = _start_time(h, 0, free, now, u)
-                    end = t + d
-                    insort(h, (end, u), j)
-                    rest = end + _walk(h, j, f - u, t, waiters, i + 1, explore - 1)
+                    end = now + d
+                    insort(h, (end, u))
+                    rest = end + _walk(h, 0, free - u, now, waiters, i + 1, explore - 1)
                     if rest < best:
                         best = rest
                 return total + best
