@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import heapq
 from itertools import islice
+from operator import itemgetter
 from typing import Callable, Iterator, Mapping
 
 from sortedcontainers import SortedList
 
 from tangram.core.model import Action
+
+_ACTION = itemgetter(2)  # an entry is (order key, arrival sequence, action)
 
 # (home node or None, memory to place in MiB, demands as (rtype, Demand) pairs, GPU service or None)
 LaneKey = tuple
@@ -111,7 +114,7 @@ class LanesView:
         return self._len > 0
 
     def __iter__(self) -> Iterator[Action]:
-        return (e[2] for e in self._entries())
+        return map(_ACTION, self._entries())  # C-level: a round reads each through several generators
 
     def _entries(self) -> Iterator[tuple]:
         parts = []

@@ -23,6 +23,7 @@ from tangram.policy.estimate import completions as _completions
 from tangram.policy.estimate import estimate_sorted as _estimate_sorted
 from tangram.policy.estimate import waiter as _waiter
 from tangram.policy.needs import Needs
+from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
 from tangram.policy.rows import duration as _duration
 from tangram.policy.rows import group_rows as _group_rows
@@ -142,8 +143,11 @@ def _select_candidates(snap: Snapshot):
     affinity = Affinity(pools)
     waiting_iter = affinity_order(snap, affinity, gpu_pools, closed)
     params = snap.params
+    needs_memo = _NEEDS
     for a in waiting_iter:
-        nd = _needs(a)
+        nd = needs_memo.get(id(a))  # needs(a), its memo read inline (once per waiting action read)
+        if nd is None or nd.action is not a:
+            nd = _needs(a)
         if closed and not nd.has_cpu and all(t in closed for t in nd.not_gpu) and (
                 not nd.has_gpu or all(g in closed for g in gpu_pools)):
             # fast path, same outcome as _place: an action (API and/or GPU) behind blocked heads
