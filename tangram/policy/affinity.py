@@ -102,9 +102,9 @@ def _hold(a: Action, affinity: Affinity, snap: Snapshot) -> bool:
 
     Its model's busy instances at DoPs ``a`` can use free when their running
     actions end (``Snapshot.running_services``: seconds left, the instance's
-    DoP); each action held this round takes the first to free and keeps it for
-    its own expected duration (a min-heap of free times, one pop and push per
-    hold). ``a`` waits while the first free time is sooner than the restore it
+    DoP; each running action of the model holds one instance); each action
+    held this round takes the first to free and keeps it for its own expected
+    duration (a min-heap of free times, one pop and push per hold). ``a`` waits while the first free time is sooner than the restore it
     would pay now at its smallest DoP. So a model with a short queue is served
     by its resident instances, one with a long queue spreads to new chunks, and
     a held action is a hit (a claim, in its order) when an instance frees.
@@ -121,8 +121,8 @@ def _hold(a: Action, affinity: Affinity, snap: Snapshot) -> bool:
     expected = expected_s(a, snap.class_estimates, snap.params.default_duration_s)
     if frees is None:
         busy = sum(n for dop, n in per.items() if dop in options)
-        left = sorted(s for s, dop in snap.running_services.get(a.service, ()) if dop in options)[:busy]
-        frees = left + [(i + 1) * expected / busy for i in range(busy - len(left))]  # (sorted: a heap)
+        left = sorted(s for s, dop in snap.running_services.get(a.service, ()) if dop in options)
+        frees = left + [(i + 1) * expected / busy for i in range(max(0, busy - len(left)))]  # (sorted: a heap)
         affinity.frees[key] = frees
     if not frees:
         return False
