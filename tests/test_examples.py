@@ -4,7 +4,6 @@ against the machine (or the Docker Engine) they name."""
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from tangram.client import TangramClient, TangramHTTPError
 from tangram.scaleout.docker_nodes import NotOnEngine, topology
 from tangram.service.auto import docker_answers, resolve_auto
 from tangram.service.config import ConfigError, load_config, parse_config
+from tangram.service.launch import start_serve
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)
@@ -28,14 +28,12 @@ def _serve(*args: str, **kw) -> subprocess.CompletedProcess:
 
 async def test_shipped_cluster_yaml_starts_on_this_machine_and_writes_its_token(tmp_path):
     token_file = tmp_path / "conf" / "token"
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--config", "examples/cluster.yaml",
-                             "--port", "0", "--token-file", str(token_file)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the whole output kept: the choice `auto` made is logged
+    srv = start_serve(["--config", "examples/cluster.yaml", "--port", "0", "--token-file", str(token_file)],
+                      cwd=REPO, tail_lines=None)
     try:
-        line = proc.stdout.readline()
-        assert "listening on" in line, proc.stderr.read() if proc.poll() is not None else line
-        url = line.strip().rsplit(" ", 1)[1]
-        assert str(token_file) in proc.stdout.readline()
+        url = srv.url
+        assert srv.wait_for_output(str(token_file)), srv.output()
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         token = token_file.read_text().strip()
         assert len(token) >= 32
@@ -52,9 +50,8 @@ async def test_shipped_cluster_yaml_starts_on_this_machine_and_writes_its_token(
             assert r.ok and r.stdout == "started as shipped\n"
             await c.delete_environment(env)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=60)
-    err = proc.stderr.read()
+        rc = srv.stop(grace_s=60)
+    err = srv.output()
     assert rc == 0, err
     # `auto` picked what this machine offers, and said so
     engine = docker_answers("unix:///var/run/docker.sock")

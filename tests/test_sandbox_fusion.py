@@ -9,9 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +29,7 @@ from verl.utils.reward_score.sandbox_fusion.utils import call_sandbox_api, check
 from tangram.core.errors import DemandError  # noqa: E402
 from tangram.service import sandbox_protocol as proto  # noqa: E402
 from tangram.service.config import ConfigError, parse_config  # noqa: E402
+from tangram.service.launch import start_serve  # noqa: E402
 from tests.service_helpers import assert_whole, config, running_service  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,28 +48,14 @@ def served(tmp_path_factory):
     cfg = d / "cluster.yaml"
     cfg.write_text("cpu_nodes:\n  - name: here\n    executor: local\n    cores: 2\n    memory_mb: 3072\n"
                    "gpu_nodes: []\n")
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
-                             "--token-file", str(d / "token"), "--sandbox-key-file", str(d / "key"),
-                             "--state-dir", str(d / "state")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "listening on" in line:
-            url = line.strip().rsplit(" ", 1)[1]
-            break
-        if not line and proc.poll() is not None:
-            break
-    if url is None:
-        proc.kill()
-        raise AssertionError(f"serve did not start: {proc.stderr.read()}")
+    # the whole output kept: the sandbox key must appear nowhere in it
+    srv = start_serve(["--config", str(cfg), "--port", "0", "--token-file", str(d / "token"),
+                       "--sandbox-key-file", str(d / "key")], cwd=REPO, state_dir=d / "state", tail_lines=None)
     try:
-        yield url, f"{url}/sandbox/{KEY}/run_code"
+        yield srv.url, f"{srv.url}/sandbox/{KEY}/run_code"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert KEY not in proc.stderr.read(), "the sandbox key reached the service log"
+        assert srv.stop(grace_s=30) == 0
+        assert KEY not in srv.output(), "the sandbox key reached the service log"
 
 
 def _admin(url: str, path: str) -> dict:

@@ -4,54 +4,37 @@ the same API over HTTPS."""
 from __future__ import annotations
 
 import os
-import signal
 import ssl
 import stat
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from tangram.service.launch import ServeProcess, start_serve
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)
 
 
-def _start(args: list[str], env: dict, *, token_line: bool = False) -> tuple[subprocess.Popen, list[str]]:
-    proc = subprocess.Popen([sys.executable, "-m", "tangram.cli", "serve", "--port", "0", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    lines: list[str] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line:
-            lines.append(line.strip())
-        if "listening on" in line:
-            if token_line:  # printed right after the address
-                lines.append(proc.stdout.readline().strip())
-            return proc, lines
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"serve did not start: {proc.stderr.read()}")
+def _start(args: list[str], env: dict) -> ServeProcess:
+    # the whole output kept: the tests read the token file's path and the warnings from it
+    return start_serve(["--port", "0", *args], env=env, cwd=REPO, tail_lines=None)
 
 
-def _stop(proc: subprocess.Popen) -> str:
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    return proc.stderr.read()
+def _stop(srv: ServeProcess) -> str:
+    srv.stop(grace_s=30)
+    return srv.output()
 
 
 async def test_serve_makes_a_token_by_default_and_requires_it(tmp_path):
     tok_file = tmp_path / "conf" / "token"
     env = {**os.environ, "TANGRAM_TOKEN_FILE": str(tok_file)}
     env.pop("TANGRAM_TOKEN", None)
-    proc, lines = _start([], env, token_line=True)
+    srv = _start([], env)
     try:
-        url = lines[0].rsplit(" ", 1)[1]
-        assert any(str(tok_file) in ln for ln in lines), lines  # the path is printed
+        url = srv.url
+        assert srv.wait_for_output(str(tok_file)), srv.output()  # the path is printed
         assert stat.S_IMODE(tok_file.stat().st_mode) == 0o600
         token = tok_file.read_text().strip()
         assert len(token) >= 32
@@ -63,24 +46,23 @@ async def test_serve_makes_a_token_by_default_and_requires_it(tmp_path):
             async with s.get(f"{url}/healthz") as r:
                 assert r.status == 200
     finally:
-        _stop(proc)
+        _stop(srv)
     # a second start reuses the same token
-    proc, _ = _start([], env, token_line=True)
+    srv = _start([], env)
     try:
         assert tok_file.read_text().strip() == token
     finally:
-        _stop(proc)
+        _stop(srv)
 
 
 async def test_no_auth_is_explicit_and_warned(tmp_path):
     env = {**os.environ, "TANGRAM_TOKEN_FILE": str(tmp_path / "unused")}
-    proc, lines = _start(["--no-auth"], env)
+    srv = _start(["--no-auth"], env)
     try:
-        url = lines[0].rsplit(" ", 1)[1]
-        async with aiohttp.ClientSession() as s, s.get(f"{url}/v1/stats") as r:
+        async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/v1/stats") as r:
             assert r.status == 200
     finally:
-        err = _stop(proc)
+        err = _stop(srv)
     assert "no bearer token" in err
     assert not (tmp_path / "unused").exists()
 
@@ -94,9 +76,9 @@ async def test_tls_serves_https(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"service:\n  tls_cert: {tmp_path / 'cert.pem'}\n  tls_key: {tmp_path / 'key.pem'}\n"
                    f"  token: t0ken-over-tls\ngpu_nodes: []\n")
-    proc, lines = _start(["--config", str(cfg)], dict(os.environ))
+    srv = _start(["--config", str(cfg)], dict(os.environ))
     try:
-        url = lines[0].rsplit(" ", 1)[1]
+        url = srv.url
         assert url.startswith("https://")
         ctx = ssl.create_default_context()
         ca.configure_trust(ctx)
@@ -107,4 +89,4 @@ async def test_tls_serves_https(tmp_path):
                 async with s.get(url.replace("https://", "http://") + "/healthz") as r:
                     await r.read()
     finally:
-        _stop(proc)
+        _stop(srv)

@@ -51,7 +51,8 @@ def test_start_serve_returns_once_listening_and_stop_leaves_nothing(tmp_path):
         assert srv.url is not None and srv.url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(f"{srv.url}/healthz", timeout=10) as r:
             assert json.load(r)["status"] == "ok"
-        state = srv.output().split("state in ", 1)[1].split()[0]  # printed after the listening line: still read
+        assert srv.wait_for_output("state in ")  # printed after the listening line: still read
+        state = srv.output().split("state in ", 1)[1].split()[0]
         assert os.path.isdir(state) and os.path.basename(state).startswith("tangram-state-")
         pid = srv.pid
     assert srv.proc.returncode == 0  # SIGTERM: a clean shutdown
@@ -87,3 +88,14 @@ def test_a_service_that_does_not_listen_in_time_is_killed(tmp_path, temp_root):
 def test_state_dir_and_throwaway_state_are_exclusive(tmp_path):
     with pytest.raises(ValueError):
         start_serve([], state_dir=tmp_path, throwaway_state=True)
+
+
+def test_the_whole_output_is_kept_when_asked_and_a_missing_text_is_not_waited_for_past_the_end(tmp_path):
+    cfg = tmp_path / "cluster.json"
+    cfg.write_text(json.dumps(NODE))
+    with start_serve(["--config", cfg, "--port", "0", "--no-auth"], cwd=REPO, throwaway_state=True,
+                     tail_lines=None) as srv:
+        assert srv.wait_for_output("state in ")
+    assert "--no-auth: no bearer token" in srv.output()  # stderr's warning, kept with stdout
+    assert f"tangram serve: listening on {srv.url}\n" in srv.output()
+    assert not srv.wait_for_output("never printed", timeout_s=30)  # its output has ended: False at once

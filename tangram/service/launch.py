@@ -37,13 +37,21 @@ class ServeStartError(RuntimeError):
 
 
 class ServeProcess:
-    """A running ``tangram serve``: ``url``, ``proc``; ``stop()`` or use it as a context manager."""
+    """A running ``tangram serve``: ``url``, ``proc``; ``stop()`` or use it as a context manager.
 
-    def __init__(self, proc: subprocess.Popen, state_dir_to_remove: str | None = None):
+    ``tail_lines``: how many of its last output lines to keep (each cut at
+    ``MAX_LINE`` characters); None keeps everything it prints, whole (for a
+    caller that checks the whole log, e.g. that a secret never appears in it).
+    """
+
+    def __init__(self, proc: subprocess.Popen, state_dir_to_remove: str | None = None, *,
+                 tail_lines: int | None = TAIL_LINES):
         self.proc = proc
         self.url: str | None = None
-        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self._lock = threading.Lock()
+        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self._max_line = MAX_LINE if tail_lines is not None else None
+        self._printed = threading.Condition()  # guards _tail and _ended; notified at each line and at the end
+        self._ended = False
         self._listening = threading.Event()  # set once listening, or at end of output
         self._state_dir_to_remove = state_dir_to_remove
         self._reader = threading.Thread(target=self._drain, name=f"tangram-serve-{proc.pid}-output", daemon=True)
@@ -52,8 +60,9 @@ class ServeProcess:
     def _drain(self) -> None:
         try:
             for line in self.proc.stdout:  # type: ignore[union-attr]
-                with self._lock:
-                    self._tail.append(line[:MAX_LINE])
+                with self._printed:
+                    self._tail.append(line[:self._max_line])
+                    self._printed.notify_all()
                 if self.url is None:
                     m = LISTENING.search(line)
                     if m:
@@ -63,12 +72,21 @@ class ServeProcess:
             pass
         finally:
             self.proc.stdout.close()  # type: ignore[union-attr]
+            with self._printed:
+                self._ended = True
+                self._printed.notify_all()
             self._listening.set()
 
     def output(self) -> str:
-        """The last lines the process printed (stdout and stderr together)."""
-        with self._lock:
+        """What the process printed (stdout and stderr together; its last ``tail_lines`` lines)."""
+        with self._printed:
             return "".join(self._tail)
+
+    def wait_for_output(self, text: str, timeout_s: float = 10.0) -> bool:
+        """Whether ``text`` appears in :meth:`output` within ``timeout_s`` (False once the output ended without it)."""
+        with self._printed:
+            self._printed.wait_for(lambda: self._ended or text in "".join(self._tail), timeout_s)
+            return text in "".join(self._tail)
 
     @property
     def pid(self) -> int:
@@ -116,7 +134,7 @@ class ServeProcess:
 
 def start_serve(args: Sequence[str] = (), *, wait_s: float = 60.0, env: Mapping[str, str] | None = None,
                 cwd: str | os.PathLike | None = None, state_dir: str | os.PathLike | None = None,
-                throwaway_state: bool = False) -> ServeProcess:
+                throwaway_state: bool = False, tail_lines: int | None = TAIL_LINES) -> ServeProcess:
     """Start ``tangram serve ARGS`` and return it once it listens (its URL in ``.url``).
 
     ``env`` is the child's whole environment (default: this process's); ``cwd`` its
@@ -124,6 +142,7 @@ def start_serve(args: Sequence[str] = (), *, wait_s: float = 60.0, env: Mapping[
     ``state_dir`` adds ``--state-dir``; ``throwaway_state`` instead gives it a fresh
     temporary state directory, removed at ``stop()``: a throwaway service neither
     shares nor is refused the default state directory of the nodes it serves.
+    ``tail_lines``: the output kept (:class:`ServeProcess`; None: all of it).
 
     Raises :class:`ServeStartError` (with the output's tail) if it exits or does not
     listen within ``wait_s`` seconds; it is then killed and nothing is left behind.
@@ -145,7 +164,7 @@ def start_serve(args: Sequence[str] = (), *, wait_s: float = 60.0, env: Mapping[
         if temp_state:
             shutil.rmtree(temp_state, ignore_errors=True)
         raise
-    serve = ServeProcess(proc, temp_state)
+    serve = ServeProcess(proc, temp_state, tail_lines=tail_lines)
     try:
         serve._listening.wait(wait_s)
     except BaseException:  # interrupted: leave nothing running
