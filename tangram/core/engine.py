@@ -19,6 +19,7 @@ from tangram.core.estimator import DurationEstimator
 from tangram.core.grants import Grant
 from tangram.core.model import Action
 from tangram.core import feasibility
+from tangram.core.generating import Generating
 from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_uses
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
@@ -122,6 +123,7 @@ class Engine:
         # many pops from the front is found by a scan over the deleted slots)
         self.finished: OrderedDict[str, ActionRecord] = OrderedDict()
         self.placement: dict[str, str] = {}  # trajectory -> node
+        self._generating = Generating()  # placed trajectories with nothing queued or running
         self._placed_mem: dict[str, tuple[str, int]] = {}  # holder -> (mem pool, MiB)
         # pool -> action id -> (estimated end, units), in start order: the snapshot's
         # completion-heap seed, kept incrementally instead of walking every running action
@@ -167,6 +169,7 @@ class Engine:
         action = self.estimator.refine(self.cap_to_capacity(action, pools))  # a stale profile heals online
         rec = ActionRecord(action, submitted_at=self.clock())
         key = self._enqueue(rec)
+        self._generating.submitted(action, rec.submitted_at)
         if key >= self._tail_key and self._cannot_start(action):
             # it sorts behind every waiting action and the last round's leftovers
             # already shut every pool it could use: that round's outcome stands
@@ -251,6 +254,7 @@ class Engine:
         if self.placement.pop(trajectory, None) is not None:
             self._relane(trajectory)
         self._release_mem(trajectory)
+        self._generating.closed(trajectory)
         return self.schedule()
 
     def tick(self) -> list[Started]:
@@ -281,6 +285,7 @@ class Engine:
             running_services=RunningView(self._running_by_service, now),
             placement=MappingProxyType(self.placement),  # read only during the synchronous call
             class_estimates=self.estimator.class_estimates(),
+            upcoming=self._generating.view(self.clock(), self.params.lookahead),
             params=self.params,
         )
 
@@ -347,6 +352,8 @@ class Engine:
         rec.state = status
         rec.finished_at = self.clock()
         self._release_grants(rec)
+        t = rec.action.trajectory
+        self._generating.ended(rec.action, None if t is None else self.placement.get(t), rec.finished_at)
         self.finished[rec.action.id] = rec
         if len(self.finished) > self._keep_finished:
             self.finished.popitem(last=False)

@@ -66,17 +66,51 @@ def completions(items) -> list:
     return [(f if f > 0.0 else 0.0, u) for f, u in items]
 
 
-def estimate_from(ends: list, free_units: int, waiters: list, explore: int) -> float:
+def estimate_from(ends: list, free_units: int, waiters: list, explore: int, arrivals=()) -> float:
     """:func:`estimate_rest` of pairs already passed through :func:`completions` (the list
-    becomes the estimate's own: the caller hands over a fresh one)."""
+    becomes the estimate's own: the caller hands over a fresh one).
+
+    ``arrivals``: ``(seconds until it arrives, units, duration)`` of fixed actions expected
+    soon, soonest first. They go ahead of the waiters (the order key of a short action
+    arriving in a moment sorts before a long one's that waits) and each counts from its
+    arrival.
+    """
     ends.sort()
-    return _walk(ends, 0, free_units, 0.0, waiters, 0, explore)
+    return estimate_sorted(ends, free_units, waiters, explore, arrivals)
 
 
-def estimate_sorted(ends: list, free_units: int, waiters: list, explore: int) -> float:
+def _arrive(ends, free, arrivals):
+    """Start each expected arrival once it has arrived and enough units are free; returns the sum
+    of their completion times counted from their arrivals, and the walk's state after them."""
+    total = 0.0
+    k = 0
+    now = 0.0  # the latest completion taken: when the units taken so far were all free
+    size = len(ends)
+    for r, units, d in arrivals:
+        while free < units:  # _start_time, inlined
+            if k == size:
+                free = units
+                break
+            t, u = ends[k]
+            k += 1
+            free += u
+            if t > now:
+                now = t
+        end = (now if now > r else r) + d
+        total += end - r
+        insort(ends, (end, units), k)
+        size += 1
+        free -= units
+    return total, k, free, now
+
+
+def estimate_sorted(ends: list, free_units: int, waiters: list, explore: int, arrivals=()) -> float:
     """:func:`estimate_from` of pairs already sorted (a round inserts its few candidates'
     ends into the sorted running ones instead of sorting them all again)."""
-    return _walk(ends, 0, free_units, 0.0, waiters, 0, explore)
+    if not arrivals:
+        return _walk(ends, 0, free_units, 0.0, waiters, 0, explore)
+    total, k, free, now = _arrive(ends, free_units, arrivals)
+    return total + _walk(ends, k, free, now, waiters, 0, explore)
 
 
 # The completions are kept as a sorted list read from index ``k`` on, not as a

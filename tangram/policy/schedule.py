@@ -377,12 +377,12 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
     else:
         capacity = pool.free - sum(other_units)
         operator = UnitsOperator(max(capacity, 0))
-    rows, convex = _group_rows([c.action for c in group], capacity, snap.params, pool, [c.hits for c in group])
+    actions = [c.action for c in group]
+    hits = [c.hits for c in group]
+    rows, convex = _group_rows(actions, capacity, snap.params, pool, hits)
     if pool.chunked:
         convex = None
     n = len(group)
-    exact_from = max(1, n - _EVICTION_WINDOW)
-    table = prefix_table_rows(rows, operator, exact_from, convex, clipped=True)
 
     seed = list(snap.running.get(pool.name, ()))
     seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
@@ -396,15 +396,49 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
             evicted.insert(0, _waiter(group[n - len(evicted) - 1].action, pool, snap))
         return evicted[len(evicted) - (n - t):] + tail
 
+    arrivals = _arrivals(snap, pool)
+    best = _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group)
+    need = sum(u for _, u, _ in arrivals)
+    if arrivals and best is not None and (best[1] < n or capacity - sum(best[2]) < need):
+        # Headroom: the group may leave part of the pool to the actions the node's
+        # trajectories in generation are about to submit; the estimate says how much.
+        # (When the whole group starts and leaves room for them all, less for it cannot help.)
+        for h in sorted({need, need // 2, need // 4}, reverse=True):
+            if not 0 < h < capacity:
+                continue
+            rows_h, convex_h = _group_rows(actions, capacity - h, snap.params, pool, hits)
+            # the whole group on less: headroom is the alternative to evicting (waiting)
+            b = _evict(snap, rows_h, UnitsOperator(capacity - h), convex_h, n, capacity, seed, waiters, arrivals,
+                       group, lowest=n)
+            if b is not None and (best is None or b[0] < best[0] - _EPS):
+                best = b
+    if best is None:  # cannot happen when minimums fit; keep minimums
+        return
+    _, t, units = best
+    for i, c in enumerate(group):
+        if i < t:
+            c.units[c.action.key] = units[i]
+        else:
+            cands[cands.index(c)] = None  # evicted: keeps its queue position
+
+
+def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0):
+    """Greedy eviction over the DPArrange prefix table of ``rows`` under ``operator``: the best
+    ``(objective, prefix kept, its units)`` among the prefixes of ``lowest`` or more, or None.
+    ``capacity`` is the pool's part the estimate counts as free (the operator's may be
+    smaller: headroom)."""
+    exact_from = max(1, n - _EVICTION_WINDOW)
+    table = prefix_table_rows(rows, operator, max(exact_from, lowest), convex, clipped=True)
+    depth = snap.params.depth - 1
     best = None
     # Evicting the whole group (t = 0: wait) is allowed only while something
     # holds units of this pool: its completion is the event that reschedules.
     # A lone elastic action then may wait a moment for many cores instead of
     # starting at once on the few that happen to be free.
-    last = 0 if seed else 1
+    last = max(lowest, 0 if seed else 1)
     for t in range(n, last - 1, -1):
         if t == 0:
-            obj = _estimate_sorted(list(seed), capacity, waiters(0), snap.params.depth - 1)
+            obj = _estimate_sorted(list(seed), capacity, waiters(0), depth, arrivals)
             if best is None or obj < best[0] - _EPS:
                 best = (obj, 0, ())
             break
@@ -416,25 +450,38 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         if durs is None:
             durs = [group[i].action.duration(u) for i, u in enumerate(units)]
         rest = waiters(t)
-        # nothing waits: the estimate of no waiters is 0 (the walk would only sort the completions)
+        # nothing waits or comes: the estimate is 0 (the walk would only sort the completions)
         obj = table.best(t) + (_estimate_sorted(
             _with_ends(seed, durs, units),
             capacity - sum(units),
             rest,
-            snap.params.depth - 1,
-        ) if rest else 0.0)
+            depth,
+            arrivals,
+        ) if rest or arrivals else 0.0)
         if best is None or obj < best[0] - _EPS:
             best = (obj, t, units)
         else:
             break  # evicting one more did not lower the objective
-    if best is None:  # cannot happen when minimums fit; keep minimums
-        return
-    _, t, units = best
-    for i, c in enumerate(group):
-        if i < t:
-            c.units[c.action.key] = units[i]
-        else:
-            cands[cands.index(c)] = None  # evicted: keeps its queue position
+    return best
+
+
+def _arrivals(snap: Snapshot, pool: PoolState) -> list:
+    """``(seconds until, units, duration)`` of the next actions the pool's node's trajectories in
+    generation are expected to submit (their last action's shape). Elastic ones are left out:
+    they take what is free when they come, while a fixed action needs its units."""
+    if pool.chunked or pool.node is None or not snap.upcoming or not snap.params.expect_arrivals:
+        return []
+    expected = snap.upcoming.get(pool.node)
+    if not expected:
+        return []
+    out = []
+    rtype = pool.rtype
+    for r, a in expected:
+        d = a.demands.get(rtype)
+        if d is None or (a.key == rtype and a.scalable):
+            continue
+        out.append((r, d.min, _duration(a, d.min, snap)))
+    return out
 
 
 def _with_ends(seed: list, durs, units) -> list:

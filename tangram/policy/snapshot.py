@@ -37,6 +37,10 @@ class PolicyParams:
     # is considered affinity_k times its restore time later than its key, so queued actions of a
     # resident service claim their instance first (tangram.policy.schedule); 0 turns it off
     affinity_k: float = 4.0
+    # count the next actions of a node's trajectories in generation (Snapshot.upcoming) in the ACT
+    # estimate, and let an elastic group leave them headroom when the estimate says so (rewards no
+    # longer take the cores a shell action asks for a moment later); False: only submitted actions
+    expect_arrivals: bool = True
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -51,6 +55,8 @@ class PolicyParams:
             raise ValueError(f"aging_k: must be a finite number >= 0, got {self.aging_k}")
         if not (0 <= self.affinity_k < float("inf")):
             raise ValueError(f"affinity_k: must be a finite number >= 0, got {self.affinity_k}")
+        if not isinstance(self.expect_arrivals, bool):
+            raise ValueError(f"expect_arrivals: must be true or false, got {self.expect_arrivals!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,9 @@ class Snapshot:
     # (GPU affinity weighs waiting for one against a restore); lazy like ``running``
     running_services: Mapping[str, Sequence[tuple[float, int]]] = field(default_factory=lambda: _EMPTY)
     class_estimates: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # running average duration per class
+    # node -> (seconds until expected, last action) of its trajectories in generation (placed, nothing
+    # queued or running), soonest first: their next actions will ask the node for units (lazy, engine-built)
+    upcoming: Mapping[str, Sequence[tuple[float, Action]]] = field(default_factory=lambda: _EMPTY)
     params: PolicyParams = field(default_factory=PolicyParams)
 
 

@@ -118,6 +118,7 @@ class ClusterConfig:
     order: str = "aging"  # queue order (tangram.policy.order): "fcfs" or "aging"
     aging_k: float = 4.0
     affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
+    expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray
     scaleout: Mapping[str, Any] | None = None
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
@@ -188,7 +189,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     service = _service(root.get("service", {}), "service", base_dir)
     sched = _mapping(root.get("scheduler", {}), "scheduler")
     _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k",
-                                 "affinity_k"})
+                                 "affinity_k", "expect_arrivals"})
     depth = _int(sched.get("depth", 2), "scheduler.depth", lo=1)
     lookahead = _int(sched.get("lookahead", 32), "scheduler.lookahead", lo=0)
     dflt = _number(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s")
@@ -199,6 +200,9 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
         raise ConfigError("scheduler.order", f"must be 'fcfs' or 'aging', got {order!r}")
     aging_k = _number(sched.get("aging_k", 4.0), "scheduler.aging_k")
     affinity_k = _FIELDS.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
+    expect_arrivals = sched.get("expect_arrivals", True)
+    if not isinstance(expect_arrivals, bool):
+        raise ConfigError("scheduler.expect_arrivals", f"must be true or false, got {expect_arrivals!r}")
     if "cpu_nodes" in root:
         cpu_nodes = tuple(_cpu_node(n, f"cpu_nodes[{i}]") for i, n in enumerate(_list(root["cpu_nodes"], "cpu_nodes")))
     else:
@@ -238,6 +242,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
                          profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt,
                          dop_caps=dop_caps, order=order, aging_k=aging_k, affinity_k=affinity_k,
+                         expect_arrivals=expect_arrivals,
                          scaleout=scaleout, sandbox_fusion=sandbox)
 
 

@@ -1,0 +1,101 @@
+"""Trajectories in generation: placed on a node, with no action waiting or running.
+
+Their LLM is writing the next action, which will ask the node for units in a
+moment. The engine records when each went quiet and its last action, and
+measures how long generation takes (the gap between a trajectory's last
+action ending and its next one arriving); the policy sees, per node, when
+each one's next action is expected (``Snapshot.upcoming``).
+"""
+from __future__ import annotations
+
+from itertools import islice
+from typing import Mapping
+
+from tangram.core.model import Action
+
+
+class Generating:
+    """Bookkeeping of the quiet trajectories, per node, and of the generation gap."""
+
+    __slots__ = ("_active", "_quiet", "_node_of", "_gap_sum", "_gap_n")
+
+    def __init__(self) -> None:
+        self._active: dict[str, int] = {}  # trajectory -> its waiting and running actions
+        self._quiet: dict[str, dict[str, tuple[float, Action]]] = {}  # node -> trajectory -> (quiet since, last action)
+        self._node_of: dict[str, str] = {}  # quiet trajectory -> node
+        self._gap_sum = 0.0
+        self._gap_n = 0
+
+    @property
+    def mean_gap_s(self) -> float | None:
+        """Mean seconds from a trajectory's last action ending to its next one arriving (None: none seen)."""
+        return self._gap_sum / self._gap_n if self._gap_n else None
+
+    def submitted(self, a: Action, now: float) -> None:
+        t = a.trajectory
+        if t is None:
+            return
+        self._active[t] = self._active.get(t, 0) + 1
+        node = self._node_of.pop(t, None)
+        if node is not None:
+            since, _ = self._quiet[node].pop(t)
+            self._gap_sum += now - since
+            self._gap_n += 1
+
+    def ended(self, a: Action, node: str | None, now: float) -> None:
+        """``a`` left the engine (finished, failed or cancelled); ``node``: where its trajectory is placed."""
+        t = a.trajectory
+        if t is None:
+            return
+        left = self._active.get(t, 0) - 1
+        if left > 0:
+            self._active[t] = left
+            return
+        self._active.pop(t, None)
+        if node is not None:
+            self._quiet.setdefault(node, {})[t] = (now, a)
+            self._node_of[t] = node
+
+    def closed(self, trajectory: str) -> None:
+        """The trajectory ended: nothing more will come from it."""
+        self._active.pop(trajectory, None)
+        node = self._node_of.pop(trajectory, None)
+        if node is not None:
+            del self._quiet[node][trajectory]
+
+    def view(self, now: float, limit: int) -> "UpcomingView":
+        return UpcomingView(self._quiet, self.mean_gap_s, now, limit)
+
+
+class UpcomingView(Mapping[str, tuple[tuple[float, Action], ...]]):
+    """node -> ``(seconds until expected, last action)`` of its quiet trajectories, soonest first,
+    at most ``limit`` of them; computed on demand (the policy reads it for the CPU pools it arranges).
+
+    A trajectory is expected the mean generation gap after it went quiet (now, once overdue);
+    its next action is expected to be like its last (an agent's tool calls repeat). Empty until
+    a gap has been measured: nothing is known yet of when actions come.
+    """
+
+    __slots__ = ("_quiet", "_gap", "_now", "_limit")
+
+    def __init__(self, quiet: dict[str, dict[str, tuple[float, Action]]], gap: float | None, now: float, limit: int):
+        self._quiet = quiet
+        self._gap = gap
+        self._now = now
+        self._limit = limit
+
+    def __getitem__(self, node: str) -> tuple[tuple[float, Action], ...]:
+        if self._gap is None:
+            raise KeyError(node)
+        now, gap = self._now, self._gap
+        # a node's quiet trajectories are kept in the order they went quiet: soonest expected first
+        return tuple((max(0.0, since + gap - now), a) for since, a in islice(self._quiet[node].values(), self._limit))
+
+    def get(self, node: str, default=None):
+        return self[node] if (self._gap is not None and node in self._quiet) else default
+
+    def __iter__(self):
+        return iter(self._quiet if self._gap is not None else ())
+
+    def __len__(self) -> int:
+        return len(self._quiet) if self._gap is not None else 0
