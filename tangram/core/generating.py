@@ -17,12 +17,14 @@ from tangram.core.model import Action
 class Generating:
     """Bookkeeping of the quiet trajectories, per node, and of the generation gap."""
 
-    __slots__ = ("_active", "_quiet", "_node_of", "_gap_sum", "_gap_n")
+    __slots__ = ("_active", "_since", "_fixed", "_gap_sum", "_gap_n")
 
     def __init__(self) -> None:
         self._active: dict[str, int] = {}  # trajectory -> its waiting and running actions
-        self._quiet: dict[str, dict[str, tuple[float, Action]]] = {}  # node -> trajectory -> (quiet since, last action)
-        self._node_of: dict[str, str] = {}  # quiet trajectory -> node
+        self._since: dict[str, tuple[float, str | None]] = {}  # quiet trajectory -> (quiet since, node)
+        # node -> trajectory -> (quiet since, last action), for those whose last action had a fixed
+        # demand: an elastic next action takes what is free when it comes, a fixed one needs its units
+        self._fixed: dict[str, dict[str, tuple[float, Action]]] = {}
         self._gap_sum = 0.0
         self._gap_n = 0
 
@@ -36,11 +38,13 @@ class Generating:
         if t is None:
             return
         self._active[t] = self._active.get(t, 0) + 1
-        node = self._node_of.pop(t, None)
-        if node is not None:
-            since, _ = self._quiet[node].pop(t)
+        quiet = self._since.pop(t, None)
+        if quiet is not None:
+            since, node = quiet
             self._gap_sum += now - since
             self._gap_n += 1
+            if node is not None:
+                self._fixed[node].pop(t, None)
 
     def ended(self, a: Action, node: str | None, now: float) -> None:
         """``a`` left the engine (finished, failed or cancelled); ``node``: where its trajectory is placed."""
@@ -52,24 +56,26 @@ class Generating:
             self._active[t] = left
             return
         self._active.pop(t, None)
-        if node is not None:
-            self._quiet.setdefault(node, {})[t] = (now, a)
-            self._node_of[t] = node
+        fixed = node is not None and not a.scalable
+        self._since[t] = (now, node if fixed else None)
+        if fixed:
+            self._fixed.setdefault(node, {})[t] = (now, a)
 
     def closed(self, trajectory: str) -> None:
         """The trajectory ended: nothing more will come from it."""
         self._active.pop(trajectory, None)
-        node = self._node_of.pop(trajectory, None)
-        if node is not None:
-            del self._quiet[node][trajectory]
+        quiet = self._since.pop(trajectory, None)
+        if quiet is not None and quiet[1] is not None:
+            del self._fixed[quiet[1]][trajectory]
 
     def view(self, now: float, limit: int) -> "UpcomingView":
-        return UpcomingView(self._quiet, self.mean_gap_s, now, limit)
+        return UpcomingView(self._fixed, self.mean_gap_s, now, limit)
 
 
 class UpcomingView(Mapping[str, tuple[tuple[float, Action], ...]]):
-    """node -> ``(seconds until expected, last action)`` of its quiet trajectories, soonest first,
-    at most ``limit`` of them; computed on demand (the policy reads it for the CPU pools it arranges).
+    """node -> ``(seconds until expected, last action)`` of its quiet trajectories whose last action
+    had a fixed demand, soonest first, at most ``limit`` of them; computed on demand (the policy
+    reads it for the CPU pools it arranges).
 
     A trajectory is expected the mean generation gap after it went quiet (now, once overdue);
     its next action is expected to be like its last (an agent's tool calls repeat). Empty until
@@ -92,7 +98,7 @@ class UpcomingView(Mapping[str, tuple[tuple[float, Action], ...]]):
         return tuple((max(0.0, since + gap - now), a) for since, a in islice(self._quiet[node].values(), self._limit))
 
     def get(self, node: str, default=None):
-        return self[node] if (self._gap is not None and node in self._quiet) else default
+        return self[node] if (self._gap is not None and self._quiet.get(node)) else default
 
     def __iter__(self):
         return iter(self._quiet if self._gap is not None else ())
