@@ -50,6 +50,25 @@ def waiter(a: Action, pool: PoolState, snap: Snapshot):
     return w
 
 
+def arrivals(snap: Snapshot, pool: PoolState) -> list:
+    """``(seconds until, units, duration)`` of the next actions the pool's node's trajectories in
+    generation are expected to submit (their last action's shape). Elastic ones are left out:
+    they take what is free when they come, while a fixed action needs its units."""
+    if pool.chunked or pool.node is None or not snap.upcoming or not snap.params.expect_arrivals:
+        return []
+    expected = snap.upcoming.get(pool.node)
+    if not expected:
+        return []
+    out = []
+    rtype = pool.rtype
+    for r, a in expected:
+        d = a.demands.get(rtype)
+        if d is None or (a.key == rtype and a.scalable):
+            continue
+        out.append((r, d.min, _duration(a, d.min, snap)))
+    return out
+
+
 def estimate_rest(heap_items, free_units: int, waiters: list, explore: int) -> float:
     """Algorithm 2: ACT estimate of the actions still waiting for this pool.
 

@@ -19,6 +19,7 @@ from typing import Sequence
 from tangram.core.model import Action
 from tangram.policy.affinity import Affinity, affinity_order
 from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
+from tangram.policy.estimate import arrivals as _arrivals
 from tangram.policy.estimate import completions as _completions
 from tangram.policy.estimate import estimate_sorted as _estimate_sorted
 from tangram.policy.estimate import waiter as _waiter
@@ -463,25 +464,6 @@ def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, g
         else:
             break  # evicting one more did not lower the objective
     return best
-
-
-def _arrivals(snap: Snapshot, pool: PoolState) -> list:
-    """``(seconds until, units, duration)`` of the next actions the pool's node's trajectories in
-    generation are expected to submit (their last action's shape). Elastic ones are left out:
-    they take what is free when they come, while a fixed action needs its units."""
-    if pool.chunked or pool.node is None or not snap.upcoming or not snap.params.expect_arrivals:
-        return []
-    expected = snap.upcoming.get(pool.node)
-    if not expected:
-        return []
-    out = []
-    rtype = pool.rtype
-    for r, a in expected:
-        d = a.demands.get(rtype)
-        if d is None or (a.key == rtype and a.scalable):
-            continue
-        out.append((r, d.min, _duration(a, d.min, snap)))
-    return out
 
 
 def _with_ends(seed: list, durs, units) -> list:
