@@ -16,7 +16,7 @@ resources gone, auth enforced) through its examples, coverage, fuzzing and state
 ``--json`` prints the counts: requests sent, answers by status, 5xx, Schemathesis' failures (code,
 title, operations) and errors, the leaks found. Exit code 0 when all is clean. ``--max-examples`` and
 ``--seed`` bound and fix the run (the test suite runs a short one); ``--max-time`` runs longer.
-The rules the spec cannot express are in ``scripts/fuzz_api_hooks.py``.
+The rules the spec cannot express are in ``scripts/fuzz/fuzz_api_hooks.py``.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def run_schemathesis(url: str, token: str, key: str, workdir: Path, args: argpar
     if args.deterministic:
         cmd += ["--generation-deterministic"]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_api_hooks",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "scripts"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO / "scripts" / "fuzz"), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
     if not (workdir / "report.json").exists():
         raise RuntimeError(f"schemathesis produced no report (rc {p.returncode}): {p.stdout[-3000:]}{p.stderr[-3000:]}")

@@ -1,4 +1,5 @@
-"""Schemathesis hooks for ``scripts/fuzz_api.py``: what JSON Schema cannot say about the wire API.
+"""Schemathesis hooks for ``scripts/fuzz_api.py`` (a module it loads, not a script): what JSON Schema
+cannot say about the wire API.
 
 Only schema-valid (positive) bodies are touched, and only to make them valid for the service too; every
 negative body goes out as generated. Schemathesis revalidates a changed body against the spec.
