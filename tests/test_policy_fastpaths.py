@@ -221,3 +221,35 @@ def test_option_rows_match_the_cut_full_row(seed):
                                         for u in want_u])
         got_u, got_d = rows.option_row(a, cap, params, pool)
         assert got_u.tolist() == want_u.tolist() and got_d.tolist() == want_d.tolist()
+
+
+def test_estimate_takes_an_elastic_waiter_whose_every_count_ends_at_infinity():
+    """A completion at +inf (the engine's running view of an action without a finite estimate):
+    every count of the waiter behind it ends at inf; the estimate still picks one (the smallest),
+    as the plain walk does, instead of failing or reusing another waiter's choice."""
+    cap = 8
+    pool = PoolState("cpu@n0", "cpu", "n0", cap, 1)
+    acts = [Action.build(f"w{i}", {"cpu": {"min": 1, "max": 4}}, t1_s=10.0, elasticity=Elasticity.amdahl(0.1))
+            for i in range(8)]
+    snap = Snapshot(pools={pool.name: pool}, nodes=("n0",), waiting=tuple(acts),
+                    running={pool.name: ((math.inf, 7),)})
+    fast = [estimate.waiter(a, pool, snap) for a in acts]
+    plain = [(1, a.duration(1), a, rows.explored_options(rows.worthwhile_options(a), cap)) for a in acts]
+    for explore in range(3):
+        for held, free in (((math.inf, 7),), 1), (((math.inf, 8),), 0):
+            got = estimate.estimate_rest(list(held), free, fast, explore)
+            assert got == _reference_rest(list(held), free, plain, explore)
+            assert (got == math.inf) == (free == 0)
+    p = plan(snap)  # one unit free: the head starts on it, the rest wait behind the unending holder
+    assert [d.action.id for d in p.dispatches] == ["w0"]
+    assert p.dispatches[0].units["cpu"] == 1
+
+
+def test_a_duration_that_overflows_is_refused_at_build():
+    from tangram.core.errors import DemandError
+
+    with pytest.raises(DemandError) as e:
+        Action.build("x", {"cpu": {"min": 1, "max": 4}}, t1_s=1e308, elasticity=Elasticity.from_table({1: 0.1}))
+    assert e.value.field == "t1_s" and "overflows" in str(e.value)
+    ok = Action.build("y", {"cpu": {"min": 1, "max": 4}}, t1_s=1e300, elasticity=Elasticity.from_table({1: 0.1}))
+    assert math.isfinite(ok.duration(1))

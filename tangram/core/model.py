@@ -330,6 +330,9 @@ class Action:
                 e = elasticity.efficiency(m)
                 if not (0.0 < e <= 1.0 + 1e-9):
                     raise DemandError("elasticity", f"E({m}) must be within (0, 1], got {e!r}")
+                # the speedup E(m)*m is piecewise linear between these points: the slowest is one of them
+                if t1_s is not None and math.isinf(elasticity.duration(t1_s, m)):
+                    raise DemandError("t1_s", f"T({m}) = t1_s / (E({m}) * {m}) overflows: {t1_s!r} is too long")
         restore: dict[int, float] = {}
         for m, sec in (restore_s or {}).items():
             sec = float(sec)

@@ -221,6 +221,7 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
             # the count that ends soonest (the smallest on a tie), as a look-ahead:
             # each count needs the completions the one before needed, and more
             best_end = inf
+            b_k = -1  # the first count is the best so far whatever it ends at (an end at inf too)
             for u, d in options:
                 while free < u:
                     if k == size:  # as _start_time: units the estimate does not know of are free
@@ -231,7 +232,7 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
                     free += got
                     if t > now:
                         now = t
-                if now + d < best_end:
+                if now + d < best_end or b_k < 0:
                     best_end = now + d
                     umin, dmin, b_free, b_now, b_k = u, d, free, now, k
             free, now, k = b_free, b_now, b_k
