@@ -274,3 +274,16 @@ def test_the_engine_tells_the_policy_when_each_services_running_gpu_actions_end(
     assert "judge" not in eng.snapshot().running_services
     eng.complete("r0")
     assert "rm" not in eng.snapshot().running_services
+
+
+def test_an_instance_with_no_known_action_that_frees_first_holds_the_action():
+    # b is resident and busy on two nodes: one instance's running action has 5 s left, the other's is not
+    # known (it frees evenly over the waiter's 1 s: at 1 s). 1 s < the 3 s restore: held, not dispatched,
+    # whichever order the known and the spread free times come in
+    pools = {f"gpu@{n}": PoolState(f"gpu@{n}", "gpu", n, 8, free, chunks=(free,) if free else (),
+                                   resident=frozenset({"b@dop1"}), idle=())
+             for n, free in (("n0", 4), ("n1", 0))}
+    for running in (((5.0, 1),), ((0.4, 1),)):
+        snap = Snapshot(pools=pools, nodes=("n0", "n1"), waiting=(act("B", "b", t1=1.0, restore=3.0),),
+                        waiting_keys=(0.0,), running_services={"b": running})
+        assert plan(snap).dispatches == ()

@@ -122,7 +122,8 @@ def _hold(a: Action, affinity: Affinity, snap: Snapshot) -> bool:
     if frees is None:
         busy = sum(n for dop, n in per.items() if dop in options)
         left = sorted(s for s, dop in snap.running_services.get(a.service, ()) if dop in options)
-        frees = left + [(i + 1) * expected / busy for i in range(max(0, busy - len(left)))]  # (sorted: a heap)
+        # sorted as a whole (a heap): a known time can be later than an evenly spread one
+        frees = sorted(left + [(i + 1) * expected / busy for i in range(max(0, busy - len(left)))])
         affinity.frees[key] = frees
     if not frees:
         return False
