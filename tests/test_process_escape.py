@@ -4,6 +4,7 @@ sandboxed or not, with a cgroup (pinned or not) or without one (forced affinity:
 own). Survivors are looked for in /proc by a command line no other process runs."""
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -124,6 +125,61 @@ async def test_a_command_in_its_own_pid_namespace_keeps_its_exit_code_input_outp
         assert r.status == TIMEOUT
         with open(os.path.join(ex.env_dir("e"), "c.txt")) as f:
             assert f.read() == "cleaned\n"
+    finally:
+        await ex.close()
+
+
+# a root command's way out of --kill-child: new credentials clear the parent-death signal, a new session
+# leaves the process group; exec'd, the escapee is the namespace's init itself
+AS_NOBODY = "setsid setpriv --reuid=65534 --regid=65534 --clear-groups sleep {m}"
+
+
+@pytest.mark.skipif(pid_namespace_prefix() is None, reason="no PID namespace on this machine")
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing credentials needs a root service")
+@pytest.mark.parametrize("command", [
+    pytest.param(f"echo running; exec {AS_NOBODY}", id="the-init-itself"),
+    pytest.param(f"{AS_NOBODY} </dev/null >/dev/null 2>&1 & {RUNNING}; sleep 30", id="a-child-of-the-init"),
+])
+async def test_a_process_that_changes_its_credentials_and_session_dies_with_its_pid_namespace(tmp_path, mark,
+                                                                                                command):
+    m = mark
+    ex = LocalExecutor(str(tmp_path / "envs"), isolation="affinity", sandbox="none", kill_grace_s=0.2)
+    try:
+        await ex.create_environment("e")
+        p = Placement("a", "local", dop=1, cores=(CORE,))
+        r = await ex.exec("e", command.format(m=m), p, timeout_s=1.5)
+        assert (r.status, r.stdout, r.details["pid_namespace"]) == (TIMEOUT, "running\n", True), r
+        assert find_pids(f"sleep {m}") == []
+        # cancelled rather than timed out: the same
+        task = asyncio.ensure_future(ex.exec("e", command.format(m=m), p))
+        for _ in range(500):
+            if find_pids(f"sleep {m}"):
+                break
+            await asyncio.sleep(0.01)
+        assert find_pids(f"sleep {m}"), "the escapee never started"
+        await asyncio.sleep(0.1)  # time for it to leave the process group
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert find_pids(f"sleep {m}") == []
+    finally:
+        await ex.close()
+
+
+@pytest.mark.skipif("--mount-proc" not in (pid_namespace_prefix() or ()), reason="no /proc of its own here")
+async def test_a_command_in_its_own_pid_namespace_sees_its_own_processes(tmp_path, mark):
+    """ps, pgrep, pkill and /proc/$! speak of the namespace's processes, as $$ and $! do."""
+    m = mark
+    ex = LocalExecutor(str(tmp_path / "envs"), isolation="affinity", sandbox="none")
+    try:
+        await ex.create_environment("e")
+        r = await ex.exec("e", f"sleep {m} & pkill -x -f 'sleep {m}'; echo pkill=$?; wait $!; echo status=$?; "
+                               "head -1 /proc/$$/status; echo $$; ps -e -o pid= | wc -l",
+                          Placement("a", "local", dop=1, cores=(CORE,)))
+        assert r.details["pid_namespace"] is True
+        # ps sees itself, wc and the command's bash: nothing of the host
+        assert r.stdout.split("\n")[:6] == ["pkill=0", "status=143", "Name:\tbash", "1", "3", ""], r
+        assert find_pids(f"sleep {m}") == []
     finally:
         await ex.close()
 

@@ -43,8 +43,8 @@
   can undo: a cgroup (an unsandboxed action without cores still gets one, only
   to track it, when the hierarchy is writable); inside the sandbox, bubblewrap's
   PID namespace; an unsandboxed action without a cgroup runs as the init of a
-  PID namespace of its own (``unshare``, when the machine allows it), so its
-  processes die with it. Only where none of these exists are they found by
+  PID namespace of its own (``unshare``, when the machine allows it), whose init
+  the executor finds and kills, so its processes die with it. Only where none of these exists are they found by
   ``TANGRAM_ACTION_TOKEN`` in their environment (a /proc scan on kill paths),
   which a command that clears its environment (``env -i``) escapes.
 """
@@ -81,7 +81,7 @@ from tangram.executors.cgroups import (
     _cpulist,
     _Group,
 )
-from tangram.executors.processes import _Collector, _Tracker, pid_namespace_prefix
+from tangram.executors.processes import _Collector, _Tracker, pid_namespace_mode, pid_namespace_prefix
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,8 @@ class LocalExecutor(EnvironmentExecutor):
             self._sandbox, self._limits = None, None
         # where no cgroup tracks an unsandboxed action, its own PID namespace does
         self._pidns = pid_namespace_prefix() if sandbox == sbx.NONE else None
+        if sandbox == sbx.NONE:
+            log.info("local executor: an unsandboxed action without a cgroup is tracked by %s", pid_namespace_mode())
         self._warned_untracked = False
         self._env_info: dict[str, tuple[int, bool]] = {}  # env id -> (memory_mb, network)
         self.allowed_cores = frozenset(os.sched_getaffinity(0))
@@ -373,13 +375,17 @@ class LocalExecutor(EnvironmentExecutor):
         spawned = time.perf_counter()
         pid = transport.get_pid()
         details["pid"] = pid
-        track = _Tracker(pid, group, b"" if pidns else token.encode())  # the namespace needs no /proc scan
+        # in a namespace the token scan is not needed: its init is found and killed instead
+        track = _Tracker(pid, group, b"" if pidns else token.encode(), in_namespace=pidns)
         log.debug("local exec %s pid %d isolation %s cores %s", placement.action_id, pid, isolation, cores)
         status, error = None, None
         try:
             try:
+                if pidns:
+                    await self._find_namespace(track, proto, min(5.0, timeout_s or 5.0))
                 # the leader's exit, not the pipes' EOF: a background child may hold them
-                await asyncio.wait_for(asyncio.shield(proto.exited), timeout_s)
+                left = None if timeout_s is None else max(0.0, timeout_s - (time.perf_counter() - spawned))
+                await asyncio.wait_for(asyncio.shield(proto.exited), left)
                 # the command's own run; cgroup set-up and teardown are the system's overhead
                 own_exec_s = time.perf_counter() - spawned
                 rc = transport.get_returncode()
@@ -438,8 +444,22 @@ class LocalExecutor(EnvironmentExecutor):
     # ------------------------------------------------------------------ #
     # killing
 
+    @staticmethod
+    async def _find_namespace(track: "_Tracker", proto: "_Collector", within_s: float) -> None:
+        """Wait until ``unshare`` has forked the namespace's init and hold the namespace (a few ms at most).
+
+        The command could change its credentials and leave the process group at once,
+        so its namespace is found now, not at the kill. An action ended before that
+        needs none: its init's exit emptied the namespace.
+        """
+        deadline = time.monotonic() + within_s
+        while not proto.exited.done() and track.find_namespace() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+
     async def _terminate(self, track: "_Tracker", proto: "_Collector") -> None:
         """SIGTERM the action's processes, SIGKILL after the grace; returns once the leader has exited."""
+        if not proto.exited.done():  # not reaped yet: its pid is still the action's
+            track.find_namespace()
         try:
             track.signal(signal.SIGTERM, scan=True)
             try:
@@ -471,6 +491,7 @@ class LocalExecutor(EnvironmentExecutor):
         except asyncio.TimeoutError:
             log.warning("local executor: output pipes of pid %d still open after the kill", track.pgid)
         transport.close()
+        track.close()
 
     def _remove_group(self, group: _Group) -> None:
         if not _CgroupV1.remove(group):

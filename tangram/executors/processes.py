@@ -6,7 +6,8 @@ environment carries its ``TANGRAM_ACTION_TOKEN``; :class:`_Tracker` signals
 them all and tells whether any still runs. The token is the weakest of these:
 a command can clear its environment (``env -i``), so an action without a
 cgroup runs in a PID namespace of its own when the machine allows one
-(:func:`pid_namespace_prefix`), which no process inside can leave.
+(:func:`pid_namespace_prefix`), which no process inside can leave;
+:class:`PidNamespace` kills it through its init and tells when it is empty.
 :class:`_Collector` keeps the output (capped) and tells the leader's exit
 apart from the pipes' EOF.
 """
@@ -31,27 +32,124 @@ def _proc_state(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def _prefix_works(prefix: tuple[str, ...], own_proc: bool) -> bool:
+    """Whether ``prefix`` runs a command here; ``own_proc``: and /proc is the new namespace's (the command is 1 there)."""
+    try:
+        done = subprocess.run([*prefix, "sh", "-c", "exec readlink /proc/self"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and (not own_proc or done.stdout.strip() == b"1")
+
+
 @functools.lru_cache(maxsize=None)
 def pid_namespace_prefix() -> tuple[str, ...] | None:
     """An argv prefix that runs a command as the init of a new PID namespace, or None if this machine can't.
 
-    ``unshare --pid --fork --kill-child``: the command is the namespace's PID 1 and
-    gets SIGKILL when ``unshare`` (the action's process-group leader) dies; when
+    ``unshare --pid --fork --kill-child``: the command is the namespace's PID 1; when
     PID 1 ends the kernel kills every process of the namespace, whatever it did
-    to its environment, session or parentage. A non-root service needs a user
-    namespace for that (``--user --map-current-user``: the same uid inside).
-    Probed once per process by running ``true`` under it.
+    to its environment, session, parentage or credentials (:class:`PidNamespace`
+    finds that init to kill it). ``--mount --mount-proc`` gives the command a /proc
+    of its namespace, so ``ps``, ``pgrep``, ``pkill`` and ``/proc/$!`` agree with
+    ``$$`` and ``$!``. Without CAP_SYS_ADMIN (a non-root service, or a root one in a
+    container) a user namespace is needed: ``--map-current-user`` (the same uid
+    inside; util-linux >= 2.38), else ``--map-root-user``. The first form that works
+    is kept, those with their own /proc first. Probed once per process.
     """
     unshare = shutil.which("unshare")
     if unshare is None:
         return None
-    user = [] if os.geteuid() == 0 else ["--user", "--map-current-user"]
-    prefix = (unshare, *user, "--pid", "--fork", "--kill-child")
+    users = [["--user", "--map-current-user"], ["--user", "--map-root-user"]]
+    if os.geteuid() == 0:
+        users.insert(0, [])
+    for proc in (["--mount", "--mount-proc"], []):
+        for user in users:
+            prefix = (unshare, *user, "--pid", "--fork", "--kill-child", *proc)
+            if _prefix_works(prefix, own_proc=bool(proc)):
+                return prefix
+    return None
+
+
+def pid_namespace_mode() -> str:
+    """How an unsandboxed action without a cgroup is tracked here, in words for logs and /healthz."""
+    prefix = pid_namespace_prefix()
+    if prefix is None:
+        return "process group and environment token (a command can escape it)"
+    return "pid namespace" + (" (user namespace)" if "--user" in prefix else "") + (
+        ", own /proc" if "--mount-proc" in prefix else ", host /proc")
+
+
+def _ns_inode(pid: int | str) -> int | None:
     try:
-        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    return prefix if ok else None
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+class PidNamespace:
+    """The PID namespace an action's command is the init of: its host pid, and the namespace held open.
+
+    The open handle keeps the namespace's number from being reused by another
+    action's namespace while this one is tracked. Killing the init is enough: the
+    kernel then kills every other process of the namespace, also one that changed
+    its credentials (which clears the parent-death signal ``--kill-child`` relies
+    on) or its session; the namespace is empty once no process is in it.
+    """
+
+    __slots__ = ("init", "fd", "inode")
+
+    def __init__(self, init: int, fd: int):
+        self.init, self.fd, self.inode = init, fd, os.fstat(fd).st_ino
+
+    @classmethod
+    def of_child(cls, leader: int) -> "PidNamespace | None":
+        """The namespace of ``leader``'s (``unshare``'s) child, if it has forked it already."""
+        try:
+            with open(f"/proc/{leader}/task/{leader}/children") as f:
+                kids = f.read().split()
+        except OSError:
+            return None
+        own = _ns_inode("self")
+        for kid in kids:
+            try:
+                fd = os.open(f"/proc/{kid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if os.fstat(fd).st_ino != own:
+                return cls(int(kid), fd)
+            os.close(fd)
+        return None
+
+    def members(self) -> list[int]:
+        """Host pids of the namespace's processes that are not zombies, its init first."""
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit() and _ns_inode(d) == self.inode:
+                st = _proc_state(int(d))
+                if st is not None and st[0] not in ("Z", "X"):
+                    out.append(int(d))
+        out.sort(key=lambda pid: pid != self.init)
+        return out
+
+    def init_running(self) -> bool:
+        st = _proc_state(self.init)
+        return st is not None and st[0] not in ("Z", "X") and _ns_inode(self.init) == self.inode
+
+    def signal(self, sig: int, *, sweep: bool) -> bool:
+        """Signal the init (``sweep``: then every process of the namespace); True if any was there."""
+        pids = self.members() if sweep else ([self.init] if self.init_running() else [])
+        hit = False
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                hit = True
+            except ProcessLookupError:
+                pass
+        return hit
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _marked(token: bytes) -> list[int]:
@@ -99,12 +197,27 @@ def _alive(pgid: int, group: "_Group | None", token: bytes = b"") -> bool:
 class _Tracker:
     """The processes of one action: its process group, its cgroup, its token."""
 
-    __slots__ = ("pgid", "group", "token")
+    __slots__ = ("pgid", "group", "token", "in_namespace", "ns")
 
-    def __init__(self, pgid: int, group: _Group | None, token: bytes):
+    def __init__(self, pgid: int, group: _Group | None, token: bytes, *, in_namespace: bool = False):
         self.pgid = pgid
         self.group = group
         self.token = token
+        self.in_namespace = in_namespace  # pgid is ``unshare``, whose child is a PID namespace's init
+        self.ns: PidNamespace | None = None
+
+    def find_namespace(self) -> PidNamespace | None:
+        """The action's PID namespace, looked up until found (``unshare`` forks its init soon after its start).
+
+        Only while the leader has not been reaped: its pid could be another's after.
+        """
+        if self.ns is None and self.in_namespace:
+            self.ns = PidNamespace.of_child(self.pgid)
+        return self.ns
+
+    def close(self) -> None:
+        if self.ns is not None:
+            self.ns.close()
 
     def signal(self, sig: int, *, scan: bool) -> bool:
         """Signal every known process; True if any was there. ``scan``: also
@@ -116,6 +229,8 @@ class _Tracker:
                 hit = True
             except (ProcessLookupError, PermissionError):
                 pass
+        if self.ns is not None and self.ns.signal(sig, sweep=scan):
+            hit = True
         pids = self.group.pids() if self.group is not None else (_marked(self.token) if scan and self.token else [])
         for pid in pids:
             try:
@@ -126,6 +241,9 @@ class _Tracker:
         return hit
 
     def alive(self) -> bool:
+        """Whether any process of the action runs; in a PID namespace, whether the namespace is not empty."""
+        if self.ns is not None and self.ns.members():
+            return True
         return _alive(self.pgid, self.group, self.token)
 
 
