@@ -352,8 +352,7 @@ class Engine:
         rec.state = status
         rec.finished_at = self.clock()
         self._release_grants(rec)
-        t = rec.action.trajectory
-        self._generating.ended(rec.action, None if t is None else self.placement.get(t), rec.finished_at)
+        self._generating.ended(rec.action, self.placement.get(rec.action.trajectory), rec.finished_at)
         self.finished[rec.action.id] = rec
         if len(self.finished) > self._keep_finished:
             self.finished.popitem(last=False)
