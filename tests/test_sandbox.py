@@ -9,6 +9,7 @@ import os
 import pytest
 
 from tangram.executors import sandbox as sbx
+from tangram.executors.processes import pid_namespace_mode
 from tests.service_helpers import FORK_BOMB, assert_whole, config, find_pids, running_service
 
 CAN_SANDBOX, WHY = sbx.probe()
@@ -104,7 +105,8 @@ async def test_healthz_and_allocation_report_the_isolation():
         import aiohttp
 
         async with aiohttp.ClientSession() as s, s.get(f"{svc.url}/healthz") as h:
-            assert (await h.json())["isolation"] == {"local": "sandbox"}
+            health = await h.json()
+        assert (health["isolation"], health["process_tracking"]) == ({"local": "sandbox"}, {"local": "sandbox"})
 
 
 async def test_isolation_none_is_explicit_and_warned(caplog):
@@ -113,6 +115,13 @@ async def test_isolation_none_is_explicit_and_warned(caplog):
     async with running_service(cfg) as svc, svc.client() as c:
         r = await c.exec(None, "id -u")
         assert r.allocation["isolation"] == "none" and r.stdout.strip() == str(os.geteuid())
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s, s.get(f"{svc.url}/healthz") as h:
+            tracking = (await h.json())["process_tracking"]["local"]
+        # an unsandboxed action: its cgroup where the hierarchy is writable, else its PID namespace or token
+        assert tracking == ("cgroup" if svc.runtime.env_executors["local"].isolation.startswith("cgroup")
+                            else pid_namespace_mode()), tracking
     assert any("isolation none" in rec.getMessage() for rec in caplog.records)
 
 

@@ -158,7 +158,8 @@ class LocalExecutor(EnvironmentExecutor):
         # where no cgroup tracks an unsandboxed action, its own PID namespace does
         self._pidns = pid_namespace_prefix() if sandbox == sbx.NONE else None
         if sandbox == sbx.NONE:
-            log.info("local executor: an unsandboxed action without a cgroup is tracked by %s", pid_namespace_mode())
+            log.info("local executor: an unsandboxed action without a cgroup is tracked by %s (%s)",
+                     pid_namespace_mode(), " ".join(self._pidns or ("TANGRAM_ACTION_TOKEN",)))
         self._warned_untracked = False
         self._env_info: dict[str, tuple[int, bool]] = {}  # env id -> (memory_mb, network)
         self.allowed_cores = frozenset(os.sched_getaffinity(0))
@@ -180,6 +181,13 @@ class LocalExecutor(EnvironmentExecutor):
         if self._isolation is None:
             self._isolation = self._resolve_isolation()
         return self._isolation
+
+    @property
+    def process_tracking(self) -> str:
+        """What finds an action's processes for its kill: sandbox, cgroup, or :func:`pid_namespace_mode`."""
+        if self._sandbox is not None:
+            return "sandbox"
+        return "cgroup" if self.isolation in (CGROUP_V1, CGROUP_V2) else pid_namespace_mode()
 
     def _resolve_isolation(self) -> str:
         req = self.requested_isolation
@@ -382,7 +390,7 @@ class LocalExecutor(EnvironmentExecutor):
         try:
             try:
                 if pidns:
-                    await self._find_namespace(track, proto, min(5.0, timeout_s or 5.0))
+                    await track.await_namespace(proto.exited, min(5.0, timeout_s or 5.0))
                 # the leader's exit, not the pipes' EOF: a background child may hold them
                 left = None if timeout_s is None else max(0.0, timeout_s - (time.perf_counter() - spawned))
                 await asyncio.wait_for(asyncio.shield(proto.exited), left)
@@ -443,18 +451,6 @@ class LocalExecutor(EnvironmentExecutor):
 
     # ------------------------------------------------------------------ #
     # killing
-
-    @staticmethod
-    async def _find_namespace(track: "_Tracker", proto: "_Collector", within_s: float) -> None:
-        """Wait until ``unshare`` has forked the namespace's init and hold the namespace (a few ms at most).
-
-        The command could change its credentials and leave the process group at once,
-        so its namespace is found now, not at the kill. An action ended before that
-        needs none: its init's exit emptied the namespace.
-        """
-        deadline = time.monotonic() + within_s
-        while not proto.exited.done() and track.find_namespace() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
 
     async def _terminate(self, track: "_Tracker", proto: "_Collector") -> None:
         """SIGTERM the action's processes, SIGKILL after the grace; returns once the leader has exited."""

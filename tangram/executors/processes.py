@@ -18,6 +18,7 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 
 from tangram.executors.cgroups import _Group
 
@@ -70,12 +71,12 @@ def pid_namespace_prefix() -> tuple[str, ...] | None:
 
 
 def pid_namespace_mode() -> str:
-    """How an unsandboxed action without a cgroup is tracked here, in words for logs and /healthz."""
+    """How an unsandboxed action without a cgroup is tracked here: ``pid_namespace`` (with a /proc of its
+    own), ``pid_namespace_host_proc`` (the host's /proc seen inside), or ``token`` (escapable)."""
     prefix = pid_namespace_prefix()
     if prefix is None:
-        return "process group and environment token (a command can escape it)"
-    return "pid namespace" + (" (user namespace)" if "--user" in prefix else "") + (
-        ", own /proc" if "--mount-proc" in prefix else ", host /proc")
+        return "token"
+    return "pid_namespace" if "--mount-proc" in prefix else "pid_namespace_host_proc"
 
 
 def _ns_inode(pid: int | str) -> int | None:
@@ -214,6 +215,17 @@ class _Tracker:
         if self.ns is None and self.in_namespace:
             self.ns = PidNamespace.of_child(self.pgid)
         return self.ns
+
+    async def await_namespace(self, leader_exited: asyncio.Future, within_s: float) -> None:
+        """Wait until ``unshare`` has forked the namespace's init and hold the namespace (a few ms at most).
+
+        The command could change its credentials and leave the process group at once,
+        so its namespace is found at the start, not at the kill. An action whose
+        leader ended before needs none: its init's exit emptied the namespace.
+        """
+        deadline = time.monotonic() + within_s
+        while not leader_exited.done() and self.find_namespace() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
 
     def close(self) -> None:
         if self.ns is not None:

@@ -246,9 +246,13 @@ async def _json_body(request: web.Request, *, optional: bool = False) -> Any:
 async def healthz(request: web.Request) -> web.Response:
     rt = request.app.get(RUNTIME_KEY)
     # how each CPU node confines commands: sandbox | none (local), container (docker)
-    isolation = {node: getattr(ex, "sandbox", None) or "container" for node, ex in (rt.env_executors if rt else {}).items()}
+    executors = (rt.env_executors if rt else {}).items()
+    isolation = {node: getattr(ex, "sandbox", None) or "container" for node, ex in executors}
+    # what finds an action's processes for its kill: sandbox, cgroup, pid_namespace[_host_proc], token, container
+    tracking = {node: getattr(ex, "process_tracking", "container") for node, ex in executors}
     return web.json_response({"status": "ok", "running": len(rt.engine.running) if rt else 0,
-                              "queue_length": len(rt.engine.waiting) if rt else 0, "isolation": isolation})
+                              "queue_length": len(rt.engine.waiting) if rt else 0, "isolation": isolation,
+                              "process_tracking": tracking})
 
 
 async def create_environment(request: web.Request) -> web.Response:
