@@ -468,26 +468,28 @@ class LocalExecutor(EnvironmentExecutor):
 
     async def _cleanup(self, track: "_Tracker", transport, proto: "_Collector") -> None:
         """Kill what the action left behind, wait until it is gone, collect output, remove the group."""
-        # fast path: a command that left nothing costs one killpg returning ESRCH (no /proc scan)
-        leftovers = track.signal(signal.SIGKILL, scan=False)
-        if not leftovers and track.group is None and not proto.pipes_closed.done():
-            # the leader is gone but its output is still open: an escaped descendant holds it
-            try:
-                await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 0.1)
-            except asyncio.TimeoutError:
-                leftovers = track.signal(signal.SIGKILL, scan=True)
-        if leftovers:
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and track.alive():
-                track.signal(signal.SIGKILL, scan=True)
-                await asyncio.sleep(0.005)
-        # output ends when the last writer is gone
         try:
-            await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 2.0)
-        except asyncio.TimeoutError:
-            log.warning("local executor: output pipes of pid %d still open after the kill", track.pgid)
-        transport.close()
-        track.close()
+            # fast path: a command that left nothing costs one killpg returning ESRCH (no /proc scan)
+            leftovers = track.signal(signal.SIGKILL, scan=False)
+            if not leftovers and track.group is None and not proto.pipes_closed.done():
+                # the leader is gone but its output is still open: an escaped descendant holds it
+                try:
+                    await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 0.1)
+                except asyncio.TimeoutError:
+                    leftovers = track.signal(signal.SIGKILL, scan=True)
+            if leftovers:
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline and track.alive():
+                    track.signal(signal.SIGKILL, scan=True)
+                    await asyncio.sleep(0.005)
+            # output ends when the last writer is gone
+            try:
+                await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 2.0)
+            except asyncio.TimeoutError:
+                log.warning("local executor: output pipes of pid %d still open after the kill", track.pgid)
+            transport.close()
+        finally:  # the namespace handle, also when cancelled meanwhile
+            track.close()
 
     def _remove_group(self, group: _Group) -> None:
         if not _CgroupV1.remove(group):
