@@ -334,3 +334,46 @@ async def test_groups_of_a_dead_executor_are_swept(tmp_path):
         assert not any(os.path.exists(d) for d in stale)
     finally:
         await ex.close()
+
+
+async def test_a_cancel_at_any_moment_of_the_spawn_returns_and_leaves_nothing(either):
+    """Cancelled while its child is being spawned (the pipes connecting), an action still ends at
+    once and its whole tree dies. CPython's subprocess_exec, cancelled there, kills only the leader
+    and waits until the pipes close: here the forked ``sleep`` held them for its whole run."""
+    ex = either
+    for i in range(40):
+        place = Placement(f"s{i}", "local", dop=1, cores=(CORES[0],))
+        task = asyncio.ensure_future(ex.exec("traj", "sleep 77.25; true", place))  # bash forks the sleep
+        for _ in range(i % 5):  # 0-4 loop turns: each step of the spawn
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=10)
+        assert done, f"the cancel after {i % 5} loop turns did not return"
+    deadline = time.monotonic() + 5
+    while find_pids("sleep 77.25") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert find_pids("sleep 77.25") == []
+
+
+async def test_finish_spawn_completes_the_spawn_then_raises_the_cancel_at_the_next_await():
+    from tangram.executors.processes import finish_spawn
+
+    steps = []
+
+    async def spawn():
+        await asyncio.sleep(0.05)
+        steps.append("spawned")
+        return "child"
+
+    async def caller():
+        child = await finish_spawn(spawn())
+        steps.append(child)
+        await asyncio.sleep(10)  # the cancellation raises here
+        steps.append("not reached")
+
+    task = asyncio.ensure_future(caller())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["spawned", "child"]

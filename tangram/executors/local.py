@@ -81,7 +81,7 @@ from tangram.executors.cgroups import (
     _cpulist,
     _Group,
 )
-from tangram.executors.processes import _Collector, _Tracker, pid_namespace_mode, pid_namespace_prefix
+from tangram.executors.processes import _Collector, _Tracker, finish_spawn, pid_namespace_mode, pid_namespace_prefix
 
 log = logging.getLogger(__name__)
 
@@ -371,8 +371,8 @@ class LocalExecutor(EnvironmentExecutor):
         if group is not None:
             script = group.join_prefix() + script
         try:
-            transport, proto = await self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None,
-                                                 stdin, fds)
+            transport, proto = await finish_spawn(  # a cancellation meanwhile raises at the next await
+                self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None, stdin, fds))
         except BaseException:
             if group is not None:
                 self._remove_group(group)

@@ -23,6 +23,33 @@ import time
 from tangram.executors.cgroups import _Group
 
 
+async def finish_spawn(spawn):
+    """Await a subprocess spawn to its end even when cancelled meanwhile, and return its result.
+
+    CPython's ``subprocess_exec``, cancelled while it connects the child's pipes, kills the child
+    and then waits for an exit notice that never comes (python/cpython#125502, Python 3.11 here):
+    the action's task hung for ever. So the spawn runs to its end; a cancellation that came
+    meanwhile is requested again, so the caller's next await raises it and the caller kills what
+    it started as it kills any cancelled action.
+    """
+    task = asyncio.ensure_future(spawn)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+            if task.done():
+                result = task.result()  # the spawn's own error, if it failed
+                break
+    if cancelled:
+        asyncio.current_task().cancel()
+    return result
+
+
 def _proc_state(pid: int) -> tuple[str, int] | None:
     """(state letter, process group) of ``pid`` from /proc, None if gone."""
     try:

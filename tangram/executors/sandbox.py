@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from tangram.executors.cgroups import write_control
+from tangram.executors.processes import finish_spawn
 
 SANDBOX, NONE = "sandbox", "none"
 NOBODY = 65534
@@ -360,10 +361,17 @@ async def run(argv: Sequence[str], workdir: str, *, sandbox: Sandbox | None = No
         inner = ["/bin/sh", "-c", f"{Limits.join_shell(dirs)} || exit 125; exec \"$@\"", "sh"] + inner
     penv = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
     penv.update(env or {})
-    try:
-        proc = await asyncio.create_subprocess_exec(
+    try:  # a cancellation during the spawn raises at the next await, inside the kill's try below
+        proc = await finish_spawn(asyncio.create_subprocess_exec(
             *inner, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=penv, start_new_session=True, pass_fds=fds)
+            stderr=subprocess.PIPE, env=penv, start_new_session=True, pass_fds=fds))
+    except BaseException:
+        for d in dirs:  # nothing started in them
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise
     finally:
         for fd in fds:
             os.close(fd)
