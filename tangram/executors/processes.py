@@ -164,20 +164,24 @@ class PidNamespace:
 
     def signal(self, sig: int, *, sweep: bool) -> bool:
         """Signal the init (``sweep``: then every process of the namespace); True if any was there."""
-        pids = self.members() if sweep else ([self.init] if self.init_running() else [])
-        hit = False
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                hit = True
-            except ProcessLookupError:
-                pass
-        return hit
+        return _kill_each(self.members() if sweep else ([self.init] if self.init_running() else []), sig)
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _kill_each(pids, sig: int) -> bool:
+    """Signal every pid; True if any was there."""
+    hit = False
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            hit = True
+        except ProcessLookupError:
+            pass
+    return hit
 
 
 def _marked(token: bytes) -> list[int]:
@@ -271,13 +275,7 @@ class _Tracker:
         if self.ns is not None and self.ns.signal(sig, sweep=scan):
             hit = True
         pids = self.group.pids() if self.group is not None else (_marked(self.token) if scan and self.token else [])
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                hit = True
-            except ProcessLookupError:
-                pass
-        return hit
+        return _kill_each(pids, sig) or hit
 
     def alive(self) -> bool:
         """Whether any process of the action runs; in a PID namespace, whether the namespace is not empty."""
