@@ -91,3 +91,24 @@ def docker_client():
     ensure_image(client)
     yield client
     client.close()
+
+
+# The suite loads torch, Ray (grpc) and verl into one process; on rare runs one of their native
+# finalizers crashed the interpreter's teardown (SIGSEGV) after every test had passed and the
+# summary was printed. Once pytest has reported, the process ends with pytest's own exit status
+# without that teardown. Failures still fail: the status is the session's.
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if _EXIT_STATUS and os.environ.get("TANGRAM_TESTS_SKIP_TEARDOWN", "1") == "1":
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS[-1])
