@@ -146,46 +146,12 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
             umin, dmin, options = waiters[i]
             if options is not None:
                 best = math.inf
-                if i + 1 == n:
-                    # the last waiter: nothing after it to walk, so each count only reads
-                    # ahead (no copy); the smallest end is all the search keeps
-                    size = len(ends)
-                    for u, d in options:
-                        while free < u:  # _start_time, continued from the previous count
-                            if k == size:
-                                free = u
-                                break
-                            t, got = ends[k]
-                            k += 1
-                            free += got
-                            if t > now:
-                                now = t
-                        end = now + d
-                        if end < best:
-                            best = end
-                    return total + best
-                if explore == 1 and i + 2 == n:
-                    # one waiter after this one, not explored: each count reads ahead
-                    # (continued from the previous count), and the last waiter reads the
-                    # completions with this one's end merged in (no copy, no insertion)
-                    size = len(ends)
-                    last = waiters[i + 1]
-                    for u, d in options:
-                        while free < u:
-                            if k == size:
-                                free = u
-                                break
-                            t, got = ends[k]
-                            k += 1
-                            free += got
-                            if t > now:
-                                now = t
-                        end = now + d
-                        rest = end + _last_end(ends, k, free - u, now, last, (end, u))
-                        if rest < best:
-                            best = rest
-                    return total + best
                 size = len(ends)
+                # what follows this waiter: nothing (each count only reads ahead, no copy), one
+                # unexplored waiter (it reads the completions with this one's end merged in), or
+                # more (a copy of what is left, this end inserted, walked on)
+                last = i + 1 == n
+                one_after = not last and explore == 1 and i + 2 == n
                 for u, d in options:
                     while free < u:  # _start_time, continued from the previous count
                         if k == size:
@@ -196,11 +162,15 @@ def _walk(ends, k, free, now, waiters, i, explore) -> float:
                         free += got
                         if t > now:
                             now = t
-                    # the rest reads on from here: a copy of what is left, this end inserted
-                    h = ends[k:]
                     end = now + d
-                    insort(h, (end, u))
-                    rest = end + _walk(h, 0, free - u, now, waiters, i + 1, explore - 1)
+                    if last:
+                        rest = end
+                    elif one_after:
+                        rest = end + _last_end(ends, k, free - u, now, waiters[i + 1], (end, u))
+                    else:
+                        h = ends[k:]
+                        insort(h, (end, u))
+                        rest = end + _walk(h, 0, free - u, now, waiters, i + 1, explore - 1)
                     if rest < best:
                         best = rest
                 return total + best
