@@ -27,6 +27,8 @@ from tangram.policy.order import order_key
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
+_NO_HOLDOUTS: Mapping[str, object] = MappingProxyType({})
+
 WAITING, RUNNING = "waiting", "running"
 FINAL_STATES = frozenset({"succeeded", "failed", "timeout", "cancelled"})
 Policy = Callable[[Snapshot], Plan]
@@ -111,10 +113,14 @@ class Engine:
         self._unfit: dict[str, int] | None = None
         self._tail_key = float("-inf")  # the largest order key waiting after the last round
         # whether the last round left every waiting action waiting for units (none by the
-        # policy's choice, e.g. an elastic action holding out for more cores), and the pools
-        # released since: a completion that frees no pool a waiting lane could use skips its round
+        # policy's choice, e.g. an elastic action holding out for more cores, except in holdouts),
+        # and the pools released since (or whose expected arrivals changed): a completion that
+        # frees no pool a waiting lane could use skips its round
         self._settled = False
         self._released: set[str] = set()
+        # the last round's Plan.holdouts: elastic groups it made wait in full, handed back to the
+        # next round, which re-decides only those whose inputs changed
+        self._holdouts: Mapping[str, object] = _NO_HOLDOUTS
         self._nodes: tuple[str, ...] = ()
         self._nodes_of: tuple[set[str], tuple[str, ...]] | None = None
         self.rounds_skipped = 0
@@ -260,6 +266,7 @@ class Engine:
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
         self._unfit, self._settled = None, False
+        self._holdouts = _NO_HOLDOUTS  # an explicit re-run re-decides every group
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
@@ -287,6 +294,7 @@ class Engine:
             class_estimates=self.estimator.class_estimates(),
             upcoming=self._generating.view(self.clock(), self.params.lookahead),
             params=self.params,
+            holdouts=self._holdouts,
         )
 
     def schedule(self) -> list[Started]:
@@ -298,9 +306,14 @@ class Engine:
         snap = self.snapshot()
         self._nodes = snap.nodes
         result = self.policy(snap)
+        self._holdouts = result.holdouts
         self._unfit = dict(result.unfit)
         # an unfit entry for every pool: whatever still waits, waits for units, not by choice
         self._settled = len(self._unfit) >= len(snap.pools) and self._unfit.keys() >= snap.pools.keys()
+        if not self._settled and result.holdouts:
+            # or waits for units except groups held out whose inputs a release elsewhere leaves as they
+            # are: the next round would hold them again (the policy re-decides them on a change)
+            self._settled = all(p in self._unfit or p in result.holdouts for p in snap.pools)
         self._tail_key = self._lanes.max_key()
         if len(result.dispatches) <= 1:  # most rounds: nothing to order
             return [self._start(d) for d in result.dispatches]
@@ -352,7 +365,9 @@ class Engine:
         rec.state = status
         rec.finished_at = self.clock()
         self._release_grants(rec)
-        self._generating.ended(rec.action, self.placement.get(rec.action.trajectory), rec.finished_at)
+        node = self.placement.get(rec.action.trajectory)
+        if self._generating.ended(rec.action, node, rec.finished_at):
+            self._released.add(pool_name("cpu", node))  # its expected arrivals changed (Snapshot.upcoming)
         self.finished[rec.action.id] = rec
         if len(self.finished) > self._keep_finished:
             self.finished.popitem(last=False)
@@ -432,7 +447,9 @@ class Engine:
         fail as they did (free units only shrank), the blocked heads reserve the
         same pools, and the actions submitted since were skipped as unable to start.
         The policy's time-dependent choices (holding out for more units) are
-        excluded by requiring a settled round.
+        excluded by requiring a settled round, except the holdouts (Plan.holdouts),
+        which the next round would hold again: their pools were not released, and
+        their other inputs change only with a release or a round.
         """
         if not self._settled or self._unfit is None or not self.waiting:
             return False

@@ -46,20 +46,22 @@ class Generating:
             if node is not None:
                 self._fixed[node].pop(t, None)
 
-    def ended(self, a: Action, node: str | None, now: float) -> None:
-        """``a`` left the engine (finished, failed or cancelled); ``node``: where its trajectory is placed."""
+    def ended(self, a: Action, node: str | None, now: float) -> bool:
+        """``a`` left the engine (finished, failed or cancelled); ``node``: where its trajectory is placed.
+        True when its trajectory joined ``node``'s expected arrivals."""
         t = a.trajectory
         if t is None:
-            return
+            return False
         left = self._active.get(t, 0) - 1
         if left > 0:
             self._active[t] = left
-            return
+            return False
         self._active.pop(t, None)
         fixed = node is not None and not a.scalable
         self._since[t] = (now, node if fixed else None)
         if fixed:
             self._fixed.setdefault(node, {})[t] = (now, a)
+        return fixed
 
     def closed(self, trajectory: str) -> None:
         """The trajectory ended: nothing more will come from it."""
@@ -99,6 +101,11 @@ class UpcomingView(Mapping[str, tuple[tuple[float, Action], ...]]):
 
     def get(self, node: str, default=None):
         return self[node] if (self._gap is not None and self._quiet.get(node)) else default
+
+    def count(self, node: str) -> int:
+        """``len(self.get(node, ()))``, without computing the entries."""
+        quiet = self._quiet.get(node)
+        return min(len(quiet), self._limit) if (quiet and self._gap is not None) else 0
 
     def __iter__(self):
         return iter(self._quiet if self._gap is not None else ())

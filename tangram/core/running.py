@@ -38,6 +38,11 @@ class RunningView(Mapping[str, tuple[tuple[float, int], ...]]):
         # _seconds_left, inlined: a round reads every running action of each pool it arranges
         return tuple([(e - now if e > now else 0.5 * (now - b), u) for b, e, u in self._by_pool[pool].values()])
 
+    def ids(self, pool: str) -> tuple[str, ...]:
+        """The ids of ``pool``'s running actions, in start order (none: empty)."""
+        running = self._by_pool.get(pool)
+        return tuple(running) if running is not None else ()
+
     def get(self, pool: str, default=None):  # Mapping.get goes through a try/except per call
         return self[pool] if pool in self._by_pool else default
 

@@ -10,7 +10,7 @@ soonest, fixed ones their minimum.
 from __future__ import annotations
 
 import math
-from bisect import insort
+from bisect import bisect_right, insort
 
 from tangram.core.model import Action
 from tangram.policy.rows import duration as _duration
@@ -98,14 +98,59 @@ def estimate_from(ends: list, free_units: int, waiters: list, explore: int, arri
     return estimate_sorted(ends, free_units, waiters, explore, arrivals)
 
 
+class Arrivals:
+    """Expected arrivals prepared once for every estimate of a group: ``items`` as
+    :func:`arrivals` gives them, with the sums of their leading units and completion times.
+
+    The leading arrivals that fit in the units free from the start take no completion: each
+    ends at its arrival plus its duration whatever the rest of the walk holds, so an
+    estimate takes them all at once (one merge instead of an insertion each).
+    """
+
+    __slots__ = ("items", "units_before", "total_before", "ends")
+
+    def __init__(self, items):
+        self.items = items
+        self.units_before = [0]  # [i]: units of the first i arrivals
+        self.total_before = [0.0]  # [i]: their completion times counted from their arrivals, summed in order
+        self.ends = []  # (end, units) of each, starting on arrival
+        units = 0
+        total = 0.0
+        for r, u, d in items:
+            end = (0.0 if 0.0 > r else r) + d  # as _arrive computes it with nothing taken yet
+            units += u
+            total += end - r
+            self.units_before.append(units)
+            self.total_before.append(total)
+            self.ends.append((end, u))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
 def _arrive(ends, free, arrivals):
     """Start each expected arrival once it has arrived and enough units are free; returns the sum
     of their completion times counted from their arrivals, and the walk's state after them."""
-    total = 0.0
+    if not isinstance(arrivals, Arrivals):
+        arrivals = Arrivals(arrivals)
+    # the leading arrivals that fit in ``free`` as they come: no completion taken, none waits
+    j = bisect_right(arrivals.units_before, free) - 1
+    if j > 0:
+        ends += arrivals.ends[:j]
+        ends.sort()  # the sorted list the insertions one by one would give
+        free -= arrivals.units_before[j]
+    else:
+        j = 0
+    total = arrivals.total_before[j]
     k = 0
     now = 0.0  # the latest completion taken: when the units taken so far were all free
     size = len(ends)
-    for r, units, d in arrivals:
+    items = arrivals.items
+    for i in range(j, len(items)):
+        r, units, d = items[i]
         while free < units:  # _start_time, inlined
             if k == size:
                 free = units

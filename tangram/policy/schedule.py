@@ -19,6 +19,7 @@ from typing import Sequence
 from tangram.core.model import Action
 from tangram.policy.affinity import Affinity, affinity_order
 from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
+from tangram.policy.estimate import Arrivals as _Arrivals
 from tangram.policy.estimate import arrivals as _arrivals
 from tangram.policy.estimate import completions as _completions
 from tangram.policy.estimate import estimate_sorted as _estimate_sorted
@@ -28,7 +29,7 @@ from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
 from tangram.policy.rows import duration as _duration
 from tangram.policy.rows import group_rows as _group_rows
-from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
+from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, count_of, pool_name, running_ids
 
 _EPS = 1e-9
 # greedy eviction rarely evicts many; the DP is pruned for the last few prefixes first
@@ -65,7 +66,7 @@ def plan(snap: Snapshot) -> Plan:
     if not cands:
         return Plan(unfit=MappingProxyType(unfit))
     chosen = list(cands)
-    _elastic_allocation(snap, cands, lookahead)
+    holdouts = _elastic_allocation(snap, cands, lookahead)
     for c, kept in zip(chosen, cands):
         if kept is None:  # evicted: the units it would have taken stay free
             for pname in c.pools.values():
@@ -74,7 +75,7 @@ def plan(snap: Snapshot) -> Plan:
                 unfit.pop(pool_name("mem", c.node), None)
     # positional: Dispatch(action, node, units, pools, place_mem_mb, estimated_s), a frozen
     # dataclass whose keyword call cost a third of its construction
-    return Plan(unfit=MappingProxyType(unfit), dispatches=tuple([
+    return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), dispatches=tuple([
         Dispatch(
             c.action,
             c.node,
@@ -356,18 +357,30 @@ def _node_preference(a: Action, node: str, snap: Snapshot, free, affinity: Affin
 # 2./3. elastic allocation per key pool
 
 
-def _elastic_allocation(snap: Snapshot, cands: list[_Candidate], lookahead) -> None:
+def _elastic_allocation(snap: Snapshot, cands: list[_Candidate], lookahead) -> dict[str, tuple]:
+    """Arrange each key pool's elastic group; returns the holdouts (pool -> inputs of a group made to wait)."""
     if snap.params.fixed_dop is not None:
-        return  # the fixed-DoP baseline: FCFS at N units, no eviction
+        return {}  # the fixed-DoP baseline: FCFS at N units, no eviction
     groups: dict[str, list[_Candidate]] = {}
     for c in cands:
         if c.action.scalable:
             groups.setdefault(c.pools[c.action.key], []).append(c)
+    holdouts = {}
     for pname, group in groups.items():
-        _arrange_group(snap, snap.pools[pname], group, cands, lookahead.get(pname, ()))
+        inputs = _arrange_group(snap, snap.pools[pname], group, cands, lookahead.get(pname, ()))
+        if inputs is not None:
+            holdouts[pname] = inputs
+    return holdouts
 
 
-def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
+def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> tuple | None:
+    """Give ``group`` its units, or evict a suffix of it; returns the group's inputs when all of it waits.
+
+    A group the previous round made wait in full, on a pool none of whose inputs changed since
+    (the units left to it, the running actions, the group, the actions behind it, the node's
+    trajectories in generation, the knobs), waits again without the search (see
+    docs/scheduling.md, "Holdouts"): what moves meanwhile is only the clock.
+    """
     members = set(id(c) for c in group)
     others = [c for c in cands if c is not None and id(c) not in members and pool.name in c.pools.values()]
     other_units = [c.units[_rtype_of(c, pool.name)] for c in others]
@@ -375,9 +388,21 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
         rest = _chunks_left(pool.chunks, other_units)
         operator = ChunkOperator(rest)
         capacity = sum(rest)
+        inputs = None  # a GPU group also reads idle instances and restores: always re-decided
     else:
         capacity = pool.free - sum(other_units)
         operator = UnitsOperator(max(capacity, 0))
+        # the other candidates start this round: next round they are running, the same inputs
+        inputs = (
+            capacity, pool.capacity, snap.params,
+            tuple([c.action.id for c in group]), tuple([a.id for a in waiting_after]),
+            running_ids(snap.running, pool.name) + tuple([c.action.id for c in others]),
+            count_of(snap.upcoming, pool.node) if pool.node is not None else 0,
+        )
+        if snap.holdouts.get(pool.name) == inputs:
+            for c in group:
+                cands[cands.index(c)] = None
+            return inputs
     actions = [c.action for c in group]
     hits = [c.hits for c in group]
     rows, convex = _group_rows(actions, capacity, snap.params, pool, hits)
@@ -397,9 +422,10 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
             evicted.insert(0, _waiter(group[n - len(evicted) - 1].action, pool, snap))
         return evicted[len(evicted) - (n - t):] + tail
 
-    arrivals = _arrivals(snap, pool)
+    expected = _arrivals(snap, pool)
+    arrivals = _Arrivals(expected) if expected else ()  # prepared once for every estimate below
     best = _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group)
-    need = sum(u for _, u, _ in arrivals)
+    need = arrivals.units_before[-1] if arrivals else 0
     if arrivals and best is not None and (best[1] < n or capacity - sum(best[2]) < need):
         # Headroom: the group may leave part of the pool to the actions the node's
         # trajectories in generation are about to submit; the estimate says how much.
@@ -414,13 +440,14 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> None:
             if b is not None and (best is None or b[0] < best[0] - _EPS):
                 best = b
     if best is None:  # cannot happen when minimums fit; keep minimums
-        return
+        return None
     _, t, units = best
     for i, c in enumerate(group):
         if i < t:
             c.units[c.action.key] = units[i]
         else:
             cands[cands.index(c)] = None  # evicted: keeps its queue position
+    return inputs if t == 0 else None
 
 
 def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0):

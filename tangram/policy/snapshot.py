@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
+from typing import Hashable, Iterable, Mapping, Sequence
 
 from tangram.core.model import Action
 from tangram.core.pools import PoolState, pool_name  # re-exported: the policy's input types
 
-__all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "pool_name"]
+__all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "count_of", "pool_name", "running_ids"]
 
 _EMPTY: Mapping = MappingProxyType({})
 
@@ -82,6 +82,9 @@ class Snapshot:
     # queued or running), soonest first: their next actions will ask the node for units (lazy, engine-built)
     upcoming: Mapping[str, Sequence[tuple[float, Action]]] = field(default_factory=lambda: _EMPTY)
     params: PolicyParams = field(default_factory=PolicyParams)
+    # the previous round's Plan.holdouts (the engine hands them back): a group whose inputs match
+    # is made to wait again without its arrangement being recomputed
+    holdouts: Mapping[str, Hashable] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +122,24 @@ class Plan:
 
     dispatches: tuple[Dispatch, ...] = ()
     unfit: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    # pool -> what its elastic group was decided on, for each pool whose whole group this round
+    # chose to wait (for units to free, or for expected arrivals): see Snapshot.holdouts
+    holdouts: Mapping[str, Hashable] = field(default_factory=lambda: _EMPTY)
+
+
+def count_of(view: Mapping[str, Sequence], key: str) -> int:
+    """``len(view[key])``, 0 when absent, without building the entry where the view can count it
+    (the engine's lazy views of running actions and of trajectories in generation)."""
+    count = getattr(view, "count", None)
+    if count is not None:
+        return count(key)
+    return len(view.get(key) or ())
+
+
+def running_ids(running: Mapping[str, Sequence], pool: str) -> tuple:
+    """What identifies the running actions of ``pool``: their ids in start order where the view
+    knows them (the engine's), else their entries."""
+    ids = getattr(running, "ids", None)
+    if ids is not None:
+        return ids(pool)
+    return tuple(running.get(pool) or ())

@@ -1,0 +1,179 @@
+"""Holdouts: an elastic group a round made wait in full is not searched again while its inputs
+are unchanged (Plan.holdouts -> Snapshot.holdouts), and the expected arrivals' fast start."""
+from __future__ import annotations
+
+import random
+from bisect import insort
+from dataclasses import replace
+
+import pytest
+
+import tangram.policy.schedule as schedule
+from tangram.policy.estimate import Arrivals, _arrive
+from tangram.policy.schedule import plan
+from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
+
+from tests.helpers import make_action, make_engine, make_node
+
+
+def _snap(waiting, *, cores=16, running=(), upcoming=None, params=None):
+    used = sum(u for _, u in running)
+    pools = {"cpu@n0": PoolState("cpu@n0", "cpu", "n0", cores, cores - used),
+             "mem@n0": PoolState("mem@n0", "mem", "n0", 10_000, 10_000)}
+    return Snapshot(pools=pools, nodes=("n0",), waiting=tuple(waiting),
+                    running={"cpu@n0": tuple(running)} if running else {},
+                    upcoming=upcoming or {}, params=params or PolicyParams())
+
+
+def _reward(i=0, t1=32.0):
+    return make_action(f"R{i}", cpu={"min": 1, "max": 16}, t1=t1, serial=0.0, cls="reward", trajectory=f"r{i}")
+
+
+def _shell(i):
+    return make_action(f"s{i}", cpu=1, t1=2.0, trajectory=f"t{i}", cls="shell")
+
+
+def _decided(p):
+    return sorted((d.action.id, dict(d.units)) for d in p.dispatches)
+
+
+@pytest.fixture
+def searches(monkeypatch):
+    """How many times the eviction search ran."""
+    calls = []
+    real = schedule._evict
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(schedule, "_evict", counting)
+    return calls
+
+
+def _held():
+    # 15 of 16 cores end in 0.5 s: a 32 s perfectly parallel reward waits for all 16 (ends at
+    # 2.5 s) rather than start on the one free core (32 s)
+    return _snap([_reward()], running=((0.5, 15),))
+
+
+def test_a_group_made_to_wait_in_full_is_a_holdout():
+    p = plan(_held())
+    assert p.dispatches == ()
+    assert set(p.holdouts) == {"cpu@n0"}
+    started = plan(_snap([_reward()]))  # a free node: it starts, nothing is held out
+    assert _decided(started) == [("R0", {"cpu": 16})] and not started.holdouts
+
+
+def test_a_holdout_whose_inputs_did_not_change_is_not_searched_again(searches):
+    snap = _held()
+    first = plan(snap)
+    n = len(searches)
+    assert n > 0
+    again = plan(replace(snap, holdouts=first.holdouts))
+    assert len(searches) == n  # no search: the group waits again
+    assert again.dispatches == () and dict(again.holdouts) == dict(first.holdouts)
+
+
+@pytest.mark.parametrize("change", ["finished", "queued_behind", "new_group_member", "arrival", "knobs", "capacity"])
+def test_any_changed_input_re_decides_the_group(searches, change):
+    snap = _held()
+    holdouts = plan(snap).holdouts
+    if change == "finished":  # the running action ended: all 16 cores free
+        changed = _snap([_reward()])
+    elif change == "queued_behind":
+        changed = _snap([_reward(), _reward(1)], running=((0.5, 15),), cores=16)
+        changed = replace(changed, pools={**changed.pools, "cpu@n0": replace(changed.pools["cpu@n0"], free=1)})
+    elif change == "new_group_member":
+        changed = replace(snap, waiting=(_reward(), _reward(2, t1=1.0)))
+    elif change == "arrival":
+        changed = replace(snap, upcoming={"n0": ((0.0, _shell(0)),)})
+    elif change == "knobs":
+        changed = replace(snap, params=PolicyParams(depth=3))
+    else:
+        changed = _snap([_reward()], running=((0.5, 14),))
+    n = len(searches)
+    got = plan(replace(changed, holdouts=holdouts))
+    assert len(searches) > n  # searched again
+    assert _decided(got) == _decided(plan(changed))  # and decided as with no holdout at all
+
+
+def _random_snap(rng: random.Random) -> Snapshot:
+    cores = rng.choice([8, 16, 32])
+    running, used = [], 0
+    for _ in range(rng.randint(0, 6)):
+        u = rng.randint(1, 6)
+        if used + u <= cores:
+            running.append((rng.uniform(0.0, 20.0), u))
+            used += u
+    waiting = [_reward(i, t1=rng.uniform(1.0, 200.0)) for i in range(rng.randint(1, 3))]
+    waiting += [_shell(i) for i in range(rng.randint(0, 3))]
+    rng.shuffle(waiting)
+    upcoming = {"n0": tuple((rng.uniform(0.0, 5.0), _shell(100 + i)) for i in range(rng.randint(0, 8)))}
+    return _snap(waiting, cores=cores, running=tuple(running), upcoming=upcoming)
+
+
+def test_at_the_same_instant_a_holdout_decides_what_the_search_decides():
+    # the holdout skips only the search: with the clock where it was, a held group's plan is the
+    # plan the search gives (what moves between rounds is time, which the tests above change)
+    rng = random.Random(5)
+    held = 0
+    for _ in range(300):
+        snap = _random_snap(rng)
+        first = plan(snap)
+        held += bool(first.holdouts)
+        again = plan(replace(snap, holdouts=first.holdouts))
+        assert _decided(again) == _decided(first)
+        assert dict(again.holdouts) == dict(first.holdouts)
+    assert held > 10  # the cases held some groups
+
+
+def _arrive_one_by_one(ends, free, arrivals):
+    """The expected arrivals' walk, one insertion each (the reference)."""
+    total, k, now, size = 0.0, 0, 0.0, len(ends)
+    for r, units, d in arrivals:
+        while free < units:
+            if k == size:
+                free = units
+                break
+            t, u = ends[k]
+            k += 1
+            free += u
+            now = max(now, t)
+        end = (now if now > r else r) + d
+        total += end - r
+        insort(ends, (end, units), k)
+        size += 1
+        free -= units
+    return total, k, free, now
+
+
+def test_arrivals_that_fit_from_the_start_are_taken_at_once_with_the_same_result():
+    rng = random.Random(11)
+    for _ in range(2000):
+        ends = sorted((round(rng.uniform(0.0, 10.0), rng.choice([0, 1, 3])), rng.randint(1, 4))
+                      for _ in range(rng.randint(0, 12)))
+        arrivals = [(round(rng.uniform(0.0, 6.0), rng.choice([0, 1])), rng.randint(1, 3), rng.uniform(0.1, 4.0))
+                    for _ in range(rng.randint(0, 10))]
+        arrivals.sort(key=lambda x: x[0])
+        free = rng.randint(-1, 20)
+        expect_ends, got_ends = list(ends), list(ends)
+        expect = _arrive_one_by_one(expect_ends, free, arrivals)
+        got = _arrive(got_ends, free, Arrivals(arrivals))
+        assert got == expect and got_ends == expect_ends
+        assert _arrive(list(ends), free, arrivals) == expect  # a plain list is prepared on the way
+
+
+def test_engine_hands_holdouts_back_and_a_tick_re_decides_them(searches):
+    eng, clock = make_engine(make_node("n0", cores=16), api={"llm": 4})
+    eng.submit(make_action("busy", cpu=15, t1=0.5, trajectory="b"))
+    assert not eng.submit(_reward())  # waits for all 16 cores
+    n = len(searches)
+    # an API call of another trajectory: a round that starts it, the reward's group not searched
+    started = eng.submit(make_action("call", api="llm", t1=1.0))
+    assert [s.action.id for s in started] == ["call"] and len(searches) == n
+    eng.tick()
+    assert len(searches) > n
+    clock.advance(0.5)
+    started = eng.complete("busy")  # its cores free: searched again, and it starts on all 16
+    assert [(s.action.id, s.dispatch.units["cpu"]) for s in started] == [("R0", 16)]
