@@ -196,18 +196,22 @@ def load_sweep(cfg, seed):
         pols = ["tangram", *own_fcfs, *base.baselines.compare]
         rows = []
         for b in cfg["sweep_batches"]:
-            res = {p: run(base.with_batch(b), p, seed) for p in pols}
-            t = res["tangram"]
-            losses = [{"policy": p, "measure": m, "tangram": t[m], "baseline": r[m], "ratio": ratio(t[m], r[m])}
-                      for p, r in res.items() if p != "tangram" for m in MEASURES if r[m] < t[m] * (1 - 1e-6)]
-            rows.append({"batch": b, "results": res, "losses": losses,
-                         "lower_bound_mean_act_s": t["lower_bound_mean_act_s"],
-                         "overload_bound_mean_act_s": t["overload_bound_mean_act_s"],
-                         "memory_bound_mean_act_s": t.get("memory_bound_mean_act_s"),
-                         "memory_bound_step_time_s": t.get("memory_bound_step_time_s"),
-                         "restore_share_of_exec": {p: r.get("restore_share_of_exec") for p, r in res.items()}})
+            rows.append(sweep_row(b, {p: run(base.with_batch(b), p, seed) for p in pols}))
         out["workloads"][name] = {"policies": pols, "rows": rows}
     return out
+
+
+def sweep_row(batch: int, res: dict) -> dict:
+    """One batch of a load sweep: every policy's results, tangram's losses and its bounds."""
+    t = res["tangram"]
+    losses = [{"policy": p, "measure": m, "tangram": t[m], "baseline": r[m], "ratio": ratio(t[m], r[m])}
+              for p, r in res.items() if p != "tangram" for m in MEASURES if r[m] < t[m] * (1 - 1e-6)]
+    return {"batch": batch, "results": res, "losses": losses,
+            "lower_bound_mean_act_s": t["lower_bound_mean_act_s"],
+            "overload_bound_mean_act_s": t["overload_bound_mean_act_s"],
+            "memory_bound_mean_act_s": t.get("memory_bound_mean_act_s"),
+            "memory_bound_step_time_s": t.get("memory_bound_step_time_s"),
+            "restore_share_of_exec": {p: r.get("restore_share_of_exec") for p, r in res.items()}}
 
 
 def sweep_markdown(sweep: dict) -> str:

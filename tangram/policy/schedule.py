@@ -365,15 +365,19 @@ def _elastic_allocation(snap: Snapshot, cands: list[_Candidate], lookahead) -> d
     for c in cands:
         if c.action.scalable:
             groups.setdefault(c.pools[c.action.key], []).append(c)
+    users: dict[str, list[int]] = {}  # pool -> indices of the candidates taking units of it
+    for i, c in enumerate(cands):
+        for pname in c.pools.values():
+            users.setdefault(pname, []).append(i)
     holdouts = {}
     for pname, group in groups.items():
-        inputs = _arrange_group(snap, snap.pools[pname], group, cands, lookahead.get(pname, ()))
+        inputs = _arrange_group(snap, snap.pools[pname], group, cands, users[pname], lookahead.get(pname, ()))
         if inputs is not None:
             holdouts[pname] = inputs
     return holdouts
 
 
-def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> tuple | None:
+def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) -> tuple | None:
     """Give ``group`` its units, or evict a suffix of it; returns the group's inputs when all of it waits.
 
     A group the previous round made wait in full, on a pool none of whose inputs changed since
@@ -382,7 +386,8 @@ def _arrange_group(snap, pool: PoolState, group, cands, waiting_after) -> tuple 
     docs/scheduling.md, "Holdouts"): what moves meanwhile is only the clock.
     """
     members = set(id(c) for c in group)
-    others = [c for c in cands if c is not None and id(c) not in members and pool.name in c.pools.values()]
+    # ``users``: indices of the candidates on this pool (an earlier group's evicted ones are None now)
+    others = [c for i in users if (c := cands[i]) is not None and id(c) not in members]
     other_units = [c.units[_rtype_of(c, pool.name)] for c in others]
     if pool.chunked:
         rest = _chunks_left(pool.chunks, other_units)
