@@ -41,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, w in sweep["workloads"].items():
         if args.workloads and name not in args.workloads:
             continue
-        unknown = [pol for pol in args.policies if pol not in w["policies"]]
+        ran = set(w["policies"]).union(*(row["results"] for row in w["rows"]))
+        unknown = [pol for pol in args.policies if pol not in ran]
         if unknown:
-            p.error(f"--policies: {unknown} not in {name}'s sweep ({w['policies']})")
+            p.error(f"--policies: {unknown} not in {name}'s sweep ({sorted(ran)})")
         base = load_workload(name)
         for i, row in enumerate(w["rows"]):
             if args.batches and row["batch"] not in args.batches:
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             for pol in args.policies:
                 rp.log(f"{name} batch {row['batch']} {pol}")
                 res[pol] = rp.run(base.with_batch(row["batch"]), pol, seed)
-            w["rows"][i] = rp.sweep_row(row["batch"], {pol: res[pol] for pol in w["policies"]})
+            w["rows"][i] = rp.sweep_row(row["batch"], res)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent).stdout.strip() or None
     results.setdefault("runs", []).append({"experiment": "load_sweep", "rerun_policies": args.policies,
