@@ -142,7 +142,7 @@ def _select_candidates(snap: Snapshot):
                 waiting.append(a)
 
     gpu_pools = [g for g in (pool_name("gpu", n) for n in snap.nodes) if g in pools]
-    affinity = Affinity(pools)
+    affinity = Affinity({g: pools[g] for g in gpu_pools})  # resident instances live on GPU pools only
     waiting_iter = affinity_order(snap, affinity, gpu_pools, closed)
     params = snap.params
     needs_memo = _NEEDS
@@ -175,7 +175,12 @@ def _select_candidates(snap: Snapshot):
                 wait_behind(a, needed)
                 continue
         units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, params, nd.mins)
-        node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity)
+        home = snap.placement.get(a.trajectory) if (nd.has_cpu and not nd.api and a.trajectory is not None) else None
+        if home is not None and _all_open(nd.on(home)[0], pools, blocked) and _all_fit(nd.on(home)[0], nd.local,
+                                                                                      units, fits):
+            node, place_mem = home, 0  # fast path, as _place decides it: a placed trajectory's action fits at home
+        else:
+            node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity)
         if node is _NO_NODE:
             failed_shapes[shape or _shape(a, nd, snap, placed)] = needed
             blocked.update(needed)
