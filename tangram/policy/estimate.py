@@ -69,6 +69,19 @@ def arrivals(snap: Snapshot, pool: PoolState) -> list:
     return out
 
 
+def floor(waiters: list, arrivals) -> float:
+    """A lower bound of any estimate of ``waiters`` and ``arrivals`` (whatever the completions and the
+    units free): each ends no sooner than its shortest duration after it starts (an arrival: after
+    it arrives). Lowered by a relative 1e-9 so that the estimate's own roundings stay above it."""
+    total = 0.0
+    for umin, dmin, options in waiters:
+        total += min(dmin, min(d for _, d in options)) if options else dmin
+    items = arrivals.items if isinstance(arrivals, Arrivals) else arrivals
+    for _, _, d in items:
+        total += d
+    return total * (1.0 - 1e-9) if total > 0.0 else total
+
+
 def estimate_rest(heap_items, free_units: int, waiters: list, explore: int) -> float:
     """Algorithm 2: ACT estimate of the actions still waiting for this pool.
 

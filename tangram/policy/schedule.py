@@ -23,6 +23,7 @@ from tangram.policy.estimate import Arrivals as _Arrivals
 from tangram.policy.estimate import arrivals as _arrivals
 from tangram.policy.estimate import completions as _completions
 from tangram.policy.estimate import estimate_sorted as _estimate_sorted
+from tangram.policy.estimate import floor as _estimate_floor
 from tangram.policy.estimate import waiter as _waiter
 from tangram.policy.needs import Needs
 from tangram.policy.needs import _NEEDS
@@ -440,13 +441,15 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
         # Headroom: the group may leave part of the pool to the actions the node's
         # trajectories in generation are about to submit; the estimate says how much.
         # (When the whole group starts and leaves room for them all, less for it cannot help.)
+        floor = _estimate_floor(tail, arrivals)  # under any estimate of this group's
         for h in sorted({need, need // 2, need // 4}, reverse=True):
             if not 0 < h < capacity:
                 continue
             rows_h, convex_h = _group_rows(actions, capacity - h, snap.params, pool, hits)
-            # the whole group on less: headroom is the alternative to evicting (waiting)
+            # the whole group on less: headroom is the alternative to evicting (waiting); one whose
+            # arrangement alone, plus the floor, is no better than the best so far is not estimated
             b = _evict(snap, rows_h, UnitsOperator(capacity - h), convex_h, n, capacity, seed, waiters, arrivals,
-                       group, lowest=n)
+                       group, lowest=n, unless_above=best[0] - _EPS - floor)
             if b is not None and (best is None or b[0] < best[0] - _EPS):
                 best = b
     if best is None:  # cannot happen when minimums fit; keep minimums
@@ -460,13 +463,18 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
     return inputs if t == 0 else None
 
 
-def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0):
+def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0, unless_above=None):
     """Greedy eviction over the DPArrange prefix table of ``rows`` under ``operator``: the best
     ``(objective, prefix kept, its units)`` among the prefixes of ``lowest`` or more, or None.
     ``capacity`` is the pool's part the estimate counts as free (the operator's may be
-    smaller: headroom)."""
+    smaller: headroom). ``unless_above`` (the whole group only, ``lowest == n``): None, without
+    an estimate, when the arrangement's own objective is that or more."""
     exact_from = max(1, n - _EVICTION_WINDOW)
     table = prefix_table_rows(rows, operator, max(exact_from, lowest), convex, clipped=True)
+    if unless_above is not None:
+        assert lowest == n, "a bound on the whole group's objective only"
+        if not table.feasible(n) or table.best(n) >= unless_above:
+            return None
     depth = snap.params.depth - 1
     best = None
     # Evicting the whole group (t = 0: wait) is allowed only while something
