@@ -406,7 +406,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
         # the other candidates start this round: next round they are running, the same inputs
         inputs = (
             capacity, pool.capacity, snap.params,
-            tuple([c.action.id for c in group]), tuple([a.id for a in waiting_after]),
+            tuple([c.action.id for c in group]), tuple(waiting_after),  # the queue's own action objects
             running_ids(snap.running, pool.name) + tuple([c.action.id for c in others]),
             count_of(snap.upcoming, pool.node) if pool.node is not None else 0,
         )

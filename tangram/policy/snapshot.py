@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Hashable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from tangram.core.model import Action
 from tangram.core.pools import PoolState, pool_name  # re-exported: the policy's input types
@@ -84,7 +84,7 @@ class Snapshot:
     params: PolicyParams = field(default_factory=PolicyParams)
     # the previous round's Plan.holdouts (the engine hands them back): a group whose inputs match
     # is made to wait again without its arrangement being recomputed
-    holdouts: Mapping[str, Hashable] = field(default_factory=lambda: _EMPTY)
+    holdouts: Mapping[str, tuple] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ class Plan:
     unfit: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     # pool -> what its elastic group was decided on, for each pool whose whole group this round
     # chose to wait (for units to free, or for expected arrivals): see Snapshot.holdouts
-    holdouts: Mapping[str, Hashable] = field(default_factory=lambda: _EMPTY)
+    holdouts: Mapping[str, tuple] = field(default_factory=lambda: _EMPTY)
 
 
 def count_of(view: Mapping[str, Sequence], key: str) -> int:
