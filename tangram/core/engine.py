@@ -184,17 +184,26 @@ class Engine:
             return []
         return self.schedule()
 
-    def complete(self, action_id: str, status: str = "succeeded") -> list[Started]:
-        """The driver reports that a running action ended; free its units and schedule."""
+    def complete(self, action_id: str, status: str = "succeeded", *, restore_s: float = 0.0) -> list[Started]:
+        """The driver reports that a running action ended; free its units and schedule.
+
+        ``restore_s``: seconds of its execution spent restoring its GPU service
+        (a cache miss). The duration estimates observe the rest, the action's
+        own run: a restore is charged apart, per DoP (``Action.restore_s``), so
+        counting it in the class's ``T1`` too would charge it twice and inflate
+        the order key and the DoP choice of every later action of the class.
+        """
         if status not in FINAL_STATES:
             raise ValueError(f"status: must be one of {sorted(FINAL_STATES)}, got {status!r}")
+        if not restore_s >= 0:
+            raise ValueError(f"restore_s: must be >= 0, got {restore_s!r}")
         rec = self.running.pop(action_id, None)
         if rec is None:
             raise UnknownActionError(f"action {action_id!r} is not running")
         self._finish(rec, status)
         if status == "succeeded" and rec.exec_s is not None:
             units = rec.dispatch.units.get(rec.action.key, 0) if rec.action.key else 0
-            self.estimator.observe(rec.action, units, rec.exec_s)
+            self.estimator.observe(rec.action, units, rec.exec_s - restore_s)
         if self._release_wakes_nothing():
             self.rounds_skipped += 1
             return []

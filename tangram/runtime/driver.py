@@ -338,7 +338,7 @@ class Runtime:
 
     def _complete(self, job: Job, result: ExecResult, placement: Placement | None, exec_s: float) -> None:
         try:
-            started = self.engine.complete(job.action.id, result.status)
+            started = self.engine.complete(job.action.id, result.status, restore_s=max(result.restore_s, 0.0))
         except UnknownActionError:  # already cancelled in the engine (close, delete_environment)
             started = []
         except Exception:  # noqa: BLE001 - the grants were released before the policy ran; keep driving

@@ -452,7 +452,7 @@ class Simulation:
                 self.reserved[rtype] += rec.pool_units * (now - held_from)
         self.done.append(rec)
         if not in_pod:
-            self._started(self.engine.complete(rec.id, "failed" if rec.failed else "succeeded"))
+            self._started(self.engine.complete(rec.id, "failed" if rec.failed else "succeeded", restore_s=rec.restore_s))
         tr.idx += 1
         if tr.idx < len(tr.items):
             self._push(now + tr.items[tr.idx].gen_s, GEN, tr)

@@ -1,0 +1,43 @@
+"""A GPU restore is not part of an action's duration estimate (it is charged apart, per DoP)."""
+from __future__ import annotations
+
+import pytest
+
+from tangram.core.estimator import _Mean
+from tangram.simulator.sim import Simulation
+from tangram.simulator.workload import load_workload
+
+from tests.helpers import make_action, make_engine, make_node
+
+
+def test_complete_observes_the_run_without_its_restore():
+    eng, clock = make_engine(make_node(cores=4))
+    a = make_action("a", cpu={"min": 1, "max": 4}, t1=6.0, serial=0.0, cls="c")  # linear: T1 = exec x units
+    (started,) = eng.submit(a)
+    units = started.dispatch.dop
+    clock.advance(10.0)
+    eng.complete("a", restore_s=4.0)
+    assert eng.record("a").exec_s == 10.0  # the record keeps the whole execution
+    assert eng.estimator.mean_duration("c") == pytest.approx(6.0)
+    assert eng.estimator.refined_t1("c") == pytest.approx(6.0 * units)
+
+
+def test_complete_rejects_a_negative_restore():
+    eng, clock = make_engine(make_node(cores=4))
+    eng.submit(make_action("a", cpu=1, cls="c"))
+    with pytest.raises(ValueError):
+        eng.complete("a", restore_s=-1.0)
+
+
+def test_simulator_reports_restores_so_estimates_see_runs_only():
+    wl = load_workload("mopd-skewed").with_batch(48)
+    sim = Simulation(wl, "tangram", seed=0)
+    res = sim.run()
+    gpu = sorted((r for r in res.records if r.item is not None and r.item.cls.rtype == "gpu"), key=lambda r: r.end)
+    assert any(r.restore_s > 0 for r in gpu)  # the check below means something
+    est = sim.engine.estimator
+    by_class: dict[str, _Mean] = {}
+    for r in gpu:
+        by_class.setdefault(f"{r.item.cls.name}.{r.item.service}", _Mean()).add(r.run_s, est._min_weight)
+    for cls, m in by_class.items():
+        assert est.mean_duration(cls) == pytest.approx(m.value, rel=1e-9), cls
