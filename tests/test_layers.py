@@ -17,6 +17,7 @@ PRODUCT = ("tangram", "integrations", "profiling", "datasets_patch")
 LAYER_OF = {
     "tangram.core": "model",
     "tangram.core.engine": "engine",
+    "tangram.core.records": "engine",
     "tangram.core.estimator": "engine",
     "tangram.core.queue": "engine",
     "tangram.core.running": "engine",

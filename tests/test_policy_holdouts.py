@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-import tangram.policy.schedule as schedule
+import tangram.policy.elastic as elastic
 from tangram.policy.estimate import Arrivals, _arrive
 from tangram.policy.schedule import plan
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
@@ -41,13 +41,13 @@ def _decided(p):
 def searches(monkeypatch):
     """How many times the eviction search ran."""
     calls = []
-    real = schedule._evict
+    real = elastic._evict
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(schedule, "_evict", counting)
+    monkeypatch.setattr(elastic, "_evict", counting)
     return calls
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -21,6 +20,7 @@ from tangram.core.model import Action
 from tangram.core import feasibility
 from tangram.core.generating import Generating
 from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_uses
+from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
 from tangram.policy.order import order_key
@@ -29,59 +29,7 @@ from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Sna
 
 _NO_HOLDOUTS: Mapping[str, object] = MappingProxyType({})
 
-WAITING, RUNNING = "waiting", "running"
-FINAL_STATES = frozenset({"succeeded", "failed", "timeout", "cancelled"})
 Policy = Callable[[Snapshot], Plan]
-
-
-@dataclass(slots=True, eq=False)
-class ActionRecord:
-    """What the engine knows of one action: its state, grants and timing."""
-
-    action: Action
-    submitted_at: float
-    state: str = WAITING
-    started_at: float | None = None
-    finished_at: float | None = None
-    dispatch: Dispatch | None = None
-    grants: dict[str, Grant] = field(default_factory=dict)  # pool -> manager's grant
-    estimated_end: float = 0.0
-    error: str | None = None  # why it failed, when the driver said so (:meth:`Engine.fail`)
-
-    @property
-    def id(self) -> str:
-        return self.action.id
-
-    @property
-    def queued_s(self) -> float | None:
-        return None if self.started_at is None else self.started_at - self.submitted_at
-
-    @property
-    def exec_s(self) -> float | None:
-        if self.started_at is None or self.finished_at is None:
-            return None
-        return self.finished_at - self.started_at
-
-    @property
-    def act_s(self) -> float | None:
-        return None if self.finished_at is None else self.finished_at - self.submitted_at
-
-    @property
-    def dop(self) -> int | None:
-        return None if self.dispatch is None else self.dispatch.dop
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """An action the driver must run now, with the manager grants it holds."""
-
-    record: ActionRecord
-    dispatch: Dispatch
-    grants: Mapping[str, Grant]
-
-    @property
-    def action(self) -> Action:
-        return self.record.action
 
 
 class Engine:

@@ -8,33 +8,22 @@
    other pools or nodes go on (an API call never waits behind a test suite).
 2. Group the scalable candidates by key pool; the rest get their minimum.
 3. Greedy eviction per group with the ACT approximation (Algorithm 2, estimate.py) over
-   the DPArrange prefix table (one DP pass serves every prefix).
+   the DPArrange prefix table (one DP pass serves every prefix): elastic.py.
 """
 from __future__ import annotations
 
-from bisect import insort
 from types import MappingProxyType
-from typing import Sequence
 
 from tangram.core.model import Action
 from tangram.policy.affinity import Affinity, affinity_order
-from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, packable, prefix_table_rows
-from tangram.policy.estimate import Arrivals as _Arrivals
-from tangram.policy.estimate import arrivals as _arrivals
-from tangram.policy.estimate import completions as _completions
-from tangram.policy.estimate import estimate_sorted as _estimate_sorted
-from tangram.policy.estimate import floor as _estimate_floor
-from tangram.policy.estimate import waiter as _waiter
+from tangram.policy.arrange import packable
+from tangram.policy.elastic import elastic_allocation
 from tangram.policy.needs import Needs
 from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
 from tangram.policy.rows import duration as _duration
-from tangram.policy.rows import group_rows as _group_rows
-from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, count_of, pool_name, running_ids
+from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, Snapshot, pool_name
 
-_EPS = 1e-9
-# greedy eviction rarely evicts many; the DP is pruned for the last few prefixes first
-_EVICTION_WINDOW = 8
 
 
 class _Candidate:
@@ -67,7 +56,7 @@ def plan(snap: Snapshot) -> Plan:
     if not cands:
         return Plan(unfit=MappingProxyType(unfit))
     chosen = list(cands)
-    holdouts = _elastic_allocation(snap, cands, lookahead)
+    holdouts = elastic_allocation(snap, cands, lookahead)
     for c, kept in zip(chosen, cands):
         if kept is None:  # evicted: the units it would have taken stay free
             for pname in c.pools.values():
@@ -357,183 +346,3 @@ def _node_preference(a: Action, node: str, snap: Snapshot, free, affinity: Affin
     mname = pool_name("mem", node)
     mem_free = free.get(mname, 0)
     return (mem_free, free[pool_name("cpu", node)])
-
-
-# --------------------------------------------------------------------------- #
-# 2./3. elastic allocation per key pool
-
-
-def _elastic_allocation(snap: Snapshot, cands: list[_Candidate], lookahead) -> dict[str, tuple]:
-    """Arrange each key pool's elastic group; returns the holdouts (pool -> inputs of a group made to wait)."""
-    if snap.params.fixed_dop is not None:
-        return {}  # the fixed-DoP baseline: FCFS at N units, no eviction
-    groups: dict[str, list[_Candidate]] = {}
-    for c in cands:
-        if c.action.scalable:
-            groups.setdefault(c.pools[c.action.key], []).append(c)
-    users: dict[str, list[int]] = {}  # pool -> indices of the candidates taking units of it
-    for i, c in enumerate(cands):
-        for pname in c.pools.values():
-            users.setdefault(pname, []).append(i)
-    holdouts = {}
-    for pname, group in groups.items():
-        inputs = _arrange_group(snap, snap.pools[pname], group, cands, users[pname], lookahead.get(pname, ()))
-        if inputs is not None:
-            holdouts[pname] = inputs
-    return holdouts
-
-
-def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) -> tuple | None:
-    """Give ``group`` its units, or evict a suffix of it; returns the group's inputs when all of it waits.
-
-    A group the previous round made wait in full, on a pool none of whose inputs changed since
-    (the units left to it, the running actions, the group, the actions behind it, the node's
-    trajectories in generation, the knobs), waits again without the search (see
-    docs/scheduling.md, "Holdouts"): what moves meanwhile is only the clock.
-    """
-    members = set(id(c) for c in group)
-    # ``users``: indices of the candidates on this pool (an earlier group's evicted ones are None now)
-    others = [c for i in users if (c := cands[i]) is not None and id(c) not in members]
-    other_units = [c.units[_rtype_of(c, pool.name)] for c in others]
-    if pool.chunked:
-        rest = _chunks_left(pool.chunks, other_units)
-        operator = ChunkOperator(rest)
-        capacity = sum(rest)
-        inputs = None  # a GPU group also reads idle instances and restores: always re-decided
-    else:
-        capacity = pool.free - sum(other_units)
-        operator = UnitsOperator(max(capacity, 0))
-        # the other candidates start this round: next round they are running, the same inputs
-        inputs = (
-            capacity, pool.capacity, snap.params,
-            tuple([c.action.id for c in group]), tuple(waiting_after),  # the queue's own action objects
-            running_ids(snap.running, pool.name) + tuple([c.action.id for c in others]),
-            count_of(snap.upcoming, pool.node) if pool.node is not None else 0,
-        )
-        if snap.holdouts.get(pool.name) == inputs:
-            for c in group:
-                cands[cands.index(c)] = None
-            return inputs
-    actions = [c.action for c in group]
-    hits = [c.hits for c in group]
-    rows, convex = _group_rows(actions, capacity, snap.params, pool, hits)
-    if pool.chunked:
-        convex = None
-    n = len(group)
-
-    seed = list(snap.running.get(pool.name, ()))
-    seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
-    seed = _completions(seed)  # the candidates' durations below are positive: nothing to clamp
-    seed.sort()  # once: each prefix's estimate then sorts this run plus its candidates' ends
-    tail = [w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None]
-    evicted: list = []  # waiters of group[t:], built as eviction goes deeper (it rarely does)
-
-    def waiters(t: int) -> list:
-        while n - len(evicted) > t:
-            evicted.insert(0, _waiter(group[n - len(evicted) - 1].action, pool, snap))
-        return evicted[len(evicted) - (n - t):] + tail
-
-    expected = _arrivals(snap, pool)
-    arrivals = _Arrivals(expected) if expected else ()  # prepared once for every estimate below
-    best = _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group)
-    need = arrivals.units_before[-1] if arrivals else 0
-    if arrivals and best is not None and (best[1] < n or capacity - sum(best[2]) < need):
-        # Headroom: the group may leave part of the pool to the actions the node's
-        # trajectories in generation are about to submit; the estimate says how much.
-        # (When the whole group starts and leaves room for them all, less for it cannot help.)
-        floor = _estimate_floor(tail, arrivals)  # under any estimate of this group's
-        for h in sorted({need, need // 2, need // 4}, reverse=True):
-            if not 0 < h < capacity:
-                continue
-            rows_h, convex_h = _group_rows(actions, capacity - h, snap.params, pool, hits)
-            # the whole group on less: headroom is the alternative to evicting (waiting); one whose
-            # arrangement alone, plus the floor, is no better than the best so far is not estimated
-            b = _evict(snap, rows_h, UnitsOperator(capacity - h), convex_h, n, capacity, seed, waiters, arrivals,
-                       group, lowest=n, unless_above=best[0] - _EPS - floor)
-            if b is not None and (best is None or b[0] < best[0] - _EPS):
-                best = b
-    if best is None:  # cannot happen when minimums fit; keep minimums
-        return None
-    _, t, units = best
-    for i, c in enumerate(group):
-        if i < t:
-            c.units[c.action.key] = units[i]
-        else:
-            cands[cands.index(c)] = None  # evicted: keeps its queue position
-    return inputs if t == 0 else None
-
-
-def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0, unless_above=None):
-    """Greedy eviction over the DPArrange prefix table of ``rows`` under ``operator``: the best
-    ``(objective, prefix kept, its units)`` among the prefixes of ``lowest`` or more, or None.
-    ``capacity`` is the pool's part the estimate counts as free (the operator's may be
-    smaller: headroom). ``unless_above`` (the whole group only, ``lowest == n``): None, without
-    an estimate, when the arrangement's own objective is that or more."""
-    exact_from = max(1, n - _EVICTION_WINDOW)
-    table = prefix_table_rows(rows, operator, max(exact_from, lowest), convex, clipped=True)
-    if unless_above is not None:
-        assert lowest == n, "a bound on the whole group's objective only"
-        if not table.feasible(n) or table.best(n) >= unless_above:
-            return None
-    depth = snap.params.depth - 1
-    best = None
-    # Evicting the whole group (t = 0: wait) is allowed only while something
-    # holds units of this pool: its completion is the event that reschedules.
-    # A lone elastic action then may wait a moment for many cores instead of
-    # starting at once on the few that happen to be free.
-    last = max(lowest, 0 if seed else 1)
-    for t in range(n, last - 1, -1):
-        if t == 0:
-            obj = _estimate_sorted(list(seed), capacity, waiters(0), depth, arrivals)
-            if best is None or obj < best[0] - _EPS:
-                best = (obj, 0, ())
-            break
-        if t < table.exact_from:  # eviction went deeper than the pruned table is exact for
-            table = prefix_table_rows(rows, operator, 1, convex, clipped=True)
-        if not table.feasible(t):
-            continue
-        units, durs = table.units_and_durations(t)
-        if durs is None:
-            durs = [group[i].action.duration(u) for i, u in enumerate(units)]
-        rest = waiters(t)
-        # nothing waits or comes: the estimate is 0 (the walk would only sort the completions)
-        obj = table.best(t) + (_estimate_sorted(
-            _with_ends(seed, durs, units),
-            capacity - sum(units),
-            rest,
-            depth,
-            arrivals,
-        ) if rest or arrivals else 0.0)
-        if best is None or obj < best[0] - _EPS:
-            best = (obj, t, units)
-        else:
-            break  # evicting one more did not lower the objective
-    return best
-
-
-def _with_ends(seed: list, durs, units) -> list:
-    """The sorted ``seed`` with the kept candidates' ``(duration, units)`` inserted in order."""
-    ends = list(seed)
-    if len(durs) > 8:
-        ends += zip(durs, units)
-        ends.sort()
-        return ends
-    for end in zip(durs, units):
-        insort(ends, end)
-    return ends
-
-
-def _rtype_of(c: _Candidate, pname: str) -> str:
-    for t, p in c.pools.items():
-        if p == pname:
-            return t
-    raise KeyError(pname)
-
-
-def _chunks_left(free_chunks: Sequence[int], taken: Sequence[int]) -> tuple[int, ...]:
-    avail = {s: 0 for s in CHUNK_SIZES}
-    for c in free_chunks:
-        avail[c] += 1
-    for r in sorted(taken, reverse=True):
-        pack_one(avail, r)
-    return tuple(s for s in CHUNK_SIZES for _ in range(avail[s]))
