@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from tangram.core.engine import Engine
+from tangram.policy.snapshot import PolicyParams
 from tangram.simulator.sim import Simulation
 from tangram.simulator.workload import ApiPool, load_workload
 from tests.helpers import make_action, make_engine, make_node
@@ -83,3 +84,54 @@ def test_running_view_gives_each_actions_seconds_left():
     assert view["cpu@n0"] == ((5.0, 2), (_seconds_left(1.0, 3.0, 5.0), 1)) == ((5.0, 2), (2.0, 1))  # b overran: half its age
     assert view.get("cpu@n0") == view["cpu@n0"] and view.get("gpu@n0", ()) == ()
     assert dict(view) == {"cpu@n0": view["cpu@n0"]}
+
+
+def test_a_completion_that_moves_an_estimate_a_holdout_read_runs_its_round():
+    # a reward holds out for all 16 cores; behind it waits an unprofiled action of class "build",
+    # whose estimated duration the hold-out decision read. An API call of that class ending frees
+    # nothing a waiting lane uses, but moves the estimate: the round must run (and re-decide).
+    eng, clock = make_engine(make_node("n0", cores=16), api={"llm": 1}, params=PolicyParams(order="fcfs"))
+    eng.submit(make_action("busy", cpu=15, t1=0.5, trajectory="b"))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=32.0, serial=0.0, cls="reward", trajectory="r"))
+    eng.submit(make_action("u", cpu=2, cls="build", trajectory="x"))
+    eng.submit(make_action("call", api="llm", cls="build"))
+    assert set(eng.running) == {"busy", "call"}
+    assert "cpu@n0" in eng.snapshot().holdouts
+    rounds = eng.rounds
+    clock.advance(0.25)
+    eng.complete("call")
+    assert eng.rounds == rounds + 1
+    eng.submit(make_action("call2", api="llm", cls="lint"))  # another class: its end moves nothing read
+    rounds, skipped = eng.rounds, eng.rounds_skipped
+    clock.advance(0.01)
+    assert eng.complete("call2") == [] and (eng.rounds, eng.rounds_skipped) == (rounds, skipped + 1)
+    eng.check_invariants()
+
+
+def test_a_submission_that_moves_the_generation_gap_runs_its_round_while_a_holdout_reads_arrivals():
+    # n0: a reward holds out for all 16 cores while trajectory Q, quiet there, is expected back
+    # (a gap after it went quiet). On the full n1, trajectory X returns from generation: its action
+    # cannot start, but the gap it measured moves Q's expected arrival: the round must run.
+    eng, clock = make_engine(make_node("n0", cores=16), make_node("n1", cores=1), params=PolicyParams(order="fcfs"))
+    for t, node in (("Q", "n0"), ("Y", "n1"), ("X", "n1"), ("B", "n0"), ("R", "n0")):
+        eng.place_trajectory(t, node, 0)
+    eng.submit(make_action("q1", cpu=1, t1=1.0, trajectory="Q"))
+    eng.submit(make_action("y1", cpu=1, t1=1.0, trajectory="Y"))
+    clock.advance(1.0)
+    eng.complete("q1")
+    eng.complete("y1")  # Q and Y quiet
+    eng.submit(make_action("x1", cpu=1, t1=0.5, trajectory="X"))
+    clock.advance(0.5)
+    eng.complete("x1")  # X quiet on n1
+    clock.advance(0.5)
+    eng.submit(make_action("y2", cpu=1, t1=9.0, trajectory="Y"))  # the first gap (1 s); n1 is full
+    eng.submit(make_action("busy", cpu=15, t1=0.5, trajectory="B"))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=32.0, serial=0.0, cls="reward", trajectory="R"))
+    assert set(eng.running) == {"y2", "busy"}
+    snap = eng.snapshot()
+    assert "cpu@n0" in snap.holdouts and snap.upcoming.get("n0")
+    rounds, skipped = eng.rounds, eng.rounds_skipped
+    clock.advance(1.0)
+    assert eng.submit(make_action("x2", cpu=1, t1=1.0, trajectory="X")) == []  # a gap of 1.5 s
+    assert (eng.rounds, eng.rounds_skipped) == (rounds + 1, skipped)
+    eng.check_invariants()

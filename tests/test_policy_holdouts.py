@@ -75,23 +75,29 @@ def test_a_holdout_whose_inputs_did_not_change_is_not_searched_again(searches):
     assert again.dispatches == () and dict(again.holdouts) == dict(first.holdouts)
 
 
-@pytest.mark.parametrize("change", ["finished", "queued_behind", "new_group_member", "arrival", "knobs", "capacity"])
+@pytest.mark.parametrize("change", ["finished", "fixed_queued_behind", "elastic_queued_behind", "arrival", "estimate", "knobs",
+                                    "capacity"])
 def test_any_changed_input_re_decides_the_group(searches, change):
     snap = _held()
     holdouts = plan(snap).holdouts
     if change == "finished":  # the running action ended: all 16 cores free
         changed = _snap([_reward()])
-    elif change == "queued_behind":
-        changed = _snap([_reward(), _reward(1)], running=((0.5, 15),), cores=16)
-        changed = replace(changed, pools={**changed.pools, "cpu@n0": replace(changed.pools["cpu@n0"], free=1)})
-    elif change == "new_group_member":
+    elif change == "fixed_queued_behind":  # a fixed action that cannot start (2 cores, 1 free) waits behind it
+        changed = replace(snap, waiting=(_reward(), make_action("big", cpu=2, t1=8.0, trajectory="x")))
+    elif change == "elastic_queued_behind":  # a reward that cannot start on the one free core
         changed = replace(snap, waiting=(_reward(), _reward(2, t1=1.0)))
     elif change == "arrival":
         changed = replace(snap, upcoming={"n0": ((0.0, _shell(0)),)})
+    elif change == "estimate":  # an unprofiled action behind it: its class's estimate moved
+        behind = (_reward(), make_action("u", cpu=2, trajectory="x", cls="build"))
+        snap = replace(snap, waiting=behind, class_estimates={"build": 0.1})
+        holdouts = plan(snap).holdouts
+        changed = replace(snap, class_estimates={"build": 30.0})
     elif change == "knobs":
         changed = replace(snap, params=PolicyParams(depth=3))
     else:
         changed = _snap([_reward()], running=((0.5, 14),))
+    assert holdouts, "the case must start from a held group"
     n = len(searches)
     got = plan(replace(changed, holdouts=holdouts))
     assert len(searches) > n  # searched again
@@ -126,6 +132,50 @@ def test_at_the_same_instant_a_holdout_decides_what_the_search_decides():
         assert _decided(again) == _decided(first)
         assert dict(again.holdouts) == dict(first.holdouts)
     assert held > 10  # the cases held some groups
+
+
+def _unprofiled(i, cls="build"):
+    return make_action(f"u{i}", cpu=1, trajectory=f"q{i}", cls=cls)
+
+
+def _perturbed(rng: random.Random, limit: int):
+    """A snapshot whose arrivals come from the engine's view (capped at ``limit``) and whose
+    unprofiled actions read class estimates, and the same instant after one event changed it."""
+    from tangram.core.generating import UpcomingView
+
+    base = _random_snap(rng)
+    quiet = {"n0": {f"q{i}": (rng.uniform(0.0, 3.0), _unprofiled(i, rng.choice(["build", "lint"])))
+                    for i in range(rng.randint(1, 4))}}
+    waiting = list(base.waiting) + [_unprofiled(50 + i, "lint") for i in range(rng.randint(0, 2))]
+    estimates = {"build": rng.uniform(0.1, 20.0), "lint": rng.uniform(0.1, 20.0)}
+    gap, now = rng.uniform(0.5, 4.0), 3.0
+    snap = replace(base, waiting=tuple(waiting), class_estimates=estimates,
+                   upcoming=UpcomingView(quiet, gap, now, limit))
+    event = rng.choice(["submitted", "estimate", "gap"])
+    if event == "submitted":  # the first quiet trajectory submits: the next one comes into view
+        quiet2 = {"n0": dict(list(quiet["n0"].items())[1:])}
+        changed = replace(snap, upcoming=UpcomingView(quiet2, gap, now, limit))
+    elif event == "estimate":
+        cls = rng.choice(["build", "lint"])
+        changed = replace(snap, class_estimates={**estimates, cls: rng.uniform(0.1, 20.0)})
+    else:  # a submission elsewhere moved the mean generation gap
+        changed = replace(snap, upcoming=UpcomingView(quiet, rng.uniform(0.5, 4.0), now, limit))
+    return snap, changed
+
+
+@pytest.mark.parametrize("limit", [1, 2, 32])
+def test_after_an_event_at_the_same_instant_a_holdout_decides_what_the_search_decides(limit):
+    # an event that changes what the search reads without a release (a quiet trajectory submitting
+    # while the look-ahead shows only ``limit`` of them, a class estimate, the mean gap) must not
+    # leave a group held out that the search would now start
+    rng = random.Random(limit)
+    held = 0
+    for _ in range(1500):
+        snap, changed = _perturbed(rng, limit)
+        holdouts = plan(snap).holdouts
+        held += bool(holdouts)
+        assert _decided(plan(replace(changed, holdouts=holdouts))) == _decided(plan(changed))
+    assert held > 100
 
 
 def _arrive_one_by_one(ends, free, arrivals):

@@ -22,11 +22,17 @@ def test_complete_observes_the_run_without_its_restore():
     assert eng.estimator.refined_t1("c") == pytest.approx(6.0 * units)
 
 
-def test_complete_rejects_a_negative_restore():
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_complete_rejects_a_restore_that_is_not_a_finite_non_negative_number(bad):
     eng, clock = make_engine(make_node(cores=4))
     eng.submit(make_action("a", cpu=1, cls="c"))
-    with pytest.raises(ValueError):
-        eng.complete("a", restore_s=-1.0)
+    with pytest.raises(ValueError, match="restore_s"):
+        eng.complete("a", restore_s=bad)
+    assert set(eng.running) == {"a"} and eng.estimator.samples("c") == 0  # rejected before any change
+    clock.advance(1.0)
+    eng.complete("a", restore_s=0.25)  # and completes with a valid one
+    assert not eng.running and eng.estimator.mean_duration("c") == pytest.approx(0.75)
+    eng.check_invariants()
 
 
 def test_simulator_reports_restores_so_estimates_see_runs_only():

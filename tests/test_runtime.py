@@ -183,3 +183,22 @@ async def test_cancelled_environment_creation_is_undone():
                 break
         assert ex.envs == set() and rt.environments() == []
         whole(rt)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -2.0])
+async def test_an_executors_bad_restore_measure_does_not_leave_the_action_running(bad):
+    # the engine rejects such a restore before any change: the runtime passes 0 instead, so the
+    # action ends and its units come back
+    class BadRestore(FakeExecutor):
+        async def exec(self, env_id, command, placement, *, timeout_s=None, env=None):
+            r = await super().exec(env_id, command, placement, timeout_s=timeout_s, env=env)
+            r.restore_s = bad
+            return r
+
+    ex = BadRestore()
+    rt = Runtime(Engine([CountingManager({"cpu@n0": 2, "mem@n0": 1000})]), env_executors={"n0": ex})
+    async with rt:
+        r = await rt.exec(None, "sleep 0.01")
+        assert r.status == "succeeded"
+        assert not rt.engine.running
+        whole(rt)

@@ -8,6 +8,7 @@ reports back with :meth:`Engine.complete`.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from types import MappingProxyType
@@ -69,6 +70,9 @@ class Engine:
         # the last round's Plan.holdouts: elastic groups it made wait in full, handed back to the
         # next round, which re-decides only those whose inputs changed
         self._holdouts: Mapping[str, object] = _NO_HOLDOUTS
+        # what else they read that moves without a release (Plan.holdout_classes, .holdouts_read_arrivals)
+        self._holdout_classes: frozenset[str] = frozenset()
+        self._holdouts_read_arrivals = False
         self._nodes: tuple[str, ...] = ()
         self._nodes_of: tuple[set[str], tuple[str, ...]] | None = None
         self.rounds_skipped = 0
@@ -123,8 +127,8 @@ class Engine:
         action = self.estimator.refine(self.cap_to_capacity(action, pools))  # a stale profile heals online
         rec = ActionRecord(action, submitted_at=self.clock())
         key = self._enqueue(rec)
-        self._generating.submitted(action, rec.submitted_at)
-        if key >= self._tail_key and self._cannot_start(action):
+        gap_moved = self._generating.submitted(action, rec.submitted_at)
+        if key >= self._tail_key and self._cannot_start(action) and not (gap_moved and self._holdouts_read_arrivals):
             # it sorts behind every waiting action and the last round's leftovers
             # already shut every pool it could use: that round's outcome stands
             self._tail_key = key
@@ -143,16 +147,17 @@ class Engine:
         """
         if status not in FINAL_STATES:
             raise ValueError(f"status: must be one of {sorted(FINAL_STATES)}, got {status!r}")
-        if not restore_s >= 0:
-            raise ValueError(f"restore_s: must be >= 0, got {restore_s!r}")
+        if not (restore_s >= 0 and math.isfinite(restore_s)):  # NaN and inf too, before any state changes
+            raise ValueError(f"restore_s: must be a finite number >= 0, got {restore_s!r}")
         rec = self.running.pop(action_id, None)
         if rec is None:
             raise UnknownActionError(f"action {action_id!r} is not running")
         self._finish(rec, status)
+        estimated = False  # whether the class estimate of its class moved
         if status == "succeeded" and rec.exec_s is not None:
             units = rec.dispatch.units.get(rec.action.key, 0) if rec.action.key else 0
-            self.estimator.observe(rec.action, units, rec.exec_s - restore_s)
-        if self._release_wakes_nothing():
+            estimated = self.estimator.observe(rec.action, units, rec.exec_s - restore_s)
+        if self._release_wakes_nothing() and not (estimated and rec.action.action_class in self._holdout_classes):
             self.rounds_skipped += 1
             return []
         return self.schedule()
@@ -224,6 +229,7 @@ class Engine:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
         self._unfit, self._settled = None, False
         self._holdouts = _NO_HOLDOUTS  # an explicit re-run re-decides every group
+        self._holdout_classes, self._holdouts_read_arrivals = frozenset(), False
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
@@ -264,6 +270,7 @@ class Engine:
         self._nodes = snap.nodes
         result = self.policy(snap)
         self._holdouts = result.holdouts
+        self._holdout_classes, self._holdouts_read_arrivals = result.holdout_classes, result.holdouts_read_arrivals
         self._unfit = dict(result.unfit)
         # an unfit entry for every pool: whatever still waits, waits for units, not by choice
         self._settled = len(self._unfit) >= len(snap.pools) and self._unfit.keys() >= snap.pools.keys()
@@ -406,7 +413,10 @@ class Engine:
         The policy's time-dependent choices (holding out for more units) are
         excluded by requiring a settled round, except the holdouts (Plan.holdouts),
         which the next round would hold again: their pools were not released, and
-        their other inputs change only with a release or a round.
+        their other inputs change only with a release, a round, or an event whose
+        round is never skipped when they read what it moves: a completion that moves
+        the class estimate of a class they read (Plan.holdout_classes), a submission
+        that moves the mean generation gap while they read expected arrivals.
         """
         if not self._settled or self._unfit is None or not self.waiting:
             return False

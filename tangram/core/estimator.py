@@ -41,14 +41,16 @@ class DurationEstimator:
         self._t1: dict[str, _Mean] = {}
         self._frozen: Mapping[str, float] = MappingProxyType({})
 
-    def observe(self, action: Action, units: int, exec_s: float) -> None:
+    def observe(self, action: Action, units: int, exec_s: float) -> bool:
+        """Count one run; returns whether the class estimates (:meth:`class_estimates`) moved."""
         if not exec_s > 0:
-            return
+            return False
         self._durations.setdefault(action.action_class, _Mean()).add(exec_s, self._min_weight)
         if action.elasticity is not None and action.key is not None and units > 0:
             t1 = exec_s * action.elasticity.efficiency(units) * units
             self._t1.setdefault(action.action_class, _Mean()).add(t1, self._min_weight)
         self._frozen = MappingProxyType({k: m.value for k, m in self._durations.items()})
+        return True
 
     def class_estimates(self) -> Mapping[str, float]:
         """A read-only view for snapshots (rebuilt on change, shared otherwise)."""

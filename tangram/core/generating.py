@@ -33,10 +33,11 @@ class Generating:
         """Mean seconds from a trajectory's last action ending to its next one arriving (None: none seen)."""
         return self._gap_sum / self._gap_n if self._gap_n else None
 
-    def submitted(self, a: Action, now: float) -> None:
+    def submitted(self, a: Action, now: float) -> bool:
+        """``a`` was queued; returns whether the mean gap (:attr:`mean_gap_s`) moved."""
         t = a.trajectory
         if t is None:
-            return
+            return False
         self._active[t] = self._active.get(t, 0) + 1
         quiet = self._since.pop(t, None)
         if quiet is not None:
@@ -45,6 +46,8 @@ class Generating:
             self._gap_n += 1
             if node is not None:
                 self._fixed[node].pop(t, None)
+            return True
+        return False
 
     def ended(self, a: Action, node: str | None, now: float) -> bool:
         """``a`` left the engine (finished, failed or cancelled); ``node``: where its trajectory is placed.
@@ -102,10 +105,12 @@ class UpcomingView(Mapping[str, tuple[tuple[float, Action], ...]]):
     def get(self, node: str, default=None):
         return self[node] if (self._gap is not None and self._quiet.get(node)) else default
 
-    def count(self, node: str) -> int:
-        """``len(self.get(node, ()))``, without computing the entries."""
+    def inputs(self, node: str) -> tuple:
+        """``self[node]`` without the clock: the mean gap and the visible ``(since, last action)``."""
         quiet = self._quiet.get(node)
-        return min(len(quiet), self._limit) if (quiet and self._gap is not None) else 0
+        if not quiet or self._gap is None:
+            return ()
+        return self._gap, tuple(islice(quiet.values(), self._limit))
 
     def __iter__(self):
         return iter(self._quiet if self._gap is not None else ())

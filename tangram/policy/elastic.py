@@ -19,21 +19,23 @@ from tangram.policy.estimate import floor as _estimate_floor
 from tangram.policy.estimate import waiter as _waiter
 from tangram.policy.rows import duration as _duration
 from tangram.policy.rows import group_rows as _group_rows
-from tangram.policy.snapshot import PoolState, Snapshot, count_of, running_ids
+from tangram.policy.snapshot import PoolState, Snapshot, running_ids, upcoming_inputs
 
 _EPS = 1e-9
 # greedy eviction rarely evicts many; the DP is pruned for the last few prefixes first
 _EVICTION_WINDOW = 8
 
 
-def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> dict[str, tuple]:
-    """Arrange each key pool's elastic group; returns the holdouts (pool -> inputs of a group made to wait).
+def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str, tuple], frozenset[str], bool]:
+    """Arrange each key pool's elastic group; returns the holdouts (pool -> inputs of a group made
+    to wait), the action classes whose class estimate their inputs read, and whether they read
+    expected arrivals (Plan.holdout_classes, Plan.holdouts_read_arrivals).
 
     ``cands``: the round's candidates (``action``, ``pools`` by resource type, ``units``,
     ``hits``); a kept one's key units are set here, an evicted one is replaced by None in place.
     """
     if snap.params.fixed_dop is not None:
-        return {}  # the fixed-DoP baseline: FCFS at N units, no eviction
+        return {}, frozenset(), False  # the fixed-DoP baseline: FCFS at N units, no eviction
     groups: dict[str, list] = {}
     for c in cands:
         if c.action.scalable:
@@ -43,20 +45,49 @@ def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> dict[str, tupl
         for pname in c.pools.values():
             users.setdefault(pname, []).append(i)
     holdouts = {}
+    classes: set[str] = set()
+    arrivals = False
     for pname, group in groups.items():
         inputs = _arrange_group(snap, snap.pools[pname], group, cands, users[pname], lookahead.get(pname, ()))
         if inputs is not None:
             holdouts[pname] = inputs
-    return holdouts
+            classes.update(cls for cls, _ in inputs[-1])
+            arrivals = arrivals or bool(inputs[-2])
+    return holdouts, frozenset(classes), arrivals
+
+
+def _holdout_inputs(snap: Snapshot, pool: PoolState, capacity: int, group, others, waiting_after) -> tuple:
+    """Everything a CPU group's decision reads but the clock (docs/scheduling.md, "Holdouts").
+
+    The other candidates start this round: next round they are running, the same inputs. The
+    last two entries are read by elastic_allocation: the expected arrivals' inputs, and the
+    class estimates read (the durations of unprofiled actions: other candidates, the
+    look-ahead, the arrivals)."""
+    upcoming, expected = (), ()
+    if pool.node is not None and snap.params.expect_arrivals and snap.upcoming:
+        upcoming = upcoming_inputs(snap.upcoming, pool.node)
+        expected = snap.upcoming.get(pool.node) or () if upcoming else ()
+    read = [c.action for c in others if c.action.t1_s is None]
+    read += [a for a in waiting_after if a.t1_s is None and pool.rtype in a.demands]
+    read += [a for _, a in expected if a.t1_s is None]
+    estimates = snap.class_estimates
+    default = snap.params.default_duration_s
+    return (
+        capacity, pool.capacity, snap.params,
+        tuple([c.action.id for c in group]), tuple(waiting_after),  # the queue's own action objects
+        # a set: the engine starts this round's dispatches in its own order
+        frozenset(running_ids(snap.running, pool.name)).union([c.action.id for c in others]),
+        upcoming,
+        tuple(sorted({(a.action_class, estimates.get(a.action_class, default)) for a in read})),
+    )
 
 
 def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) -> tuple | None:
     """Give ``group`` its units, or evict a suffix of it; returns the group's inputs when all of it waits.
 
     A group the previous round made wait in full, on a pool none of whose inputs changed since
-    (the units left to it, the running actions, the group, the actions behind it, the node's
-    trajectories in generation, the knobs), waits again without the search (see
-    docs/scheduling.md, "Holdouts"): what moves meanwhile is only the clock.
+    (_holdout_inputs), waits again without the search (see docs/scheduling.md, "Holdouts"):
+    what moves meanwhile is only the clock.
     """
     members = set(id(c) for c in group)
     # ``users``: indices of the candidates on this pool (an earlier group's evicted ones are None now)
@@ -66,21 +97,16 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
         rest = _chunks_left(pool.chunks, other_units)
         operator = ChunkOperator(rest)
         capacity = sum(rest)
-        inputs = None  # a GPU group also reads idle instances and restores: always re-decided
+        # a GPU group also reads idle instances and restores: always re-decided
     else:
         capacity = pool.free - sum(other_units)
         operator = UnitsOperator(max(capacity, 0))
-        # the other candidates start this round: next round they are running, the same inputs
-        inputs = (
-            capacity, pool.capacity, snap.params,
-            tuple([c.action.id for c in group]), tuple(waiting_after),  # the queue's own action objects
-            running_ids(snap.running, pool.name) + tuple([c.action.id for c in others]),
-            count_of(snap.upcoming, pool.node) if pool.node is not None else 0,
-        )
-        if snap.holdouts.get(pool.name) == inputs:
-            for c in group:
-                cands[cands.index(c)] = None
-            return inputs
+        if pool.name in snap.holdouts:
+            inputs = _holdout_inputs(snap, pool, capacity, group, others, waiting_after)
+            if snap.holdouts[pool.name] == inputs:
+                for c in group:
+                    cands[cands.index(c)] = None
+                return inputs
     actions = [c.action for c in group]
     hits = [c.hits for c in group]
     rows, convex = _group_rows(actions, capacity, snap.params, pool, hits)
@@ -127,7 +153,9 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
             c.units[c.action.key] = units[i]
         else:
             cands[cands.index(c)] = None  # evicted: keeps its queue position
-    return inputs if t == 0 else None
+    if t > 0 or pool.chunked:
+        return None
+    return _holdout_inputs(snap, pool, capacity, group, others, waiting_after)
 
 
 def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0, unless_above=None):

@@ -56,7 +56,7 @@ def plan(snap: Snapshot) -> Plan:
     if not cands:
         return Plan(unfit=MappingProxyType(unfit))
     chosen = list(cands)
-    holdouts = elastic_allocation(snap, cands, lookahead)
+    holdouts, holdout_classes, holdouts_read_arrivals = elastic_allocation(snap, cands, lookahead)
     for c, kept in zip(chosen, cands):
         if kept is None:  # evicted: the units it would have taken stay free
             for pname in c.pools.values():
@@ -65,7 +65,8 @@ def plan(snap: Snapshot) -> Plan:
                 unfit.pop(pool_name("mem", c.node), None)
     # positional: Dispatch(action, node, units, pools, place_mem_mb, estimated_s), a frozen
     # dataclass whose keyword call cost a third of its construction
-    return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), dispatches=tuple([
+    return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
+                holdouts_read_arrivals=holdouts_read_arrivals, dispatches=tuple([
         Dispatch(
             c.action,
             c.node,

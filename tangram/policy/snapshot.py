@@ -13,7 +13,8 @@ from typing import Iterable, Mapping, Sequence
 from tangram.core.model import Action
 from tangram.core.pools import PoolState, pool_name  # re-exported: the policy's input types
 
-__all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "count_of", "pool_name", "running_ids"]
+__all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "pool_name", "running_ids",
+           "upcoming_inputs"]
 
 _EMPTY: Mapping = MappingProxyType({})
 
@@ -125,15 +126,21 @@ class Plan:
     # pool -> what its elastic group was decided on, for each pool whose whole group this round
     # chose to wait (for units to free, or for expected arrivals): see Snapshot.holdouts
     holdouts: Mapping[str, tuple] = field(default_factory=lambda: _EMPTY)
+    # what else the holdouts read that changes without a release, for the engine, which must not
+    # skip the round of an event that changes one: the action classes whose class_estimates they
+    # read, and whether they read expected arrivals (whose times follow the mean generation gap)
+    holdout_classes: frozenset[str] = frozenset()
+    holdouts_read_arrivals: bool = False
 
 
-def count_of(view: Mapping[str, Sequence], key: str) -> int:
-    """``len(view[key])``, 0 when absent, without building the entry where the view can count it
-    (the engine's lazy views of running actions and of trajectories in generation)."""
-    count = getattr(view, "count", None)
-    if count is not None:
-        return count(key)
-    return len(view.get(key) or ())
+def upcoming_inputs(view: Mapping[str, Sequence], node: str) -> tuple:
+    """What ``view[node]`` is computed from, without the clock: equal at one instant means equal
+    entries (the engine's view: the mean gap and each visible quiet trajectory's ``(since, last
+    action)``; another mapping: its entries)."""
+    inputs = getattr(view, "inputs", None)
+    if inputs is not None:
+        return inputs(node)
+    return tuple(view.get(node) or ())
 
 
 def running_ids(running: Mapping[str, Sequence], pool: str) -> tuple:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections import deque
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
@@ -337,8 +338,10 @@ class Runtime:
         await self.env_registry.ensure_created(job.env, placement.node)
 
     def _complete(self, job: Job, result: ExecResult, placement: Placement | None, exec_s: float) -> None:
+        restore = result.restore_s  # the engine rejects NaN, inf or < 0 (and keeps the action running)
+        restore = restore if (restore > 0 and math.isfinite(restore)) else 0.0
         try:
-            started = self.engine.complete(job.action.id, result.status, restore_s=max(result.restore_s, 0.0))
+            started = self.engine.complete(job.action.id, result.status, restore_s=restore)
         except UnknownActionError:  # already cancelled in the engine (close, delete_environment)
             started = []
         except Exception:  # noqa: BLE001 - the grants were released before the policy ran; keep driving
