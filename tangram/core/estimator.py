@@ -7,6 +7,12 @@ once a class has ``refine_after`` observed runs, :meth:`DurationEstimator.refine
 gives each newly queued action of it the observed ``T1`` instead of its
 profile's, and the policy sees that action (its DoP choice and its estimated
 end) in the snapshot like any other.
+
+The class estimates the policy reads (:meth:`DurationEstimator.class_estimates`) are
+republished only when a class's mean moves by more than ``publish_band`` (10%) of the
+published value: smaller moves are within the estimate's own noise (a class of cv 1.5
+averaged over the EMA's ~40-sample window has a standard error of ~24%), and each
+republication re-decides the groups held out on it (docs/scheduling.md, "Holdouts").
 """
 from __future__ import annotations
 
@@ -32,9 +38,12 @@ class _Mean:
 class DurationEstimator:
     """Class averages of observed execution time, and online ``T1`` refinement."""
 
-    def __init__(self, *, min_weight: float = 0.05, refine_after: int = 3):
+    def __init__(self, *, min_weight: float = 0.05, refine_after: int = 3, publish_band: float = 0.1):
         if refine_after < 1:
             raise ValueError(f"refine_after: must be >= 1, got {refine_after}")
+        if not 0.0 <= publish_band < 1.0:
+            raise ValueError(f"publish_band: must be in [0, 1), got {publish_band}")
+        self.publish_band = publish_band
         self._min_weight = min_weight
         self.refine_after = refine_after
         self._durations: dict[str, _Mean] = {}
@@ -45,15 +54,21 @@ class DurationEstimator:
         """Count one run; returns whether the class estimates (:meth:`class_estimates`) moved."""
         if not exec_s > 0:
             return False
-        self._durations.setdefault(action.action_class, _Mean()).add(exec_s, self._min_weight)
+        cls = action.action_class
+        mean = self._durations.setdefault(cls, _Mean())
+        mean.add(exec_s, self._min_weight)
         if action.elasticity is not None and action.key is not None and units > 0:
             t1 = exec_s * action.elasticity.efficiency(units) * units
-            self._t1.setdefault(action.action_class, _Mean()).add(t1, self._min_weight)
-        self._frozen = MappingProxyType({k: m.value for k, m in self._durations.items()})
+            self._t1.setdefault(cls, _Mean()).add(t1, self._min_weight)
+        published = self._frozen.get(cls)
+        if published is not None and abs(mean.value - published) <= self.publish_band * published:
+            return False
+        self._frozen = MappingProxyType({**self._frozen, cls: mean.value})
         return True
 
     def class_estimates(self) -> Mapping[str, float]:
-        """A read-only view for snapshots (rebuilt on change, shared otherwise)."""
+        """The published means, a read-only view for snapshots (rebuilt on a republication, shared
+        otherwise); :meth:`mean_duration` is the current mean."""
         return self._frozen
 
     def mean_duration(self, action_class: str) -> float | None:

@@ -1,0 +1,51 @@
+"""What the policy reads of the running estimates moves only when they move by more than a band:
+smaller moves are noise, and each republication re-decides the held-out groups that read it."""
+from __future__ import annotations
+
+import pytest
+
+from tangram.core.estimator import DurationEstimator
+from tangram.core.generating import Generating
+from tests.helpers import make_action
+
+
+def test_a_class_estimate_is_republished_only_beyond_the_band():
+    est = DurationEstimator(publish_band=0.1)
+    a = make_action("a", cpu=1, cls="shell")
+    assert est.observe(a, 1, 10.0) and est.class_estimates() == {"shell": 10.0}  # a new class: published
+    view = est.class_estimates()
+    assert not est.observe(a, 1, 11.0)  # mean 10.5: within 10% of 10
+    assert est.class_estimates() is view and est.mean_duration("shell") == pytest.approx(10.5)
+    assert est.observe(a, 1, 14.0)  # mean 11.67: beyond
+    assert est.class_estimates()["shell"] == pytest.approx(35.0 / 3)
+    assert not est.observe(a, 1, 0.0)  # no run to count
+
+
+def test_band_zero_publishes_every_move_and_the_band_is_checked():
+    est = DurationEstimator(publish_band=0.0)
+    a = make_action("a", cpu=1, cls="shell")
+    est.observe(a, 1, 1.0)
+    assert est.observe(a, 1, 1.01) and est.class_estimates()["shell"] == pytest.approx(1.005)
+    with pytest.raises(ValueError, match="publish_band"):
+        DurationEstimator(publish_band=1.0)
+
+
+def test_the_generation_gap_is_republished_only_beyond_the_band():
+    g = Generating()
+    a = make_action("a", cpu=1, trajectory="t")
+
+    def gap_of(now_quiet, now_back):
+        g.submitted(a, now_quiet)
+        g.ended(a, "n0", now_quiet)
+        return g.submitted(a, now_back)
+
+    assert g.published_gap_s is None
+    assert gap_of(0.0, 2.0) and g.published_gap_s == 2.0  # the first gap
+    assert not gap_of(10.0, 12.3)  # mean 2.15: within 10%
+    assert g.published_gap_s == 2.0 and g.mean_gap_s == pytest.approx(2.15)
+    assert gap_of(20.0, 23.5)  # mean 2.6: beyond
+    assert g.published_gap_s == pytest.approx(2.6)
+    g.ended(a, "n0", 24.0)  # quiet again: expected back at 24 + the published gap
+    view = g.view(25.0, 4)
+    assert view.inputs("n0")[0] == pytest.approx(2.6)  # what the policy sees
+    assert view["n0"][0][0] == pytest.approx(1.6)
