@@ -34,10 +34,11 @@ def test_the_generation_gap_is_republished_only_beyond_the_band():
     g = Generating()
     a = make_action("a", cpu=1, trajectory="t")
 
-    def gap_of(now_quiet, now_back):
-        g.submitted(a, now_quiet)
+    def gap_of(now_quiet, now_back):  # its action ends (quiet), its next one comes back
         g.ended(a, "n0", now_quiet)
         return g.submitted(a, now_back)
+
+    assert not g.submitted(a, -1.0)  # its first action: no gap yet
 
     assert g.published_gap_s is None
     assert gap_of(0.0, 2.0) and g.published_gap_s == 2.0  # the first gap
