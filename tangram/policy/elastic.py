@@ -63,13 +63,13 @@ def _holdout_inputs(snap: Snapshot, pool: PoolState, capacity: int, group, other
     last two entries are read by elastic_allocation: the expected arrivals' inputs, and the
     class estimates read (the durations of unprofiled actions: other candidates, the
     look-ahead, the arrivals)."""
-    upcoming, expected = (), ()
+    upcoming = ()
     if pool.node is not None and snap.params.expect_arrivals and snap.upcoming:
         upcoming = upcoming_inputs(snap.upcoming, pool.node)
-        expected = snap.upcoming.get(pool.node) or () if upcoming else ()
     read = [c.action for c in others if c.action.t1_s is None]
     read += [a for a in waiting_after if a.t1_s is None and pool.rtype in a.demands]
-    read += [a for _, a in expected if a.t1_s is None]
+    if upcoming:
+        read += [a for _, a in upcoming[1] if a.t1_s is None]
     estimates = snap.class_estimates
     default = snap.params.default_duration_s
     return (
@@ -78,7 +78,7 @@ def _holdout_inputs(snap: Snapshot, pool: PoolState, capacity: int, group, other
         # a set: the engine starts this round's dispatches in its own order
         frozenset(running_ids(snap.running, pool.name)).union([c.action.id for c in others]),
         upcoming,
-        tuple(sorted({(a.action_class, estimates.get(a.action_class, default)) for a in read})),
+        tuple([(cls, estimates.get(cls, default)) for cls in sorted({a.action_class for a in read})]),
     )
 
 
@@ -93,6 +93,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
     # ``users``: indices of the candidates on this pool (an earlier group's evicted ones are None now)
     others = [c for i in users if (c := cands[i]) is not None and id(c) not in members]
     other_units = [c.units[_rtype_of(c, pool.name)] for c in others]
+    inputs = None
     if pool.chunked:
         rest = _chunks_left(pool.chunks, other_units)
         operator = ChunkOperator(rest)
@@ -155,7 +156,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
             cands[cands.index(c)] = None  # evicted: keeps its queue position
     if t > 0 or pool.chunked:
         return None
-    return _holdout_inputs(snap, pool, capacity, group, others, waiting_after)
+    return inputs or _holdout_inputs(snap, pool, capacity, group, others, waiting_after)
 
 
 def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0, unless_above=None):

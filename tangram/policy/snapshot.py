@@ -135,12 +135,14 @@ class Plan:
 
 def upcoming_inputs(view: Mapping[str, Sequence], node: str) -> tuple:
     """What ``view[node]`` is computed from, without the clock: equal at one instant means equal
-    entries (the engine's view: the mean gap and each visible quiet trajectory's ``(since, last
-    action)``; another mapping: its entries)."""
+    entries. ``(key, ((x, last action), ...))``, or () when none are expected: the engine's view
+    gives its gap and each visible quiet trajectory's ``(since, last action)``; another mapping
+    None and its entries."""
     inputs = getattr(view, "inputs", None)
     if inputs is not None:
         return inputs(node)
-    return tuple(view.get(node) or ())
+    entries = tuple(view.get(node) or ())
+    return (None, entries) if entries else ()
 
 
 def running_ids(running: Mapping[str, Sequence], pool: str) -> tuple:
