@@ -135,3 +135,73 @@ def test_a_submission_that_moves_the_generation_gap_runs_its_round_while_a_holdo
     assert eng.submit(make_action("x2", cpu=1, t1=1.0, trajectory="X")) == []  # a gap of 1.5 s
     assert (eng.rounds, eng.rounds_skipped) == (rounds + 1, skipped)
     eng.check_invariants()
+
+
+def _nothing_left_to_start(eng) -> bool:
+    """The full search (no holdouts) on the engine's snapshot starts nothing: no skipped round or
+    held group left anything it would start."""
+    from tangram.policy.schedule import plan
+
+    return plan(replace(eng.snapshot(), holdouts={})).dispatches == ()
+
+
+def test_a_quiet_trajectory_submitting_on_a_held_node_runs_its_round():
+    # R0 holds 7 cores back for Q's expected 7-core action; Q comes back with an API call that
+    # cannot start (the API is full) one published gap after it went quiet (the gap does not
+    # move): n0's expected arrival is gone, so the round runs, and R0 starts on those cores
+    eng, clock = make_engine(make_node("n0", cores=8), make_node("n1", cores=1), api={"llm": 1},
+                             params=PolicyParams(order="fcfs"))
+    for t, node in (("Q", "n0"), ("Y", "n1"), ("B", "n0"), ("R", "n0")):
+        eng.place_trajectory(t, node, 0)
+    eng.submit(make_action("q1", cpu=7, t1=1.0, trajectory="Q"))
+    eng.submit(make_action("y1", cpu=1, t1=1.0, trajectory="Y"))
+    clock.advance(1.0)
+    eng.complete("q1")
+    eng.complete("y1")
+    clock.advance(1.0)
+    eng.submit(make_action("y2", cpu=1, t1=99.0, trajectory="Y"))  # the first gap: 1 s
+    eng.submit(make_action("call", api="llm", t1=99.0))
+    eng.submit(make_action("busy", cpu=1, t1=99.0, trajectory="B"))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 8}, t1=20.0, serial=0.0, cls="reward", trajectory="R"))
+    assert "cpu@n0" in eng.snapshot().holdouts
+    started = eng.submit(make_action("q2", api="llm", t1=1.0, trajectory="Q"))
+    assert [s.action.id for s in started] == ["R0"]
+    assert _nothing_left_to_start(eng)
+
+
+def test_a_submission_joining_a_held_pools_look_ahead_runs_its_round():
+    # W needs a core of the held node and the full API: it cannot start, but it waits behind the
+    # held group, whose search reads it (a 1-core 0.5 s action that would wait for the 16 cores)
+    eng, clock = make_engine(make_node("n0", cores=16), api={"llm": 1}, params=PolicyParams(order="fcfs"))
+    eng.submit(make_action("call", api="llm", t1=99.0))
+    eng.submit(make_action("busy", cpu=15, t1=0.5, trajectory="b"))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=0.6, serial=0.1, cls="reward", trajectory="r"))
+    assert "cpu@n0" in eng.snapshot().holdouts
+    rounds = eng.rounds
+    eng.submit(make_action("W", cpu=1, api="llm", t1=0.5, trajectory="w"))
+    assert eng.rounds == rounds + 1
+    assert _nothing_left_to_start(eng)
+
+
+def test_the_first_published_gap_runs_its_round_while_a_group_is_held():
+    # before any gap is measured no arrival is expected; the submission that measures the first
+    # one makes Q's expected 15-core action visible on the held node: its round must run
+    eng, clock = make_engine(make_node("n0", cores=16), make_node("n1", cores=1), params=PolicyParams(order="fcfs"))
+    for t, node in (("Q", "n0"), ("Y", "n1"), ("Z", "n1"), ("B", "n0"), ("R", "n0")):
+        eng.place_trajectory(t, node, 0)
+    eng.submit(make_action("q1", cpu=15, t1=2.0, trajectory="Q"))
+    clock.advance(2.0)
+    eng.complete("q1")
+    eng.submit(make_action("y1", cpu=1, t1=1.0, trajectory="Y"))
+    clock.advance(1.0)
+    eng.complete("y1")
+    eng.submit(make_action("z1", cpu=1, t1=99.0, trajectory="Z"))  # n1 full
+    eng.submit(make_action("busy", cpu=15, t1=0.5, trajectory="B"))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=2.0, serial=0.0, cls="reward", trajectory="R"))
+    snap = eng.snapshot()
+    assert "cpu@n0" in snap.holdouts and not snap.upcoming.get("n0")
+    clock.advance(0.4)
+    rounds = eng.rounds
+    eng.submit(make_action("y2", cpu=1, t1=1.0, trajectory="Y"))  # cannot start on the full n1
+    assert eng.rounds == rounds + 1 and eng.snapshot().upcoming.get("n0")
+    assert _nothing_left_to_start(eng)

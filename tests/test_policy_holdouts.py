@@ -254,3 +254,30 @@ def test_the_floor_is_under_every_estimate():
         assert lower <= got
         tight += got - lower < 1e-6 * max(1.0, got)
     assert tight > 50  # the bound is reached (nothing waits): a floor that is too low would not show here
+
+
+def test_other_candidates_are_read_for_as_long_as_their_dispatches_say():
+    # G (a GPU and a core, its model not resident: a 30 s restore before its 1 s run) is the
+    # reward's other candidate on the node's cores. Read as the 1 s run, the reward would hold out
+    # for G's core; next round, at the same instant, G is running for 31 s and the search would
+    # start the reward: a holdout on equal inputs would not.
+    from tangram.core.engine import Engine
+    from tangram.core.model import Action
+    from tangram.managers.base import CountingManager
+    from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
+    from tests.helpers import FakeClock
+
+    clock = FakeClock()
+    eng = Engine([CountingManager({"cpu@n0": 16, "mem@n0": 10_000, "api:llm": 4}),
+                  GpuManager([GpuNode("n0", 1, 100)], [ModelSpec("rm", 60)])],
+                 clock=clock, params=PolicyParams(order="fcfs"))
+    eng.submit(make_action("busyA", cpu=8, t1=0.6, trajectory="a"))
+    eng.submit(make_action("busyB", cpu=8, t1=0.1, trajectory="b"))
+    eng.submit(Action.build("G", {"gpu": 1, "cpu": 1}, service="rm", t1_s=1.0, restore_s={1: 30.0}, action_class="g"))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=20.0, serial=0.0, cls="reward", trajectory="r"))
+    clock.advance(0.1)
+    started = eng.complete("busyB")
+    assert {s.action.id: s.dispatch.estimated_s for s in started}["G"] == pytest.approx(31.0)
+    eng.submit(make_action("call", api="llm", t1=1.0))  # another round at the same instant
+    snap = eng.snapshot()
+    assert _decided(plan(replace(snap, holdouts={}))) == []  # nothing the search would start is left

@@ -38,13 +38,13 @@ def test_the_generation_gap_is_republished_only_beyond_the_band():
         g.ended(a, "n0", now_quiet)
         return g.submitted(a, now_back)
 
-    assert not g.submitted(a, -1.0)  # its first action: no gap yet
+    assert g.submitted(a, -1.0) is False  # its first action: no gap yet
 
     assert g.published_gap_s is None
-    assert gap_of(0.0, 2.0) and g.published_gap_s == 2.0  # the first gap
-    assert not gap_of(10.0, 12.3)  # mean 2.15: within 10%
+    assert gap_of(0.0, 2.0) is True and g.published_gap_s == 2.0  # the first gap: every node's arrivals move
+    assert gap_of(10.0, 12.3) == "n0"  # mean 2.15: within 10%; only n0 lost an expected arrival
     assert g.published_gap_s == 2.0 and g.mean_gap_s == pytest.approx(2.15)
-    assert gap_of(20.0, 23.5)  # mean 2.6: beyond
+    assert gap_of(20.0, 23.5) is True  # mean 2.6: beyond
     assert g.published_gap_s == pytest.approx(2.6)
     g.ended(a, "n0", 24.0)  # quiet again: expected back at 24 + the published gap
     view = g.view(25.0, 4)

@@ -70,9 +70,8 @@ class Engine:
         # the last round's Plan.holdouts: elastic groups it made wait in full, handed back to the
         # next round, which re-decides only those whose inputs changed
         self._holdouts: Mapping[str, object] = _NO_HOLDOUTS
-        # what else they read that moves without a release (Plan.holdout_classes, .holdouts_read_arrivals)
+        # the classes whose estimates they read, which a completion moves without a release
         self._holdout_classes: frozenset[str] = frozenset()
-        self._holdouts_read_arrivals = False
         self._nodes: tuple[str, ...] = ()
         self._nodes_of: tuple[set[str], tuple[str, ...]] | None = None
         self.rounds_skipped = 0
@@ -127,8 +126,8 @@ class Engine:
         action = self.estimator.refine(self.cap_to_capacity(action, pools))  # a stale profile heals online
         rec = ActionRecord(action, submitted_at=self.clock())
         key = self._enqueue(rec)
-        gap_moved = self._generating.submitted(action, rec.submitted_at)
-        if key >= self._tail_key and self._cannot_start(action) and not (gap_moved and self._holdouts_read_arrivals):
+        arrivals_moved = self._generating.submitted(action, rec.submitted_at)
+        if key >= self._tail_key and self._cannot_start(action) and not self._moves_a_holdout(action, arrivals_moved):
             # it sorts behind every waiting action and the last round's leftovers
             # already shut every pool it could use: that round's outcome stands
             self._tail_key = key
@@ -229,7 +228,7 @@ class Engine:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
         self._unfit, self._settled = None, False
         self._holdouts = _NO_HOLDOUTS  # an explicit re-run re-decides every group
-        self._holdout_classes, self._holdouts_read_arrivals = frozenset(), False
+        self._holdout_classes = frozenset()
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
@@ -270,7 +269,7 @@ class Engine:
         self._nodes = snap.nodes
         result = self.policy(snap)
         self._holdouts = result.holdouts
-        self._holdout_classes, self._holdouts_read_arrivals = result.holdout_classes, result.holdouts_read_arrivals
+        self._holdout_classes = result.holdout_classes
         self._unfit = dict(result.unfit)
         # an unfit entry for every pool: whatever still waits, waits for units, not by choice
         self._settled = len(self._unfit) >= len(snap.pools) and self._unfit.keys() >= snap.pools.keys()
@@ -414,9 +413,9 @@ class Engine:
         excluded by requiring a settled round, except the holdouts (Plan.holdouts),
         which the next round would hold again: their pools were not released, and
         their other inputs change only with a release, a round, or an event whose
-        round is never skipped when they read what it moves: a completion that moves
-        the class estimate of a class they read (Plan.holdout_classes), a submission
-        that moves the mean generation gap while they read expected arrivals.
+        round is never skipped when it moves them: a completion that moves the class
+        estimate of a class they read (Plan.holdout_classes), a submission that changes
+        their expected arrivals or joins their look-ahead (_moves_a_holdout).
         """
         if not self._settled or self._unfit is None or not self.waiting:
             return False
@@ -425,6 +424,23 @@ class Engine:
             if lane_uses(lane, released):
                 return False
         return True
+
+    def _moves_a_holdout(self, a: Action, arrivals_moved: str | bool) -> bool:
+        """Whether a submission changes a held group's inputs (Plan.holdouts) although ``a`` cannot
+        start: the expected arrivals of its node (``arrivals_moved``: a node, or True for all), or
+        its look-ahead, which ``a`` joins when it needs the held pool's resource on a node it may use."""
+        if not self._holdouts:
+            return False
+        if arrivals_moved is True:
+            return True
+        home = self.placement.get(a.trajectory) if a.trajectory is not None else None
+        for pname in self._holdouts:
+            rtype, _, node = pname.partition("@")
+            if node and (node == arrivals_moved or (rtype in a.demands and home in (None, node))):
+                return True
+            if not node and rtype in a.demands:
+                return True
+        return False
 
     def _cannot_start(self, a: Action) -> bool:
         """Whether the last round's leftovers shut every pool ``a`` could start in."""

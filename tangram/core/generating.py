@@ -45,8 +45,10 @@ class Generating:
         more than ``PUBLISH_BAND`` of it."""
         return self._published_gap
 
-    def submitted(self, a: Action, now: float) -> bool:
-        """``a`` was queued; returns whether the published gap (:attr:`published_gap_s`) moved."""
+    def submitted(self, a: Action, now: float) -> str | bool:
+        """``a`` was queued; returns whose expected arrivals changed: True, every node's (the
+        published gap, :attr:`published_gap_s`, moved), a node, that node's (its trajectory was
+        quiet there), or False."""
         t = a.trajectory
         if t is None:
             return False
@@ -62,6 +64,7 @@ class Generating:
             if published is None or abs(mean - published) > self.PUBLISH_BAND * published:
                 self._published_gap = mean
                 return True
+            return node if node is not None else False
         return False
 
     def ended(self, a: Action, node: str | None, now: float) -> bool:

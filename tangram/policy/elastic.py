@@ -17,8 +17,8 @@ from tangram.policy.estimate import completions as _completions
 from tangram.policy.estimate import estimate_sorted as _estimate_sorted
 from tangram.policy.estimate import floor as _estimate_floor
 from tangram.policy.estimate import waiter as _waiter
-from tangram.policy.rows import duration as _duration
 from tangram.policy.rows import group_rows as _group_rows
+from tangram.policy.rows import run_estimate
 from tangram.policy.snapshot import PoolState, Snapshot, running_ids, upcoming_inputs
 
 _EPS = 1e-9
@@ -26,16 +26,15 @@ _EPS = 1e-9
 _EVICTION_WINDOW = 8
 
 
-def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str, tuple], frozenset[str], bool]:
+def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str, tuple], frozenset[str]]:
     """Arrange each key pool's elastic group; returns the holdouts (pool -> inputs of a group made
-    to wait), the action classes whose class estimate their inputs read, and whether they read
-    expected arrivals (Plan.holdout_classes, Plan.holdouts_read_arrivals).
+    to wait) and the action classes whose class estimate their inputs read (Plan.holdout_classes).
 
     ``cands``: the round's candidates (``action``, ``pools`` by resource type, ``units``,
     ``hits``); a kept one's key units are set here, an evicted one is replaced by None in place.
     """
     if snap.params.fixed_dop is not None:
-        return {}, frozenset(), False  # the fixed-DoP baseline: FCFS at N units, no eviction
+        return {}, frozenset()  # the fixed-DoP baseline: FCFS at N units, no eviction
     groups: dict[str, list] = {}
     for c in cands:
         if c.action.scalable:
@@ -46,23 +45,24 @@ def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str
             users.setdefault(pname, []).append(i)
     holdouts = {}
     classes: set[str] = set()
-    arrivals = False
-    for pname, group in groups.items():
+    # GPU groups first: a CPU group reads the other candidates on its pool at the units they will
+    # run at, and a GPU group may still change those of an action elastic on GPUs (a holdout's
+    # inputs assume the others run next round as this round read them)
+    for pname, group in sorted(groups.items(), key=lambda g: not snap.pools[g[0]].chunked):
         inputs = _arrange_group(snap, snap.pools[pname], group, cands, users[pname], lookahead.get(pname, ()))
         if inputs is not None:
             holdouts[pname] = inputs
             classes.update(cls for cls, _ in inputs[-1])
-            arrivals = arrivals or bool(inputs[-2])
-    return holdouts, frozenset(classes), arrivals
+    return holdouts, frozenset(classes)
 
 
 def _holdout_inputs(snap: Snapshot, pool: PoolState, capacity: int, group, others, waiting_after) -> tuple:
     """Everything a CPU group's decision reads but the clock (docs/scheduling.md, "Holdouts").
 
-    The other candidates start this round: next round they are running, the same inputs. The
-    last two entries are read by elastic_allocation: the expected arrivals' inputs, and the
-    class estimates read (the durations of unprofiled actions: other candidates, the
-    look-ahead, the arrivals)."""
+    The other candidates start this round: next round they are running for the time the search
+    read (their dispatches' estimates), the same inputs. The last entry, the class estimates read
+    (the durations of unprofiled actions: other candidates, the look-ahead, the arrivals), is
+    also read by elastic_allocation."""
     upcoming = ()
     if pool.node is not None and snap.params.expect_arrivals and snap.upcoming:
         upcoming = upcoming_inputs(snap.upcoming, pool.node)
@@ -116,7 +116,8 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
     n = len(group)
 
     seed = list(snap.running.get(pool.name, ()))
-    seed += [(_duration(c.action, 0, snap), u) for c, u in zip(others, other_units)]
+    # the others at what their dispatches will say (their units, a GPU miss's restore): next round they run so
+    seed += [(run_estimate(c.action, c.units, c.hits, snap), u) for c, u in zip(others, other_units)]
     seed = _completions(seed)  # the candidates' durations below are positive: nothing to clamp
     seed.sort()  # once: each prefix's estimate then sorts this run plus its candidates' ends
     tail = [w for a in waiting_after if (w := _waiter(a, pool, snap)) is not None]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from functools import lru_cache
+from typing import Mapping
 
 import numpy as np
 
@@ -61,6 +62,16 @@ def duration(a: Action, units: int, snap: Snapshot) -> float:
     if d is not None:
         return d
     return snap.class_estimates.get(a.action_class, snap.params.default_duration_s)
+
+
+def run_estimate(a: Action, units: Mapping[str, int], hits, snap: Snapshot) -> float:
+    """How long ``a`` runs at ``units`` (a dispatch's ``estimated_s``), a GPU miss's restore included
+    (``hits``: the GPU DoPs at which an idle instance of its service is its own)."""
+    d = duration(a, units.get(a.key, 0) if a.key else 0, snap)
+    gpu = units.get("gpu")
+    if gpu is not None and a.restore_s and gpu not in hits:
+        d += a.restore_s.get(gpu, 0.0)
+    return d
 
 
 def full_row(a: Action) -> tuple[np.ndarray, np.ndarray]:

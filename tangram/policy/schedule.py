@@ -21,7 +21,7 @@ from tangram.policy.elastic import elastic_allocation
 from tangram.policy.needs import Needs
 from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
-from tangram.policy.rows import duration as _duration
+from tangram.policy.rows import run_estimate
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, Snapshot, pool_name
 
 
@@ -56,7 +56,7 @@ def plan(snap: Snapshot) -> Plan:
     if not cands:
         return Plan(unfit=MappingProxyType(unfit))
     chosen = list(cands)
-    holdouts, holdout_classes, holdouts_read_arrivals = elastic_allocation(snap, cands, lookahead)
+    holdouts, holdout_classes = elastic_allocation(snap, cands, lookahead)
     for c, kept in zip(chosen, cands):
         if kept is None:  # evicted: the units it would have taken stay free
             for pname in c.pools.values():
@@ -66,28 +66,18 @@ def plan(snap: Snapshot) -> Plan:
     # positional: Dispatch(action, node, units, pools, place_mem_mb, estimated_s), a frozen
     # dataclass whose keyword call cost a third of its construction
     return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
-                holdouts_read_arrivals=holdouts_read_arrivals, dispatches=tuple([
+                dispatches=tuple([
         Dispatch(
             c.action,
             c.node,
             MappingProxyType(c.units),  # the candidate's own dict: nothing else holds it
             MappingProxyType(c.pools),  # shared by the action's rounds on this node, read only
             c.place_mem,
-            _estimate(c, snap),
+            run_estimate(c.action, c.units, c.hits, snap),
         )
         for c in cands
         if c is not None
     ]))
-
-
-def _estimate(c: _Candidate, snap: Snapshot) -> float:
-    """How long ``c`` runs at its units, a GPU miss's restore included."""
-    a = c.action
-    d = _duration(a, c.units.get(a.key, 0) if a.key else 0, snap)
-    gpu = c.units.get("gpu")
-    if gpu is not None and a.restore_s and gpu not in c.hits:
-        d += a.restore_s.get(gpu, 0.0)
-    return d
 
 
 # --------------------------------------------------------------------------- #

@@ -126,11 +126,9 @@ class Plan:
     # pool -> what its elastic group was decided on, for each pool whose whole group this round
     # chose to wait (for units to free, or for expected arrivals): see Snapshot.holdouts
     holdouts: Mapping[str, tuple] = field(default_factory=lambda: _EMPTY)
-    # what else the holdouts read that changes without a release, for the engine, which must not
-    # skip the round of an event that changes one: the action classes whose class_estimates they
-    # read, and whether they read expected arrivals (whose times follow the mean generation gap)
+    # the action classes whose class_estimates the holdouts read: a completion that moves one changes
+    # them without a release, and the engine must not skip its round
     holdout_classes: frozenset[str] = frozenset()
-    holdouts_read_arrivals: bool = False
 
 
 def upcoming_inputs(view: Mapping[str, Sequence], node: str) -> tuple:
