@@ -106,3 +106,16 @@ def drive(eng, clock, arrivals, seconds_of):
     while events:
         clock.t, _, done = heapq.heappop(events)
         run(eng.complete(done))
+
+
+def one_node_snapshot(waiting, *, cores=16, running=(), upcoming=None, params=None):
+    """A policy snapshot of one node ``n0`` (``cores`` cores, memory to spare) with ``running``'s
+    ``(seconds left, units)`` on its cores."""
+    from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
+
+    used = sum(u for _, u in running)
+    pools = {"cpu@n0": PoolState("cpu@n0", "cpu", "n0", cores, cores - used),
+             "mem@n0": PoolState("mem@n0", "mem", "n0", 10_000, 10_000)}
+    return Snapshot(pools=pools, nodes=("n0",), waiting=tuple(waiting),
+                    running={"cpu@n0": tuple(running)} if running else {},
+                    upcoming=upcoming or {}, params=params or PolicyParams())

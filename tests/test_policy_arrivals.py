@@ -7,19 +7,13 @@ import pytest
 from tangram.core.errors import FieldError
 from tangram.policy.estimate import estimate_from
 from tangram.policy.schedule import plan
-from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
+from tangram.policy.snapshot import PolicyParams
 from tangram.service.config import ConfigError, parse_config
 
-from tests.helpers import make_action, make_engine, make_node
+from tests.helpers import make_action, make_engine, make_node, one_node_snapshot
 
 
-def _snap(waiting, *, cores=16, upcoming=None, running=(), params=None):
-    used = sum(u for _, u in running)
-    pools = {"cpu@n0": PoolState("cpu@n0", "cpu", "n0", cores, cores - used),
-             "mem@n0": PoolState("mem@n0", "mem", "n0", 10_000, 10_000)}
-    return Snapshot(pools=pools, nodes=("n0",), waiting=tuple(waiting),
-                    running={"cpu@n0": tuple(running)} if running else {},
-                    upcoming=upcoming or {}, params=params or PolicyParams())
+_snap = one_node_snapshot
 
 
 def _shell(i):

@@ -11,18 +11,12 @@ import pytest
 import tangram.policy.elastic as elastic
 from tangram.policy.estimate import Arrivals, _arrive
 from tangram.policy.schedule import plan
-from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
+from tangram.policy.snapshot import PolicyParams, Snapshot
 
-from tests.helpers import make_action, make_engine, make_node
+from tests.helpers import make_action, make_engine, make_node, one_node_snapshot
 
 
-def _snap(waiting, *, cores=16, running=(), upcoming=None, params=None):
-    used = sum(u for _, u in running)
-    pools = {"cpu@n0": PoolState("cpu@n0", "cpu", "n0", cores, cores - used),
-             "mem@n0": PoolState("mem@n0", "mem", "n0", 10_000, 10_000)}
-    return Snapshot(pools=pools, nodes=("n0",), waiting=tuple(waiting),
-                    running={"cpu@n0": tuple(running)} if running else {},
-                    upcoming=upcoming or {}, params=params or PolicyParams())
+_snap = one_node_snapshot
 
 
 def _reward(i=0, t1=32.0):
