@@ -205,3 +205,22 @@ def test_the_first_published_gap_runs_its_round_while_a_group_is_held():
     eng.submit(make_action("y2", cpu=1, t1=1.0, trajectory="Y"))  # cannot start on the full n1
     assert eng.rounds == rounds + 1 and eng.snapshot().upcoming.get("n0")
     assert _nothing_left_to_start(eng)
+
+
+def test_an_action_pinned_to_another_node_does_not_join_a_held_pools_look_ahead():
+    # every pool is shut (n0 by a head that does not fit, n1 full), so the round fills the
+    # look-ahead with the next actions without placing them: W, pinned to n1, waits behind n1's
+    # head only, as placing it would say; its submission changes nothing of n0's held group
+    eng, clock = make_engine(make_node("n0", cores=16), make_node("n1", cores=1), params=PolicyParams(order="fcfs"))
+    for t, node in (("b", "n0"), ("r", "n0"), ("h", "n0"), ("z", "n1"), ("z2", "n1"), ("w", "n1")):
+        eng.place_trajectory(t, node, 0)
+    eng.submit(make_action("busy", cpu=15, t1=3.0, trajectory="b"))
+    eng.submit(make_action("z1", cpu=1, t1=99.0, trajectory="z"))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=4.0, serial=0.1, cls="reward", trajectory="r"))
+    eng.submit(make_action("h1", cpu=8, t1=5.0, trajectory="h"))
+    eng.submit(make_action("z21", cpu=1, t1=99.0, trajectory="z2"))
+    assert "cpu@n0" in eng.snapshot().holdouts
+    skipped = eng.rounds_skipped
+    assert eng.submit(make_action("W", cpu=1, t1=0.1, trajectory="w")) == []
+    assert eng.rounds_skipped == skipped + 1
+    assert _nothing_left_to_start(eng)

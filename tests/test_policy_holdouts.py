@@ -275,3 +275,26 @@ def test_other_candidates_are_read_for_as_long_as_their_dispatches_say():
     eng.submit(make_action("call", api="llm", t1=1.0))  # another round at the same instant
     snap = eng.snapshot()
     assert _decided(plan(replace(snap, holdouts={}))) == []  # nothing the search would start is left
+
+
+def test_a_group_whose_other_candidate_a_later_group_resized_is_not_held():
+    # X takes a core of the node and is elastic on API slots: R0's group reads it at its minimum
+    # API slots (2 s), then the API group gives it more (a shorter run). Next round X runs for that
+    # shorter time, which R0's decision did not read: R0's group must be re-decided, not held.
+    from tangram.core.model import Action, Elasticity
+    from tangram.core.records import ActionRecord
+
+    eng, clock = make_engine(make_node("n0", cores=16), params=PolicyParams(order="fcfs"), api={"llm": 9})
+    eng.place_trajectory("r", "n0", 0)
+    eng.place_trajectory("b", "n0", 0)
+    eng.submit(make_action("busy", cpu=14, t1=1.0, trajectory="b"))
+    X = Action.build("X", {"cpu": 1, "api:llm": {"min": 1, "max": 8}}, t1_s=16.0,
+                     elasticity=Elasticity.amdahl(0.0), action_class="x")
+    R0 = make_action("R0", cpu={"min": 1, "max": 16}, t1=8.0, serial=0.0, cls="reward", trajectory="r")
+    for a in (R0, X):  # queued together: one round sees both, R0's group first
+        eng._enqueue(ActionRecord(a, submitted_at=clock()))
+    eng.schedule()
+    assert eng.running["X"].dispatch.units["api:llm"] > 1  # the API group resized X
+    assert "R0" in eng.running or "cpu@n0" not in eng.snapshot().holdouts
+    eng.submit(make_action("Y", cpu=1, t1=1.0))  # another round at the same instant
+    assert _decided(plan(replace(eng.snapshot(), holdouts={}))) == []

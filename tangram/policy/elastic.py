@@ -48,9 +48,15 @@ def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str
     # GPU groups first: a CPU group reads the other candidates on its pool at the units they will
     # run at, and a GPU group may still change those of an action elastic on GPUs (a holdout's
     # inputs assume the others run next round as this round read them)
+    held = []
     for pname, group in sorted(groups.items(), key=lambda g: not snap.pools[g[0]].chunked):
         inputs = _arrange_group(snap, snap.pools[pname], group, cands, users[pname], lookahead.get(pname, ()))
         if inputs is not None:
+            held.append((pname, inputs))
+    for pname, (inputs, keyed) in held:
+        # a later group gave one of its other candidates other units (an action elastic on another
+        # pool): those run for another time than the decision read, so the group is re-decided
+        if all(c.units[c.action.key] == u for c, u in keyed):
             holdouts[pname] = inputs
             classes.update(cls for cls, _ in inputs[-1])
     return holdouts, frozenset(classes)
@@ -83,7 +89,8 @@ def _holdout_inputs(snap: Snapshot, pool: PoolState, capacity: int, group, other
 
 
 def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) -> tuple | None:
-    """Give ``group`` its units, or evict a suffix of it; returns the group's inputs when all of it waits.
+    """Give ``group`` its units, or evict a suffix of it; returns the group's inputs and its others'
+    elastic units (_keyed) when all of it waits.
 
     A group the previous round made wait in full, on a pool none of whose inputs changed since
     (_holdout_inputs), waits again without the search (see docs/scheduling.md, "Holdouts"):
@@ -107,7 +114,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
             if snap.holdouts[pool.name] == inputs:
                 for c in group:
                     cands[cands.index(c)] = None
-                return inputs
+                return inputs, _keyed(others)
     actions = [c.action for c in group]
     hits = [c.hits for c in group]
     rows, convex = _group_rows(actions, capacity, snap.params, pool, hits)
@@ -157,7 +164,12 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
             cands[cands.index(c)] = None  # evicted: keeps its queue position
     if t > 0 or pool.chunked:
         return None
-    return inputs or _holdout_inputs(snap, pool, capacity, group, others, waiting_after)
+    return inputs or _holdout_inputs(snap, pool, capacity, group, others, waiting_after), _keyed(others)
+
+
+def _keyed(others) -> list:
+    """The other candidates elastic on another pool, with the units of it the decision read."""
+    return [(c, c.units[c.action.key]) for c in others if c.action.key is not None and c.action.key in c.units]
 
 
 def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0, unless_above=None):

@@ -168,7 +168,7 @@ def _select_candidates(snap: Snapshot):
             closed.update(needed)
             wait_behind(a, needed)
             if blockable <= closed:  # every pool is blocked or full: nothing later can start
-                _fill_lookahead(waiting_iter, lookahead, limit)
+                _fill_lookahead(waiting_iter, lookahead, limit, snap, placed)
                 break
             continue
         pools_of = nd.on(node)[1]
@@ -206,15 +206,19 @@ def _shape(a: Action, nd: Needs, snap: Snapshot, placed) -> tuple:
     return home, mem, nd.shape
 
 
-def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int) -> None:
+def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int, snap: Snapshot, placed) -> None:
     """Queue the next ``limit`` actions behind the blocked heads for the ACT estimate."""
-    by_type: dict[str, list[list[Action]]] = {}
+    by_type: dict[str, list[tuple[str, list[Action]]]] = {}
     for pname, lst in lookahead.items():
-        by_type.setdefault(pname.partition("@")[0], []).append(lst)
+        rtype, _, node = pname.partition("@")
+        by_type.setdefault(rtype, []).append((node, lst))
     for _, a in zip(range(limit), rest):
+        # as _place binds it: a placed trajectory's action waits only behind its own node's heads
+        home = (snap.placement.get(a.trajectory) or placed.get(a.trajectory)) if (
+            a.trajectory is not None and "cpu" in a.demands) else None
         for t in a.demands:
-            for lst in by_type.get(t, ()):
-                if len(lst) < limit:
+            for node, lst in by_type.get(t, ()):
+                if len(lst) < limit and (home is None or not node or node == home):
                     lst.append(a)
 
 
