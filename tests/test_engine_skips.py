@@ -224,3 +224,31 @@ def test_an_action_pinned_to_another_node_does_not_join_a_held_pools_look_ahead(
     assert eng.submit(make_action("W", cpu=1, t1=0.1, trajectory="w")) == []
     assert eng.rounds_skipped == skipped + 1
     assert _nothing_left_to_start(eng)
+
+
+def test_a_requeued_action_re_decides_the_held_groups():
+    # R0 (0.45 s of perfectly parallel work) holds out while busy has 0.1 s left; busy is then
+    # requeued (a 429) and restarts for its whole 0.5 s under the same id: waiting for it no
+    # longer pays, and R0 must start on the free core rather than be held on equal ids
+    eng, clock = make_engine(make_node("n0", cores=16), params=PolicyParams(order="fcfs"))
+    eng.submit(make_action("busy", cpu=15, t1=0.5, trajectory="b"))
+    clock.advance(0.4)
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=0.45, serial=0.0, cls="reward", trajectory="r"))
+    assert "cpu@n0" in eng.snapshot().holdouts
+    started = eng.requeue("busy")
+    assert sorted(s.action.id for s in started) == ["R0", "busy"]
+    assert _nothing_left_to_start(eng)
+
+
+def test_new_knobs_re_decide_held_groups_and_skip_no_round():
+    eng, clock = make_engine(make_node("n0", cores=16), api={"llm": 1}, params=PolicyParams(order="fcfs"))
+    eng.submit(make_action("busy", cpu=15, t1=0.5, trajectory="b"))
+    eng.submit(make_action("call", api="llm", t1=0.1))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=32.0, serial=0.0, cls="reward", trajectory="r"))
+    assert "cpu@n0" in eng.snapshot().holdouts
+    eng.params = replace(eng.params, dop_caps={"reward": 1})  # R0 may never use more than one core
+    rounds = eng.rounds
+    clock.advance(0.1)
+    started = eng.complete("call")  # frees nothing R0's lane uses, but the knobs changed
+    assert eng.rounds == rounds + 1 and [s.action.id for s in started] == ["R0"]
+    assert _nothing_left_to_start(eng)

@@ -22,6 +22,7 @@ LAYER_OF = {
     "tangram.core.queue": "engine",
     "tangram.core.running": "engine",
     "tangram.core.feasibility": "engine",
+    "tangram.core.skips": "engine",
     "tangram.policy": "policy",
     "tangram.managers": "managers",
     "tangram.executors": "executors",

@@ -18,7 +18,7 @@ from tangram.core.errors import UnknownActionError, UnschedulableError
 from tangram.core.estimator import DurationEstimator
 from tangram.core.grants import Grant
 from tangram.core.model import Action
-from tangram.core import feasibility
+from tangram.core import feasibility, skips
 from tangram.core.generating import Generating
 from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_uses
 from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started
@@ -48,7 +48,7 @@ class Engine:
     ):
         self.managers = list(managers)
         self.clock = clock
-        self.params = params or PolicyParams()
+        self._params = params or PolicyParams()
         self.policy = policy
         self.estimator = estimator or DurationEstimator()
         self._keep_finished = keep_finished
@@ -99,6 +99,17 @@ class Engine:
                 if p.name in self._owner:
                     raise ValueError(f"pool {p.name!r} is owned by two managers")
                 self._owner[p.name] = m
+
+    @property
+    def params(self) -> PolicyParams:
+        return self._params
+
+    @params.setter
+    def params(self, params: PolicyParams) -> None:
+        """New knobs: the next round re-decides everything (no skipped round reads the old ones)."""
+        self._params = params
+        self._unfit, self._settled = None, False
+        self._holdouts, self._holdout_classes = _NO_HOLDOUTS, frozenset()
 
     def manager_of(self, pool: str) -> ResourceManager | None:
         return self._owner.get(pool)
@@ -182,6 +193,9 @@ class Engine:
         rec.estimated_end = 0.0
         self.waiting = {action_id: rec, **self.waiting}  # rare: rebuilding the order is fine
         self._enqueue(rec, first=True)
+        # a held group read it as running for its time left; it restarts for its whole run, under
+        # the same id (Plan.holdouts keeps ids): every group is re-decided
+        self._holdouts, self._holdout_classes = _NO_HOLDOUTS, frozenset()
         return self.schedule()
 
     def fail(self, action_id: str, reason: str) -> list[Started]:
@@ -426,40 +440,14 @@ class Engine:
         return True
 
     def _moves_a_holdout(self, a: Action, arrivals_moved: str | bool) -> bool:
-        """Whether a submission changes a held group's inputs (Plan.holdouts) although ``a`` cannot
-        start: the expected arrivals of its node (``arrivals_moved``: a node, or True for all), or
-        its look-ahead, which ``a`` joins when it needs the held pool's resource on a node it may use."""
-        if not self._holdouts:
-            return False
-        if arrivals_moved is True:
-            return True
         home = self.placement.get(a.trajectory) if a.trajectory is not None else None
-        for pname in self._holdouts:
-            rtype, _, node = pname.partition("@")
-            if node and (node == arrivals_moved or (rtype in a.demands and home in (None, node))):
-                return True
-            if not node and rtype in a.demands:
-                return True
-        return False
+        return skips.moves_a_holdout(self._holdouts, a, home, arrivals_moved)
 
     def _cannot_start(self, a: Action) -> bool:
-        """Whether the last round's leftovers shut every pool ``a`` could start in."""
-        unfit = self._unfit
-        if not unfit:
-            return False
-        big = 1 << 62
-        for rtype, d in a.demands.items():
-            if rtype != "cpu" and rtype != "gpu" and unfit.get(rtype, big) <= d.min:
-                return True
-        local = [(t, d.min) for t, d in a.demands.items() if t == "cpu" or t == "gpu"]
-        if not local:
+        if not self._unfit:
             return False
         home, mem = (self._lanes.lane_of(a.id) or self._lane(a))[:2]
-        for node in ((home,) if home is not None else self._nodes):
-            if all(unfit.get(f"{t}@{node}", big) > u for t, u in local) and (
-                    not mem or unfit.get(f"mem@{node}", big) > mem):
-                return False
-        return True
+        return skips.cannot_start(self._unfit, a, home, mem, self._nodes)
 
     # ------------------------------------------------------------------ #
     # feasibility and checks

@@ -25,8 +25,8 @@ def waiter(a: Action, pool: PoolState, snap: Snapshot):
 
     The options, ``((units, duration), ...)``, are None for an action the
     look-ahead does not explore (not scalable on this pool). Those of a
-    scalable action depend only on it and the pool's type and capacity:
-    kept in its row's memo.
+    scalable action depend only on it, the pool's type and capacity and its
+    DoP cap: kept in its row's memo.
     """
     demand = a.demands.get(pool.rtype)
     if demand is None:
@@ -34,10 +34,14 @@ def waiter(a: Action, pool: PoolState, snap: Snapshot):
     if not (a.key == pool.rtype and a.t1_s is not None and a.elasticity is not None):  # a.scalable on this pool
         return demand.min, _duration(a, demand.min, snap), None
     r = _row(a)
+    limit = pool.capacity
+    caps = snap.params.dop_caps
+    if caps and a.action_class in caps:  # a capped action waits for no more than its cap (rows._cut)
+        limit = min(limit, max(caps[a.action_class], r.u0))
     hit = r.waiter
-    if hit is not None and hit[0] == pool.rtype and hit[1] == pool.capacity:
+    if hit is not None and hit[0] == pool.rtype and hit[1] == limit:
         return hit[2]
-    options = _explored_options(r.options, pool.capacity)
+    options = _explored_options(r.options, limit)
     restore = a.restore_s if (pool.chunked and a.service is not None) else None
     if restore:
         # a GPU waiter's future residency is unknown: it is charged what a miss costs at each
@@ -46,7 +50,7 @@ def waiter(a: Action, pool: PoolState, snap: Snapshot):
              tuple((u, a.duration(u) + restore.get(u, 0.0)) for u in options))
     else:
         w = demand.min, _duration(a, demand.min, snap), tuple((u, a.duration(u)) for u in options)
-    r.waiter = (pool.rtype, pool.capacity, w)
+    r.waiter = (pool.rtype, limit, w)
     return w
 
 
