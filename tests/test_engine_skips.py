@@ -252,3 +252,48 @@ def test_new_knobs_re_decide_held_groups_and_skip_no_round():
     started = eng.complete("call")  # frees nothing R0's lane uses, but the knobs changed
     assert eng.rounds == rounds + 1 and [s.action.id for s in started] == ["R0"]
     assert _nothing_left_to_start(eng)
+
+
+def test_a_submission_the_round_would_consider_before_a_deferred_gpu_head_is_not_skipped():
+    # under the aging order GPU affinity considers G (its model not resident: a 3 s restore) four
+    # restores later than its key; C's key is above G's but below that, so the round considers C
+    # first and starts it on the cores G reserved: the submission's round must not be skipped
+    from tangram.core.engine import Engine
+    from tangram.core.model import Action
+    from tangram.managers.base import CountingManager
+    from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
+    from tests.helpers import FakeClock
+
+    clock = FakeClock()
+    eng = Engine([CountingManager({"cpu@n0": 4, "mem@n0": 4000}),
+                  GpuManager([GpuNode("n0", 1, 100)], [ModelSpec("rm", 60), ModelSpec("big", 90)])],
+                 clock=clock, params=PolicyParams(order="aging"))
+    eng.submit(Action.build("busy", {"gpu": 1}, service="big", t1_s=10.0))
+    eng.submit(Action.build("G", {"gpu": 1, "cpu": 1}, service="rm", t1_s=1.0, restore_s={1: 3.0}))
+    clock.advance(3.0)
+    assert [s.action.id for s in eng.submit(make_action("C", cpu=1, t1=0.5))] == ["C"]
+    assert _nothing_left_to_start(eng)
+
+
+def test_a_submission_joining_the_look_ahead_of_a_gpu_group_waiting_by_choice_runs_its_round():
+    # X (2 s of perfectly parallel work on 1 or 2 GPUs) waits for busy's GPU rather than start on
+    # one (1.5 s against 2 s); GPU groups are never holdouts, but the choice is the same kind.
+    # Y (a GPU and a core; the cores are full) cannot start, yet it waits behind X for a GPU:
+    # with it, X on one GPU now is better (Y starts at 0.5 s instead of 1.5 s), and the
+    # submission's round must run
+    from tangram.core.engine import Engine
+    from tangram.core.model import Action, Elasticity
+    from tangram.managers.base import CountingManager
+    from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
+    from tests.helpers import FakeClock
+
+    clock = FakeClock()
+    eng = Engine([CountingManager({"cpu@n0": 2, "mem@n0": 4000}), GpuManager([GpuNode("n0", 2, 100)], [ModelSpec("m", 10)])],
+                 clock=clock, params=PolicyParams(order="fcfs"))
+    eng.submit(make_action("cores", cpu=2, t1=9.0))
+    eng.submit(Action.build("busy", {"gpu": 1}, t1_s=0.5))
+    eng.submit(Action.build("X", {"gpu": [1, 2]}, t1_s=2.0, elasticity=Elasticity.amdahl(0.0)))
+    assert set(eng.running) == {"cores", "busy"}  # X waits by choice
+    started = eng.submit(Action.build("Y", {"gpu": 1, "cpu": 1}, t1_s=5.0))
+    assert [s.action.id for s in started] == ["X"]
+    assert _nothing_left_to_start(eng)

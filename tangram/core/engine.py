@@ -138,7 +138,7 @@ class Engine:
         rec = ActionRecord(action, submitted_at=self.clock())
         key = self._enqueue(rec)
         arrivals_moved = self._generating.submitted(action, rec.submitted_at)
-        if key >= self._tail_key and self._cannot_start(action) and not self._moves_a_holdout(action, arrivals_moved):
+        if key >= self._tail_key and self._cannot_start(action) and not self._moves_a_choice(action, arrivals_moved):
             # it sorts behind every waiting action and the last round's leftovers
             # already shut every pool it could use: that round's outcome stands
             self._tail_key = key
@@ -292,6 +292,11 @@ class Engine:
             # are: the next round would hold them again (the policy re-decides them on a change)
             self._settled = all(p in self._unfit or p in result.holdouts for p in snap.pools)
         self._tail_key = self._lanes.max_key()
+        p = self.params
+        if p.order == "aging" and p.affinity_k > 0 and any(lane[3] is not None for lane, _ in self._lanes.items()):
+            # GPU affinity considers a waiting GPU action that would restore later than its key
+            # (policy/affinity.py): no new action's key is then known to sort behind every one
+            self._tail_key = float("inf")
         if len(result.dispatches) <= 1:  # most rounds: nothing to order
             return [self._start(d) for d in result.dispatches]
         # buddy chunks are placed largest first, which is what the policy's packing assumed
@@ -429,7 +434,7 @@ class Engine:
         their other inputs change only with a release, a round, or an event whose
         round is never skipped when it moves them: a completion that moves the class
         estimate of a class they read (Plan.holdout_classes), a submission that changes
-        their expected arrivals or joins their look-ahead (_moves_a_holdout).
+        their expected arrivals or joins their look-ahead (_moves_a_choice).
         """
         if not self._settled or self._unfit is None or not self.waiting:
             return False
@@ -439,9 +444,9 @@ class Engine:
                 return False
         return True
 
-    def _moves_a_holdout(self, a: Action, arrivals_moved: str | bool) -> bool:
+    def _moves_a_choice(self, a: Action, arrivals_moved: str | bool) -> bool:
         home = self.placement.get(a.trajectory) if a.trajectory is not None else None
-        return skips.moves_a_holdout(self._holdouts, a, home, arrivals_moved)
+        return skips.moves_a_choice(self._unfit, self._owner, a, home, arrivals_moved)
 
     def _cannot_start(self, a: Action) -> bool:
         if not self._unfit:

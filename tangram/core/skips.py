@@ -29,19 +29,21 @@ def cannot_start(unfit: Mapping[str, int], a: Action, home: str | None, mem: int
     return True
 
 
-def moves_a_holdout(holdouts: Mapping[str, object], a: Action, home: str | None, arrivals_moved: str | bool) -> bool:
-    """Whether a submission changes a held group's inputs (Plan.holdouts) although ``a`` cannot
-    start: the expected arrivals of its node (``arrivals_moved``: a node, or True for all), or
-    its look-ahead, which ``a`` joins when it needs the held pool's resource on a node it may use
-    (``home``: where its trajectory is placed, None: anywhere)."""
-    if not holdouts:
-        return False
-    if arrivals_moved is True:
-        return True
-    for pname in holdouts:
-        rtype, _, node = pname.partition("@")
-        if node and (node == arrivals_moved or (rtype in a.demands and home in (None, node))):
+def moves_a_choice(unfit: Mapping[str, int], pools, a: Action, home: str | None, arrivals_moved: str | bool) -> bool:
+    """Whether the submission of ``a`` (which cannot start) changes what an elastic group read that
+    the last round made wait by choice (evicted in part or in full, held or not): such a group's
+    pools are the ones missing from ``unfit`` (or released since). It does when it changes their
+    node's expected arrivals (``arrivals_moved``: a node, or True for every node) or joins their
+    look-ahead: it needs their resource on a node it may use (``home``: where its trajectory is
+    placed; None: anywhere)."""
+    for pname in pools:
+        if pname in unfit:
+            continue  # what waits there waits for units: an action behind them changes nothing
+        if arrivals_moved is True:
             return True
-        if not node and rtype in a.demands:
+        rtype, _, node = pname.partition("@")
+        if node and node == arrivals_moved:
+            return True
+        if rtype in a.demands and (not node or home in (None, node)):
             return True
     return False
