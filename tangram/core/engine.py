@@ -108,6 +108,11 @@ class Engine:
     def params(self, params: PolicyParams) -> None:
         """New knobs: the next round re-decides everything (no skipped round reads the old ones)."""
         self._params = params
+        self._forget_last_round()
+
+    def _forget_last_round(self) -> None:
+        """What the last round left (its leftovers, settledness, holdouts) no longer holds: the
+        next round is run and re-decides every group."""
         self._unfit, self._settled = None, False
         self._holdouts, self._holdout_classes = _NO_HOLDOUTS, frozenset()
 
@@ -195,7 +200,7 @@ class Engine:
         self._enqueue(rec, first=True)
         # a held group read it as running for its time left; it restarts for its whole run, under
         # the same id (Plan.holdouts keeps ids): every group is re-decided
-        self._holdouts, self._holdout_classes = _NO_HOLDOUTS, frozenset()
+        self._forget_last_round()
         return self.schedule()
 
     def fail(self, action_id: str, reason: str) -> list[Started]:
@@ -240,9 +245,7 @@ class Engine:
 
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
-        self._unfit, self._settled = None, False
-        self._holdouts = _NO_HOLDOUTS  # an explicit re-run re-decides every group
-        self._holdout_classes = frozenset()
+        self._forget_last_round()  # an explicit re-run re-decides every group
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
