@@ -98,10 +98,15 @@ async def test_a_cancelled_action_leaves_no_detached_process(executor, mark):
     task = asyncio.ensure_future(ex.exec("e", DETACHED.format(m=m) + " echo up > up.txt; sleep 30",
                                          Placement("a", "local", dop=1, cores=cores)))
     up = os.path.join(ex.env_dir("e"), "up.txt")
-    deadline = time.monotonic() + 20  # a loaded machine starts it late
-    while not (os.path.exists(up) and find_pids(f"sleep {m}")) and time.monotonic() < deadline:
+    t0 = time.monotonic()
+    deadline = t0 + 40  # a loaded machine starts it late
+    while not (os.path.exists(up) and find_pids(f"sleep {m}")) and time.monotonic() < deadline and not task.done():
         await asyncio.sleep(0.01)
-    assert find_pids(f"sleep {m}"), "the detached sleep never started"
+    # a command that ended (or an exec that raised) before its escapee was seen says why
+    ended = (task.exception() or task.result()) if task.done() else None
+    assert find_pids(f"sleep {m}"), (f"the detached sleep never started: after {time.monotonic() - t0:.1f} s, "
+                                     f"up.txt {'written' if os.path.exists(up) else 'missing'}, "
+                                     f"the action {'ended: ' + repr(ended) if task.done() else 'still running'}")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
