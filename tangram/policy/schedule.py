@@ -63,6 +63,7 @@ def plan(snap: Snapshot) -> Plan:
                 unfit.pop(pname, None)
             if c.place_mem:
                 unfit.pop(pool_name("mem", c.node), None)
+                _hand_on_placement(c, cands)
     # positional: Dispatch(action, node, units, pools, place_mem_mb, estimated_s), a frozen
     # dataclass whose keyword call cost a third of its construction
     return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
@@ -78,6 +79,19 @@ def plan(snap: Snapshot) -> Plan:
         for c in cands
         if c is not None
     ]))
+
+
+def _hand_on_placement(evicted: _Candidate, cands: list) -> None:
+    """An evicted candidate that placed its trajectory hands the memory on to the first kept action
+    of that trajectory: those were bound to its node by it, and one that started would otherwise
+    place the trajectory there with no memory reserved."""
+    t = evicted.action.trajectory
+    if t is None:
+        return
+    for c in cands:
+        if c is not None and c.action.trajectory == t and c.node == evicted.node and "cpu" in c.units:
+            c.place_mem = evicted.place_mem
+            return
 
 
 # --------------------------------------------------------------------------- #
@@ -101,6 +115,9 @@ def _select_candidates(snap: Snapshot):
     failed_at: dict[str, int] = {}
     mem_failed: dict[str, int] = {}  # mem pool -> the smallest reservation that did not fit
     failed_shapes: dict[tuple, list[str]] = {}  # see _shape -> the pools it waits behind
+    # unplaced trajectories whose first CPU action in queue order could not be placed -> the pools it
+    # waits behind: the first one places the trajectory, so its later CPU actions wait behind it
+    unplaced_waiting: dict[str, list[str]] = {}
 
     def fits(pname: str, units: int) -> bool:
         failed = failed_at.get(pname)
@@ -146,6 +163,11 @@ def _select_candidates(snap: Snapshot):
                 if closed.issuperset(at_home):
                     wait_behind(a, list(at_home))
                     continue
+        if unplaced_waiting and nd.has_cpu and a.trajectory in unplaced_waiting:
+            # placing it elsewhere would bind the earlier action there too: its reservation would
+            # move (a round later something else starts) or it would be bound to a node that cannot run it
+            wait_behind(a, unplaced_waiting[a.trajectory])
+            continue
         shape = None
         if failed_shapes:
             shape = _shape(a, nd, snap, placed)
@@ -154,6 +176,8 @@ def _select_candidates(snap: Snapshot):
                 # fast path: one of the same shape could not start this round, and free
                 # units only shrink (a queue of unplaced trajectories waiting for memory)
                 wait_behind(a, needed)
+                if shape[0] is None and nd.has_cpu and a.trajectory is not None:
+                    unplaced_waiting.setdefault(a.trajectory, needed)
                 continue
         units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, params, nd.mins)
         home = snap.placement.get(a.trajectory) if (nd.has_cpu and not nd.api and a.trajectory is not None) else None
@@ -164,6 +188,9 @@ def _select_candidates(snap: Snapshot):
             node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity)
         if node is _NO_NODE:
             failed_shapes[shape or _shape(a, nd, snap, placed)] = needed
+            if nd.has_cpu and a.trajectory is not None and a.trajectory not in snap.placement and (
+                    a.trajectory not in placed):
+                unplaced_waiting.setdefault(a.trajectory, needed)
             blocked.update(needed)
             closed.update(needed)
             wait_behind(a, needed)

@@ -1,0 +1,71 @@
+"""A trajectory is placed once, by its first CPU action in queue order, and with its memory.
+
+Both cases below left a round that was not a fixed point of the policy: the action that placed the
+trajectory was not the one its node was chosen for, so the next round decided otherwise (or could
+never run an action of the trajectory at all).
+"""
+from __future__ import annotations
+
+from tangram.policy.schedule import plan
+from tangram.policy.snapshot import Plan, PolicyParams, PoolState, Snapshot
+from tests.helpers import make_action, make_engine, make_node
+
+
+def _snap(waiting, pools, placement=None) -> Snapshot:
+    by_name = {p.name: p for p in pools}
+    nodes = tuple(sorted({p.node for p in pools if p.node is not None}))
+    return Snapshot(pools=by_name, nodes=nodes, waiting=tuple(waiting), running={}, placement=placement or {},
+                    params=PolicyParams())
+
+
+def test_a_later_cpu_action_does_not_place_its_trajectory_away_from_the_first_one_waiting():
+    # T's first action needs 7 cores: only n0 (8 cores, 4 of them busy) can ever run it. Its second
+    # fits n1 now; starting it there would bind T, and so the first action, to a 4-core node.
+    first = make_action("first", cpu=7, trajectory="T")
+    second = make_action("second", cpu=4, trajectory="T")
+    pools = [PoolState("cpu@n0", "cpu", "n0", 8, 4), PoolState("cpu@n1", "cpu", "n1", 4, 4),
+             PoolState("mem@n0", "mem", "n0", 10_000, 10_000), PoolState("mem@n1", "mem", "n1", 10_000, 10_000)]
+    p = plan(_snap([first, second], pools))
+    assert p.dispatches == ()
+
+
+def test_through_the_engine_the_first_action_runs_where_it_can():
+    eng, _ = make_engine(make_node("n0", cores=8), make_node("n1", cores=4))
+    eng.submit(make_action("busy", cpu=5, trajectory="B"))  # only n0 has 5 cores
+    assert eng.placement == {"B": "n0"}
+    hold = eng.policy
+    eng.policy = lambda snap: Plan()  # both queued before the next round
+    eng.submit(make_action("first", cpu=7, trajectory="T"))
+    eng.submit(make_action("second", cpu=3, trajectory="T"))
+    eng.policy = hold
+    assert eng.schedule() == [] and "T" not in eng.placement
+    eng.complete("busy")
+    assert set(eng.running) == {"first"} and eng.placement["T"] == "n0"
+    eng.check_invariants()
+
+
+def test_an_evicted_action_that_placed_its_trajectory_hands_the_memory_on():
+    # "long" (elastic, 100 s of perfectly parallel work) is better off waiting 0.5 s for all 4
+    # cores than starting on 2 now, so it is evicted; "short" of the same trajectory starts, on
+    # the node "long" chose, and must reserve the trajectory's memory there
+    long = make_action("long", cpu={"min": 1, "max": 4}, t1=100.0, serial=0.0, trajectory="T", mem=3000)
+    short = make_action("short", cpu=2, t1=0.5, trajectory="T", mem=3000)
+    pools = [PoolState("cpu@n0", "cpu", "n0", 4, 4), PoolState("mem@n0", "mem", "n0", 4000, 4000)]
+    (d,) = plan(_snap([long, short], pools)).dispatches
+    assert (d.action.id, d.place_mem_mb) == ("short", 3000)
+
+
+def test_through_the_engine_the_memory_is_reserved():
+    eng, clock = make_engine(make_node("n0", cores=4, mem=4000))
+    hold = eng.policy
+    eng.policy = lambda snap: Plan()
+    eng.submit(make_action("long", cpu={"min": 1, "max": 4}, t1=100.0, serial=0.0, trajectory="T", mem=3000))
+    clock.advance(500.0)  # "long" first in the aging order too (its key: arrival + k x its duration)
+    eng.submit(make_action("short", cpu=2, t1=0.5, trajectory="T", mem=3000))
+    eng.policy = hold
+    assert [s.action.id for s in eng.schedule()] == ["short"]
+    assert eng.snapshot().pools["mem@n0"].free == 1000
+    # a trajectory of 3,000 MB more cannot be placed next to it
+    eng.submit(make_action("other", cpu=1, trajectory="U", mem=3000))
+    assert "other" in eng.waiting
+    eng.check_invariants()
