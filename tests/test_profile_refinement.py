@@ -75,3 +75,42 @@ def test_refinement_waits_for_enough_runs():
     est = DurationEstimator(refine_after=5)
     seen = _rounds(TRUE_T1 / 3, 5, est)
     assert [d for d, _ in seen] == [CORES // 2] * 5  # four observed runs are not enough yet
+
+
+def _suite(t1: float) -> Action:
+    return Action.build("s", {"cpu": {"min": 1, "max": CORES}}, action_class="suite", t1_s=t1, elasticity=ELASTICITY)
+
+
+def _observe(est: DurationEstimator, t1s) -> None:
+    for t1 in t1s:  # runs at DoP 1: the observed T1 is the run's time
+        est.observe(_suite(TRUE_T1), 1, t1)
+
+
+def test_noisy_runs_around_an_accurate_profile_do_not_replace_it():
+    # lognormal-like draws of a class whose profile is right (mean 60 s): three runs average 80 s,
+    # well within their own spread, so the profile stands
+    est = DurationEstimator(refine_after=3)
+    _observe(est, [30.0, 150.0, 60.0])
+    assert est.refined_t1("suite") == pytest.approx(80.0)
+    assert est.refine(_suite(TRUE_T1)).t1_s == TRUE_T1
+
+
+def test_a_stale_profile_heals_once_the_runs_say_so_beyond_their_noise():
+    est = DurationEstimator(refine_after=3)
+    draws = [55.0, 70.0, 62.0, 48.0, 66.0, 59.0]  # mean 60 s, sd 7.7 s
+    _observe(est, draws[:3])
+    # a profile 3x too optimistic is 14 standard errors off after three runs: replaced
+    assert est.refine(_suite(TRUE_T1 / 3)).t1_s == pytest.approx(sum(draws[:3]) / 3)
+    # one 5% off is not (about one standard error), not even after six runs
+    _observe(est, draws[3:])
+    assert est.refine(_suite(TRUE_T1 * 1.05)).t1_s == TRUE_T1 * 1.05
+    # with no margin every refined class takes its observed mean, as before
+    loose = DurationEstimator(refine_after=3, refine_margin=0.0)
+    _observe(loose, draws[:3])
+    assert loose.refine(_suite(TRUE_T1 * 1.05)).t1_s == pytest.approx(sum(draws[:3]) / 3)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_bad_refine_margin_is_refused(bad):
+    with pytest.raises(ValueError, match="refine_margin"):
+        DurationEstimator(refine_margin=bad)
