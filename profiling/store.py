@@ -182,7 +182,9 @@ def refine(store: ProfileStore, estimator, *, min_observations: int = 1) -> dict
     ``estimator`` is a :class:`tangram.core.estimator.DurationEstimator` whose
     ``refined_t1(class)`` averages ``T(m) * E(m) * m`` over observed runs.
     Returns ``{class: (old_t1, new_t1)}`` for the classes that changed; each
-    refined entry records where its T1 came from under ``t1_refined``.
+    refined entry records where its T1 came from under ``t1_refined``. A class
+    whose observed ``T1`` is within the estimator's margin of the stored one
+    (``DurationEstimator.t1_differs``) is left as it is.
     """
     changed: dict[str, tuple[float, float]] = {}
     for name, entry in store.classes.items():
@@ -193,6 +195,9 @@ def refine(store: ProfileStore, estimator, *, min_observations: int = 1) -> dict
         if obs < min_observations:
             continue
         old = float(entry["t1_s"])
+        differs = getattr(estimator, "t1_differs", None)
+        if differs is not None and not differs(name, old):
+            continue  # within the runs' own noise: the stored profile stands (as the engine keeps it)
         entry["t1_s"] = float(t1)
         entry["t1_refined"] = {"from_t1_s": old, "observations": int(obs), "at": now_iso()}
         changed[name] = (old, float(t1))

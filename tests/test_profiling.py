@@ -205,6 +205,23 @@ def test_refine_writes_online_t1_back(tmp_path):
     assert refine(st, DurationEstimator()) == {}  # nothing observed: nothing changes
 
 
+def test_refine_keeps_a_profile_the_runs_do_not_contradict():
+    from tangram.core.estimator import DurationEstimator
+    from tangram.core.model import Action
+
+    st = _store_with_fit()
+    prof = st.profile("suite-a")
+    est = DurationEstimator()
+    # T1 10 s (T(2) = 0.6 T1): runs of 4.5, 10.5 and 6.6 s at DoP 2 are observed T1s of 7.5, 17.5
+    # and 11 s, mean 12 s (as in the test above) but a standard error of 2.9 s: 2 s off is within two
+    for i, secs in enumerate((4.5, 10.5, 6.6)):
+        a = Action.build(f"a{i}", {"cpu": {"min": 1, "max": 4}}, action_class="suite-a", profile=prof)
+        est.observe(a, 2, secs)
+    assert est.refined_t1("suite-a") == pytest.approx(12.0)
+    assert refine(st, est) == {}
+    assert st.classes["suite-a"]["t1_s"] == pytest.approx(10.0) and "t1_refined" not in st.classes["suite-a"]
+
+
 # --------------------------------------------------------------------------- #
 # report
 

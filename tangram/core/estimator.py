@@ -105,11 +105,18 @@ class DurationEstimator:
         if action.t1_s is None or action.elasticity is None or action.key is None:
             return action
         m = self._t1.get(action.action_class)
-        if m is None or m.count < self.refine_after or m.value == action.t1_s:
+        if m is None or m.count < self.refine_after or not self.t1_differs(action.action_class, action.t1_s):
             return action
-        if abs(m.value - action.t1_s) <= self.refine_margin * m.standard_error(self._min_weight):
-            return action  # within the observed mean's own noise: no evidence the profile is stale
         return dataclasses.replace(action, t1_s=m.value)
+
+    def t1_differs(self, action_class: str, t1_s: float) -> bool:
+        """Whether the class's observed ``T1`` differs from ``t1_s`` by more than ``refine_margin``
+        standard errors of its mean (no observation: False). Within that, the runs are no
+        evidence that a profile of ``t1_s`` is stale."""
+        m = self._t1.get(action_class)
+        if m is None or m.value == t1_s:
+            return False
+        return abs(m.value - t1_s) > self.refine_margin * m.standard_error(self._min_weight)
 
     def samples(self, action_class: str) -> int:
         m = self._durations.get(action_class)
