@@ -10,7 +10,7 @@ from tests.helpers import make_action
 
 
 def test_a_class_estimate_is_republished_only_beyond_the_band():
-    est = DurationEstimator(publish_band=0.1)
+    est = DurationEstimator(publish_band=0.1, publish_margin=0.0)  # the band alone
     a = make_action("a", cpu=1, cls="shell")
     assert est.observe(a, 1, 10.0) and est.class_estimates() == {"shell": 10.0}  # a new class: published
     view = est.class_estimates()
@@ -22,12 +22,29 @@ def test_a_class_estimate_is_republished_only_beyond_the_band():
 
 
 def test_band_zero_publishes_every_move_and_the_band_is_checked():
-    est = DurationEstimator(publish_band=0.0)
+    est = DurationEstimator(publish_band=0.0, publish_margin=0.0)
     a = make_action("a", cpu=1, cls="shell")
     est.observe(a, 1, 1.0)
     assert est.observe(a, 1, 1.01) and est.class_estimates()["shell"] == pytest.approx(1.005)
     with pytest.raises(ValueError, match="publish_band"):
         DurationEstimator(publish_band=1.0)
+    with pytest.raises(ValueError, match="publish_margin"):
+        DurationEstimator(publish_margin=-1.0)
+
+
+def test_a_noisy_class_is_republished_only_beyond_its_own_noise():
+    est = DurationEstimator()  # 10% and 2 standard errors
+    a = make_action("a", cpu=1, cls="tests")
+    est.observe(a, 1, 10.0)
+    # 10, 2, 30: mean 14 (40% above what was published) but a standard error of 8.3 s: noise
+    assert not est.observe(a, 1, 2.0) and not est.observe(a, 1, 30.0)
+    assert est.class_estimates()["tests"] == 10.0 and est.mean_duration("tests") == pytest.approx(14.0)
+    # runs that agree move it: 10 then 14, 13, 14 (the mean 12, 12.33, 12.75; standard error 2, 1.2, 0.95)
+    steady = DurationEstimator()
+    steady.observe(a, 1, 10.0)
+    assert not steady.observe(a, 1, 14.0) and not steady.observe(a, 1, 13.0)  # within two of them
+    assert steady.observe(a, 1, 14.0)  # 2.75 beyond 10 is about three standard errors: a move
+    assert steady.class_estimates()["tests"] == pytest.approx(12.75)
 
 
 def test_the_generation_gap_is_republished_only_beyond_the_band():

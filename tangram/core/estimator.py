@@ -16,9 +16,10 @@ once when the runs agree.
 
 The class estimates the policy reads (:meth:`DurationEstimator.class_estimates`) are
 republished only when a class's mean moves by more than ``publish_band`` (10%) of the
-published value: smaller moves are within the estimate's own noise (a class of cv 1.5
-averaged over the EMA's ~40-sample window has a standard error of ~24%), and each
-republication re-decides the groups held out on it (docs/scheduling.md, "Holdouts").
+published value and by more than ``publish_margin`` (2) standard errors of the mean:
+smaller moves are within the estimate's own noise (a class of cv 1.5 averaged over the
+EMA's ~40-sample window has a standard error of ~24%), and each republication
+re-decides the groups held out on it (docs/scheduling.md, "Holdouts").
 """
 from __future__ import annotations
 
@@ -55,13 +56,17 @@ class DurationEstimator:
     """Class averages of observed execution time, and online ``T1`` refinement."""
 
     def __init__(self, *, min_weight: float = 0.05, refine_after: int = 3, publish_band: float = 0.1,
-                 refine_margin: float = 2.0):
+                 refine_margin: float = 2.0, publish_margin: float = 2.0):
         if refine_after < 1:
             raise ValueError(f"refine_after: must be >= 1, got {refine_after}")
         if not refine_margin >= 0.0 or math.isinf(refine_margin):
             raise ValueError(f"refine_margin: must be a finite number >= 0, got {refine_margin}")
         # standard errors by which the observed T1 must differ from the profile's to replace it
         self.refine_margin = refine_margin
+        if not publish_margin >= 0.0 or math.isinf(publish_margin):
+            raise ValueError(f"publish_margin: must be a finite number >= 0, got {publish_margin}")
+        # ... and by which a class's mean must move (beyond publish_band) to be republished
+        self.publish_margin = publish_margin
         if not 0.0 <= publish_band < 1.0:
             raise ValueError(f"publish_band: must be in [0, 1), got {publish_band}")
         self.publish_band = publish_band
@@ -82,7 +87,8 @@ class DurationEstimator:
             t1 = exec_s * action.elasticity.efficiency(units) * units
             self._t1.setdefault(cls, _Mean()).add(t1, self._min_weight)
         published = self._frozen.get(cls)
-        if published is not None and abs(mean.value - published) <= self.publish_band * published:
+        if published is not None and abs(mean.value - published) <= max(
+                self.publish_band * published, self.publish_margin * mean.standard_error(self._min_weight)):
             return False
         self._frozen = MappingProxyType({**self._frozen, cls: mean.value})
         return True
