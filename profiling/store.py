@@ -176,7 +176,7 @@ def profile_from_entry(entry: Mapping[str, Any], *, max_dop: int | None = None):
     return dataclasses.replace(parse_entry(entry), max_dop=max_dop)
 
 
-def refine(store: ProfileStore, estimator, *, min_observations: int = 1) -> dict[str, tuple[float, float]]:
+def refine(store: ProfileStore, estimator, *, min_observations: int | None = None) -> dict[str, tuple[float, float]]:
     """Write the estimator's online-refined ``T1`` back into the store.
 
     ``estimator`` is a :class:`tangram.core.estimator.DurationEstimator` whose
@@ -192,7 +192,8 @@ def refine(store: ProfileStore, estimator, *, min_observations: int = 1) -> dict
         if t1 is None or not (t1 > 0) or math.isinf(t1):
             continue
         obs = estimator.samples(name)
-        if obs < min_observations:
+        # as many runs as the engine needs before it refines (its refine_after) unless told
+        if obs < (min_observations if min_observations is not None else getattr(estimator, "refine_after", 1)):
             continue
         old = float(entry["t1_s"])
         differs = getattr(estimator, "t1_differs", None)

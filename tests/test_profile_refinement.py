@@ -114,3 +114,10 @@ def test_a_stale_profile_heals_once_the_runs_say_so_beyond_their_noise():
 def test_a_bad_refine_margin_is_refused(bad):
     with pytest.raises(ValueError, match="refine_margin"):
         DurationEstimator(refine_margin=bad)
+
+
+def test_an_estimator_of_plain_means_has_a_standard_error_too():
+    est = DurationEstimator(min_weight=0.0)  # no EMA: the plain mean of every run
+    for t1 in (55.0, 70.0, 62.0):
+        est.observe(_suite(TRUE_T1), 1, t1)
+    assert est.refine(_suite(TRUE_T1 / 3)).t1_s == pytest.approx(62.33, rel=1e-3)

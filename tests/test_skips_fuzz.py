@@ -4,7 +4,7 @@ closes, new knobs, ticks, at equal or advancing times), checking after every eve
 
 * a round the engine skipped would have started nothing: the full search (no holdouts) on the
   snapshot right after it starts nothing, when the last round ran at that instant and left
-  nothing to start (about 1 round in 9,400 here does not: a fresh search right after it starts
+  nothing to start (about 1 round in 7,300 here does not: a fresh search right after it starts
   something more, with or without holdouts; docs/scheduling.md, "Holdouts");
 * a round whose holdouts a full search made at the same instant plans what the full search plans.
 

@@ -1,4 +1,5 @@
-"""A trajectory is placed once, by its first CPU action in queue order, and with its memory.
+"""A trajectory is placed once, by its first CPU action in queue order, with its memory, and only on
+a node that could run all its waiting CPU actions (Snapshot.hostable).
 
 Both cases below left a round that was not a fixed point of the policy: the action that placed the
 trajectory was not the one its node was chosen for, so the next round decided otherwise (or could
@@ -6,9 +7,13 @@ never run an action of the trajectory at all).
 """
 from __future__ import annotations
 
+from tangram.core.engine import Engine
+from tangram.core.model import Action
+from tangram.managers.base import CountingManager
+from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
 from tangram.policy.schedule import plan
 from tangram.policy.snapshot import Plan, PolicyParams, PoolState, Snapshot
-from tests.helpers import make_action, make_engine, make_node
+from tests.helpers import FakeClock, make_action, make_engine, make_node
 
 
 def _snap(waiting, pools, placement=None) -> Snapshot:
@@ -68,4 +73,48 @@ def test_through_the_engine_the_memory_is_reserved():
     # a trajectory of 3,000 MB more cannot be placed next to it
     eng.submit(make_action("other", cpu=1, trajectory="U", mem=3000))
     assert "other" in eng.waiting
+    eng.check_invariants()
+
+
+def test_an_unplaced_trajectory_goes_only_where_all_its_waiting_cpu_actions_could_run():
+    # T's first action waits for the API slot only; its second needs 7 cores, which only n0 has.
+    # n1 has the more free memory, so node preference alone would place T there once the slot
+    # frees, and bind the 7-core action to a 4-core node for ever (it would also reserve n1).
+    eng, _ = make_engine(make_node("n0", cores=8, mem=10_000), make_node("n1", cores=4, mem=20_000),
+                         api={"llm": 1}, params=PolicyParams(order="fcfs"))
+    eng.submit(make_action("hog", api="llm", t1=5.0))
+    eng.submit(make_action("a", cpu=1, api="llm", t1=1.0, trajectory="T"))
+    eng.submit(make_action("b", cpu=7, t1=1.0, trajectory="T"))
+    assert eng.snapshot().hostable == {"T": ("n0",)}
+    started = eng.complete("hog")
+    assert {s.action.id: s.dispatch.node for s in started} == {"a": "n0", "b": "n0"}
+    assert eng.placement["T"] == "n0" and eng.snapshot().hostable == {}
+    eng.check_invariants()
+
+
+def test_a_gpu_action_of_the_trajectory_keeps_it_to_the_gpu_nodes():
+    clock = FakeClock()
+    eng = Engine([CountingManager({"cpu@n0": 8, "mem@n0": 10_000, "cpu@n1": 8, "mem@n1": 20_000, "api:llm": 1}),
+                  GpuManager([GpuNode("n0", 2, 100)], [ModelSpec("rm", 60)])], clock=clock,
+                 params=PolicyParams(order="fcfs"))
+    eng.submit(make_action("hog", api="llm", t1=5.0))
+    eng.submit(make_action("a", cpu=1, api="llm", t1=1.0, trajectory="T"))
+    eng.submit(Action.build("b", {"gpu": 1, "cpu": 1}, t1_s=1.0, trajectory="T"))
+    eng.complete("hog")
+    assert eng.placement["T"] == "n0"
+    for x in list(eng.running):
+        eng.complete(x)
+    assert not eng.waiting and not eng.running  # both ran: nothing bound to a node without GPUs
+    eng.check_invariants()
+
+
+def test_the_restriction_follows_the_waiting_actions():
+    eng, _ = make_engine(make_node("n0", cores=8), make_node("n1", cores=4), api={"llm": 1})
+    eng.submit(make_action("hog", api="llm", t1=5.0))
+    eng.submit(make_action("a", cpu=1, api="llm", t1=1.0, trajectory="T"))
+    assert eng.snapshot().hostable == {}  # one waiting CPU action: nothing to keep it from
+    eng.submit(make_action("b", cpu=7, t1=1.0, trajectory="T"))
+    assert eng.snapshot().hostable == {"T": ("n0",)}
+    eng.cancel("b")
+    assert eng.snapshot().hostable == {}  # what needed n0 is gone
     eng.check_invariants()

@@ -20,7 +20,7 @@ from tangram.core.grants import Grant
 from tangram.core.model import Action
 from tangram.core import feasibility, skips
 from tangram.core.generating import Generating
-from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_uses
+from tangram.core.queue import LaneKey, Lanes, lane_bound
 from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
@@ -57,6 +57,7 @@ class Engine:
         self.waiting: dict[str, ActionRecord] = {}  # insertion order is arrival order
         self._lanes = Lanes()  # the same actions, in lanes sorted by the policy's order
         self._waiting_cpu_of: dict[str, set[str]] = {}  # trajectory -> its waiting CPU actions
+        self._hostable: dict[str, tuple[str, ...]] = {}  # Snapshot.hostable
         # what the last round could not start (Plan.unfit), minus the pools released since;
         # None when something else changed (a cancel, a tick, a new manager)
         self._unfit: dict[str, int] | None = None
@@ -141,9 +142,11 @@ class Engine:
         self.check_feasible(action, pools)
         action = self.estimator.refine(self.cap_to_capacity(action, pools))  # a stale profile heals online
         rec = ActionRecord(action, submitted_at=self.clock())
+        hostable = self._hostable.get(action.trajectory)  # where its trajectory may go (a change runs the round)
         key = self._enqueue(rec)
         arrivals_moved = self._generating.submitted(action, rec.submitted_at)
-        if key >= self._tail_key and self._cannot_start(action) and not self._moves_a_choice(action, arrivals_moved):
+        if key >= self._tail_key and self._hostable.get(action.trajectory) == hostable and self._cannot_start(
+                action) and not self._moves_a_choice(action, arrivals_moved):
             # it sorts behind every waiting action and the last round's leftovers
             # already shut every pool it could use: that round's outcome stands
             self._tail_key = key
@@ -233,6 +236,7 @@ class Engine:
             self._owner[mpool].allocate(mpool, mem_mb, trajectory)
             self._placed_mem[trajectory] = (mpool, mem_mb)
         self.placement[trajectory] = node
+        self._hostable.pop(trajectory, None)
         self._relane(trajectory)
 
     def close_trajectory(self, trajectory: str) -> list[Started]:
@@ -274,6 +278,7 @@ class Engine:
             upcoming=self._generating.view(self.clock(), self.params.lookahead),
             params=self.params,
             holdouts=self._holdouts,
+            hostable=MappingProxyType(self._hostable),  # read only during the synchronous call
         )
 
     def schedule(self) -> list[Started]:
@@ -320,6 +325,7 @@ class Engine:
                 self._owner[mpool].allocate(mpool, d.place_mem_mb, holder, a)
                 self._placed_mem[holder] = (mpool, d.place_mem_mb)
             if a.trajectory is not None and "cpu" in a.demands and d.node is not None:
+                self._hostable.pop(a.trajectory, None)  # placed: it goes nowhere else
                 if self.placement.setdefault(a.trajectory, d.node) == d.node:
                     self._relane(a.trajectory)
             for rtype, pname in d.pools.items():
@@ -392,7 +398,8 @@ class Engine:
         if "cpu" in a.demands:
             home = self.placement.get(a.trajectory) if a.trajectory is not None else None
             mem = a.mem_mb if home is None else 0
-        return home, mem, tuple(sorted(a.demands.items())), a.service if "gpu" in a.demands else None
+        restricted = (self._hostable[a.trajectory],) if home is None and a.trajectory in self._hostable else ()
+        return (home, mem, tuple(sorted(a.demands.items())), a.service if "gpu" in a.demands else None) + restricted
 
     def _enqueue(self, rec: ActionRecord, *, first: bool = False) -> float:
         """Into its lane at its order key (``first``: ahead of everything); returns the key."""
@@ -403,7 +410,10 @@ class Engine:
             a, rec.submitted_at, p.order, p.aging_k, self.estimator.class_estimates(), p.default_duration_s)
         self._lanes.add(a, self._lane(a), key)
         if a.trajectory is not None and "cpu" in a.demands:
-            self._waiting_cpu_of.setdefault(a.trajectory, set()).add(a.id)
+            ids = self._waiting_cpu_of.setdefault(a.trajectory, set())
+            ids.add(a.id)
+            if len(ids) > 1 or a.trajectory in self._hostable:
+                self._update_hostable(a.trajectory)
         return key
 
     def _unqueue(self, action_id: str) -> ActionRecord | None:
@@ -416,7 +426,19 @@ class Engine:
                 ids.discard(action_id)
                 if not ids:
                     del self._waiting_cpu_of[t]
+                if t in self._hostable:
+                    self._update_hostable(t)
         return rec
+
+    def _update_hostable(self, trajectory: str) -> None:
+        """Snapshot.hostable of an unplaced ``trajectory`` (feasibility.hostable_nodes)."""
+        ids, old = self._waiting_cpu_of.get(trajectory, ()), self._hostable.pop(trajectory, None)
+        if trajectory not in self.placement and len(ids) > 1:
+            pools = self.pool_states()
+            if ok := feasibility.hostable_nodes([self.waiting[i].action for i in ids], self.nodes(pools), pools):
+                self._hostable[trajectory] = ok
+        if self._hostable.get(trajectory) != old:
+            self._relane(trajectory)
 
     def _relane(self, trajectory: str) -> None:
         """The trajectory's node changed: its waiting CPU actions change lanes."""
@@ -424,28 +446,10 @@ class Engine:
             self._lanes.move(aid, self._lane(self.waiting[aid].action))
 
     def _release_wakes_nothing(self) -> bool:
-        """Whether a round now would start nothing: the last one was settled and no
-        waiting lane can use a pool released since.
-
-        Exact, not a heuristic: candidate selection reads only free units, the
-        queue and placements, so with none of a lane's pools changed its actions
-        fail as they did (free units only shrank), the blocked heads reserve the
-        same pools, and the actions submitted since were skipped as unable to start.
-        The policy's time-dependent choices (holding out for more units) are
-        excluded by requiring a settled round, except the holdouts (Plan.holdouts),
-        which the next round would hold again: their pools were not released, and
-        their other inputs change only with a release, a round, or an event whose
-        round is never skipped when it moves them: a completion that moves the class
-        estimate of a class they read (Plan.holdout_classes), a submission that changes
-        their expected arrivals or joins their look-ahead (_moves_a_choice).
-        """
+        """Whether a round now would start nothing (skips.release_wakes_nothing)."""
         if not self._settled or self._unfit is None or not self.waiting:
             return False
-        released = self._released
-        for lane, _ in self._lanes.items():
-            if lane_uses(lane, released):
-                return False
-        return True
+        return skips.release_wakes_nothing(self._lanes.items(), self._released)
 
     def _moves_a_choice(self, a: Action, arrivals_moved: str | bool) -> bool:
         home = self.placement.get(a.trajectory) if a.trajectory is not None else None

@@ -47,7 +47,7 @@ class _Mean:
     def standard_error(self, min_weight: float) -> float:
         """Of ``value``: the samples' spread over the samples it averages (an EMA of weight w
         averages about (2 - w) / w of them)."""
-        n = min(float(self.count), (2.0 - min_weight) / min_weight)
+        n = float(self.count) if min_weight <= 0 else min(float(self.count), (2.0 - min_weight) / min_weight)
         var = max(self.square - self.value * self.value, 0.0) * self.count / max(self.count - 1, 1)
         return math.sqrt(var / n)
 

@@ -63,6 +63,17 @@ def cap_to_capacity(action: Action, pools: Mapping[str, PoolState]) -> Action:
     return dataclasses.replace(action, demands=MappingProxyType(demands), key=elastic[0] if elastic else None)
 
 
+def hostable_nodes(actions: Sequence[Action], nodes: Sequence[str], pools: Mapping[str, PoolState]) -> tuple | None:
+    """The nodes that could ever run every one of an unplaced trajectory's waiting CPU ``actions``
+    (cores, GPUs, memory), where fewer than all; None when every node or none could.
+
+    Placing the trajectory by one of them binds the others to that node: elsewhere one
+    could never run, and would wait for ever (the policy reads this as Snapshot.hostable).
+    """
+    ok = tuple(n for n in nodes if all(_node_cannot_host(a, n, pools, True) is None for a in actions))
+    return ok if ok and len(ok) < len(nodes) else None
+
+
 def _node_cannot_host(action: Action, node: str, pools: Mapping[str, PoolState], unplaced: bool) -> tuple[str, str] | None:
     for rtype in ("cpu", "gpu"):
         d = action.demands.get(rtype)

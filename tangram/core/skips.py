@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from tangram.core.model import Action
+from tangram.core.queue import lane_uses
 
 _BIG = 1 << 62
 
@@ -47,3 +48,26 @@ def moves_a_choice(unfit: Mapping[str, int], pools, a: Action, home: str | None,
         if rtype in a.demands and (not node or home in (None, node)):
             return True
     return False
+
+
+def release_wakes_nothing(lanes, released) -> bool:
+    """After a settled round (the engine checks that): whether a round now would start nothing,
+    that is, no waiting lane can use a pool released since.
+
+    Exact, not a heuristic: candidate selection reads only free units, the
+    queue and placements, so with none of a lane's pools changed its actions
+    fail as they did (free units only shrank), the blocked heads reserve the
+    same pools, and the actions submitted since were skipped as unable to start.
+    The policy's time-dependent choices (holding out for more units) are
+    excluded by requiring a settled round, except the holdouts (Plan.holdouts),
+    which the next round would hold again: their pools were not released, and
+    their other inputs change only with a release, a round, or an event whose
+    round is never skipped when it moves them: a completion that moves the class
+    estimate of a class they read (Plan.holdout_classes), a submission that changes
+    their expected arrivals or joins their look-ahead (Engine._moves_a_choice), or
+    one that changes where its trajectory may be placed (Snapshot.hostable).
+    """
+    for lane, _ in lanes:
+        if lane_uses(lane, released):
+            return False
+    return True

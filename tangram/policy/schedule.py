@@ -224,12 +224,15 @@ def _select_candidates(snap: Snapshot):
 
 
 def _shape(a: Action, nd: Needs, snap: Snapshot, placed) -> tuple:
-    """What decides whether ``a`` fits: its demands, its home node, or the memory it must place."""
+    """What decides whether ``a`` fits: its demands, its home node, or the memory it must place
+    (and the nodes it may be placed on, Snapshot.hostable)."""
     home, mem = None, 0
     if nd.has_cpu:
         if a.trajectory is not None:
             home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
         mem = a.mem_mb if home is None else 0
+        if home is None and snap.hostable and a.trajectory in snap.hostable:
+            return home, mem, nd.shape, snap.hostable[a.trajectory]
     return home, mem, nd.shape
 
 
@@ -277,7 +280,9 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
     bound = None
     if nd.has_cpu and a.trajectory is not None:
         bound = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
-    nodes = (bound,) if bound is not None else snap.nodes
+    # an unplaced trajectory goes only where all its waiting CPU actions could run (Snapshot.hostable)
+    nodes = (bound,) if bound is not None else (snap.hostable.get(a.trajectory) or snap.nodes) if (
+        nd.has_cpu and a.trajectory is not None and snap.hostable) else snap.nodes
     api_ok = True
     for t in api_pools:
         if t in blocked or not fits(t, units[t]):

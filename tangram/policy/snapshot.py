@@ -86,6 +86,9 @@ class Snapshot:
     # the previous round's Plan.holdouts (the engine hands them back): a group whose inputs match
     # is made to wait again without its arrangement being recomputed
     holdouts: Mapping[str, tuple] = field(default_factory=lambda: _EMPTY)
+    # trajectory (not placed, more than one CPU action waiting) -> the nodes that could ever run
+    # every one of them (capacities), where fewer than all: its placement goes to one of those
+    hostable: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True, slots=True)
