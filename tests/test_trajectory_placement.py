@@ -118,3 +118,19 @@ def test_the_restriction_follows_the_waiting_actions():
     eng.cancel("b")
     assert eng.snapshot().hostable == {}  # what needed n0 is gone
     eng.check_invariants()
+
+
+def test_a_trajectory_waiting_for_memory_leaves_the_api_to_placed_ones():
+    # T holds 3,000 of the node's 4,000 MB; U's first action (a core, an LLM call) waits for that
+    # memory. Had it reserved the one LLM slot too, T's next call could never run, T would never
+    # end, and its memory would never free: a deadlock.
+    eng, _ = make_engine(make_node("n0", cores=8, mem=4000), api={"llm": 1})
+    eng.submit(make_action("t-step1", cpu=1, t1=1.0, trajectory="T", mem=3000))
+    eng.complete("t-step1")
+    assert eng.submit(make_action("u-step1", cpu=1, api="llm", t1=1.0, trajectory="U", mem=3000)) == []
+    started = eng.submit(make_action("t-step2", cpu=1, api="llm", t1=1.0, trajectory="T", mem=3000))
+    assert [s.action.id for s in started] == ["t-step2"]
+    eng.complete("t-step2")
+    started = eng.close_trajectory("T")  # its memory frees: U is placed at last
+    assert [(s.action.id, s.dispatch.node) for s in started] == [("u-step1", "n0")]
+    eng.check_invariants()

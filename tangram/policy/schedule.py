@@ -317,11 +317,11 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
             mem_pools = [pool_name("mem", n) for n in targets if pool_name("mem", n) in snap.pools]
             if best is not _NO_NODE and all(free[m] < a.mem_mb for m in mem_pools):
                 # A trajectory waiting for memory reserves the memory only: memory frees
-                # only as trajectories end, and the cores meanwhile serve the trajectories
-                # already placed there. Once the memory is there it reserves both.
-                block = mem_pools
-            else:
-                block += mem_pools
+                # only as trajectories end, and the cores and API slots meanwhile serve the
+                # trajectories already placed (one whose next call it held back could never
+                # end to free the memory). Once the memory is there it reserves them all.
+                return _NO_NODE, mem_pools, 0
+            block += mem_pools
         return _NO_NODE, block + list(api_pools), 0
     return best, [], place_mem
 
