@@ -193,11 +193,10 @@ def refine(store: ProfileStore, estimator, *, min_observations: int | None = Non
             continue
         obs = estimator.samples(name)
         # as many runs as the engine needs before it refines (its refine_after) unless told
-        if obs < (min_observations if min_observations is not None else getattr(estimator, "refine_after", 1)):
+        if obs < (min_observations if min_observations is not None else estimator.refine_after):
             continue
         old = float(entry["t1_s"])
-        differs = getattr(estimator, "t1_differs", None)
-        if differs is not None and not differs(name, old):
+        if not estimator.t1_differs(name, old):
             continue  # within the runs' own noise: the stored profile stands (as the engine keeps it)
         entry["t1_s"] = float(t1)
         entry["t1_refined"] = {"from_t1_s": old, "observations": int(obs), "at": now_iso()}

@@ -59,13 +59,12 @@ class DurationEstimator:
                  refine_margin: float = 2.0, publish_margin: float = 2.0):
         if refine_after < 1:
             raise ValueError(f"refine_after: must be >= 1, got {refine_after}")
-        if not refine_margin >= 0.0 or math.isinf(refine_margin):
-            raise ValueError(f"refine_margin: must be a finite number >= 0, got {refine_margin}")
-        # standard errors by which the observed T1 must differ from the profile's to replace it
+        for name, margin in (("refine_margin", refine_margin), ("publish_margin", publish_margin)):
+            if not margin >= 0.0 or math.isinf(margin):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {margin}")
+        # standard errors by which the observed T1 must differ from the profile's to replace it, and
+        # by which a class's mean must move (beyond publish_band) to be republished
         self.refine_margin = refine_margin
-        if not publish_margin >= 0.0 or math.isinf(publish_margin):
-            raise ValueError(f"publish_margin: must be a finite number >= 0, got {publish_margin}")
-        # ... and by which a class's mean must move (beyond publish_band) to be republished
         self.publish_margin = publish_margin
         if not 0.0 <= publish_band < 1.0:
             raise ValueError(f"publish_band: must be in [0, 1), got {publish_band}")

@@ -187,9 +187,9 @@ def _select_candidates(snap: Snapshot):
         else:
             node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity)
         if node is _NO_NODE:
-            failed_shapes[shape or _shape(a, nd, snap, placed)] = needed
-            if nd.has_cpu and a.trajectory is not None and a.trajectory not in snap.placement and (
-                    a.trajectory not in placed):
+            shape = shape or _shape(a, nd, snap, placed)
+            failed_shapes[shape] = needed
+            if shape[0] is None and nd.has_cpu and a.trajectory is not None:  # an unplaced trajectory's
                 unplaced_waiting.setdefault(a.trajectory, needed)
             blocked.update(needed)
             closed.update(needed)
@@ -278,11 +278,11 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
         return (None, [], 0) if ok else (_NO_NODE, list(api_pools), 0)
 
     bound = None
+    nodes = snap.nodes
     if nd.has_cpu and a.trajectory is not None:
         bound = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
-    # an unplaced trajectory goes only where all its waiting CPU actions could run (Snapshot.hostable)
-    nodes = (bound,) if bound is not None else (snap.hostable.get(a.trajectory) or snap.nodes) if (
-        nd.has_cpu and a.trajectory is not None and snap.hostable) else snap.nodes
+        # an unplaced trajectory goes only where all its waiting CPU actions could run (Snapshot.hostable)
+        nodes = (bound,) if bound is not None else snap.hostable.get(a.trajectory, nodes)
     api_ok = True
     for t in api_pools:
         if t in blocked or not fits(t, units[t]):
