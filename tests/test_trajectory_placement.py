@@ -7,8 +7,11 @@ never run an action of the trajectory at all).
 """
 from __future__ import annotations
 
+import pytest
+
 from tangram.core.engine import Engine
-from tangram.core.model import Action
+from tangram.core.errors import UnschedulableError
+from tangram.core.model import Action, Elasticity
 from tangram.managers.base import CountingManager
 from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
 from tangram.policy.schedule import plan
@@ -133,4 +136,43 @@ def test_a_trajectory_waiting_for_memory_leaves_the_api_to_placed_ones():
     eng.complete("t-step2")
     started = eng.close_trajectory("T")  # its memory frees: U is placed at last
     assert [(s.action.id, s.dispatch.node) for s in started] == [("u-step1", "n0")]
+    eng.check_invariants()
+
+
+def test_a_trajectory_whose_waiting_actions_no_one_node_could_run_is_refused_loudly():
+    # "gpu-step" can only run on n1 (the one node with 2 GPUs), "big-suite" only on n0 (8 cores):
+    # whichever started first would place T, and the other would wait for ever
+    clock = FakeClock()
+    eng = Engine([CountingManager({"cpu@n0": 8, "mem@n0": 10_000, "cpu@n1": 4, "mem@n1": 10_000, "api:llm": 1}),
+                  GpuManager([GpuNode("n0", 1, 100), GpuNode("n1", 2, 100)], [ModelSpec("rm", 60)])], clock=clock)
+    eng.submit(make_action("hog", api="llm", t1=5.0))
+    eng.submit(make_action("first", cpu=1, api="llm", t1=1.0, trajectory="T"))  # waits: T is unplaced
+    eng.submit(Action.build("gpu-step", {"gpu": 2, "cpu": 1}, t1_s=1.0, trajectory="T"))
+    with pytest.raises(UnschedulableError) as err:
+        eng.submit(make_action("big-suite", cpu=7, t1=1.0, trajectory="T"))
+    assert err.value.field == "trajectory" and "'gpu-step'" in str(err.value)
+    assert "big-suite" not in eng.waiting
+    eng.submit(make_action("big-suite", cpu=7, t1=1.0, trajectory="U"))  # alone it is fine
+    eng.check_invariants()
+
+
+@pytest.mark.parametrize("gpus", [False, True])
+def test_the_fixed_dop_baseline_takes_no_more_than_the_trajectorys_node_holds(gpus):
+    # T is placed on n1 (4 cores, 2 GPUs); fixed N = 8 asks for more than n1 holds: the action
+    # takes n1's all (the largest option it holds), where before it waited for ever
+    clock = FakeClock()
+    params = PolicyParams(fixed_dop=8)
+    managers = [CountingManager({"cpu@n0": 8, "mem@n0": 10_000, "cpu@n1": 4, "mem@n1": 10_000})]
+    if gpus:
+        managers.append(GpuManager([GpuNode("n0", 8, 100), GpuNode("n1", 2, 100)], [ModelSpec("rm", 60)]))
+    eng = Engine(managers, clock=clock, params=params)
+    eng.place_trajectory("T", "n1", 0)
+    if gpus:
+        action = Action.build("step", {"gpu": [1, 2, 4, 8], "cpu": 1}, t1_s=4.0, elasticity=Elasticity.amdahl(0.0),
+                              trajectory="T")
+    else:
+        action = make_action("step", cpu={"min": 1, "max": 8}, t1=4.0, serial=0.0, trajectory="T")
+    (started,) = eng.submit(action)
+    assert started.dispatch.node == "n1"
+    assert started.dispatch.units[action.key] == (2 if gpus else 4)
     eng.check_invariants()

@@ -112,8 +112,7 @@ class Engine:
         self._forget_last_round()
 
     def _forget_last_round(self) -> None:
-        """What the last round left (its leftovers, settledness, holdouts) no longer holds: the
-        next round is run and re-decides every group."""
+        """The last round's leftovers, settledness and holdouts no longer hold: the next round re-decides all."""
         self._unfit, self._settled = None, False
         self._holdouts, self._holdout_classes = _NO_HOLDOUTS, frozenset()
 
@@ -465,10 +464,11 @@ class Engine:
     # feasibility and checks
 
     def check_feasible(self, action: Action, pools: Mapping[str, PoolState] | None = None) -> None:
-        """Reject a demand that no node can ever satisfy (never queued)."""
+        """Reject a demand that no node can ever satisfy, alone or with its unplaced trajectory's (never queued)."""
         pools = self.pool_states() if pools is None else pools
         bound = self.placement.get(action.trajectory) if (action.trajectory and "cpu" in action.demands) else None
-        feasibility.check(action, pools, self.nodes(pools), bound)
+        feasibility.check(action, pools, self.nodes(pools), bound,
+                          [self.waiting[i].action for i in sorted(self._waiting_cpu_of.get(action.trajectory, ()))])
 
     def cap_to_capacity(self, action: Action, pools: Mapping[str, PoolState] | None = None) -> Action:
         """``action`` with every demand's max lowered to the largest pool that could host it."""

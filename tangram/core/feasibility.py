@@ -16,8 +16,13 @@ from tangram.core.model import Action, Demand
 from tangram.policy.snapshot import PoolState, pool_name
 
 
-def check(action: Action, pools: Mapping[str, PoolState], nodes: Sequence[str], bound: str | None) -> None:
-    """Raise :class:`UnschedulableError` naming the field if no node (``bound``: its trajectory's node) ever fits."""
+def check(action: Action, pools: Mapping[str, PoolState], nodes: Sequence[str], bound: str | None,
+          siblings: Sequence[Action] = ()) -> None:
+    """Raise :class:`UnschedulableError` naming the field if no node (``bound``: its trajectory's node) ever fits.
+
+    ``siblings``: the waiting CPU actions of its trajectory while it is not placed yet. A trajectory
+    runs on one node, and whichever of them starts first places it: a CPU action that no node
+    could run together with them would wait for ever once one of them placed it elsewhere."""
     for rtype, demand in action.demands.items():
         if rtype.startswith("api:"):
             p = pools.get(rtype)
@@ -33,6 +38,7 @@ def check(action: Action, pools: Mapping[str, PoolState], nodes: Sequence[str], 
     for node in candidates:
         why = _node_cannot_host(action, node, pools, bound is None)
         if why is None:
+            _check_siblings(action, pools, nodes, siblings if bound is None and "cpu" in action.demands else ())
             return
         reasons.append(why)
     rtype = local[0]
@@ -40,6 +46,18 @@ def check(action: Action, pools: Mapping[str, PoolState], nodes: Sequence[str], 
         raise UnschedulableError(f"resources.{rtype}", f"no node has a {rtype} pool")
     where = f"trajectory's node {bound!r}" if bound is not None else "any node"
     raise UnschedulableError(f"resources.{reasons[0][0]}", f"{where} can never fit it: {reasons[0][1]}")
+
+
+def _check_siblings(action: Action, pools: Mapping[str, PoolState], nodes: Sequence[str],
+                    siblings: Sequence[Action]) -> None:
+    if not siblings or hostable_nodes([action, *siblings], nodes, pools, every=True):
+        return
+    # name the first sibling it cannot share any node with (else all of them: only together they exclude it)
+    apart = [s for s in siblings if not hostable_nodes([action, s], nodes, pools, every=True)][:1] or siblings
+    ids = ", ".join(repr(s.id) for s in apart)
+    raise UnschedulableError(
+        "trajectory", f"no node can run it together with its trajectory's waiting action(s) {ids}: a trajectory "
+        f"runs on one node, so one of them would wait for ever")
 
 
 def cap_to_capacity(action: Action, pools: Mapping[str, PoolState]) -> Action:
@@ -63,15 +81,17 @@ def cap_to_capacity(action: Action, pools: Mapping[str, PoolState]) -> Action:
     return dataclasses.replace(action, demands=MappingProxyType(demands), key=elastic[0] if elastic else None)
 
 
-def hostable_nodes(actions: Sequence[Action], nodes: Sequence[str], pools: Mapping[str, PoolState]) -> tuple | None:
+def hostable_nodes(actions: Sequence[Action], nodes: Sequence[str], pools: Mapping[str, PoolState],
+                   every: bool = False) -> tuple | None:
     """The nodes that could ever run every one of an unplaced trajectory's waiting CPU ``actions``
-    (cores, GPUs, memory), where fewer than all; None when every node or none could.
+    (cores, GPUs, memory), where fewer than all (``every``: all of them too); None when every
+    node (unless ``every``) or none could.
 
     Placing the trajectory by one of them binds the others to that node: elsewhere one
     could never run, and would wait for ever (the policy reads this as Snapshot.hostable).
     """
     ok = tuple(n for n in nodes if all(_node_cannot_host(a, n, pools, True) is None for a in actions))
-    return ok if ok and len(ok) < len(nodes) else None
+    return ok if ok and (every or len(ok) < len(nodes)) else None
 
 
 def _node_cannot_host(action: Action, node: str, pools: Mapping[str, PoolState], unplaced: bool) -> tuple[str, str] | None:

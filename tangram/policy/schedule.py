@@ -39,12 +39,20 @@ class _Candidate:
         self.hits = hits  # GPU DoPs at which an idle instance of its service is its to take (no restore)
 
 
-def _base_units(a: Action, params: PolicyParams, mins: dict[str, int]) -> dict[str, int]:
-    """Minimum of every demand; under the fixed-DoP baseline, N (or the nearest option) for the key."""
-    units = dict(mins)
-    if params.fixed_dop is not None and a.key is not None:
+def _base_units(a: Action, nd: Needs, snap: Snapshot, placed) -> dict[str, int]:
+    """Minimum of every demand; under the fixed-DoP baseline, N (or the nearest option below) for the
+    key, and no more than the key pool of its trajectory's node holds: a trajectory placed on a
+    smaller node would otherwise wait forever for units its node does not have."""
+    units = dict(nd.mins)
+    if a.key is not None:
+        n = snap.params.fixed_dop
+        home = (snap.placement.get(a.trajectory) or placed.get(a.trajectory)) if (
+            nd.has_cpu and a.trajectory is not None) else None
+        if home is not None and a.key in nd.local:
+            key_pool = snap.pools.get(pool_name(a.key, home))
+            n = min(n, key_pool.capacity) if key_pool is not None else n
         opts = a.demands[a.key].options
-        units[a.key] = max((o for o in opts if o <= params.fixed_dop), default=opts[0])
+        units[a.key] = max((o for o in opts if o <= n), default=opts[0])
     return units
 
 
@@ -179,7 +187,7 @@ def _select_candidates(snap: Snapshot):
                 if shape[0] is None and nd.has_cpu and a.trajectory is not None:
                     unplaced_waiting.setdefault(a.trajectory, needed)
                 continue
-        units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, params, nd.mins)
+        units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, nd, snap, placed)
         home = snap.placement.get(a.trajectory) if (nd.has_cpu and not nd.api and a.trajectory is not None) else None
         if home is not None and _all_open(nd.on(home)[0], pools, blocked) and _all_fit(nd.on(home)[0], nd.local,
                                                                                       units, fits):
