@@ -23,6 +23,7 @@ LAYER_OF = {
     "tangram.core.running": "engine",
     "tangram.core.feasibility": "engine",
     "tangram.core.skips": "engine",
+    "tangram.core.last_round": "engine",
     "tangram.policy": "policy",
     "tangram.managers": "managers",
     "tangram.executors": "executors",

@@ -20,15 +20,14 @@ from tangram.core.grants import Grant
 from tangram.core.model import Action
 from tangram.core import feasibility, skips
 from tangram.core.generating import Generating
-from tangram.core.queue import LaneKey, Lanes, lane_bound
+from tangram.core.last_round import LastRound
+from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_pools
 from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
 from tangram.policy.order import order_key
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
-
-_NO_HOLDOUTS: Mapping[str, object] = MappingProxyType({})
 
 Policy = Callable[[Snapshot], Plan]
 
@@ -58,21 +57,8 @@ class Engine:
         self._lanes = Lanes()  # the same actions, in lanes sorted by the policy's order
         self._waiting_cpu_of: dict[str, set[str]] = {}  # trajectory -> its waiting CPU actions
         self._hostable: dict[str, tuple[str, ...]] = {}  # Snapshot.hostable
-        # what the last round could not start (Plan.unfit), minus the pools released since;
-        # None when something else changed (a cancel, a tick, a new manager)
-        self._unfit: dict[str, int] | None = None
+        self._last = LastRound()  # what the last round left: events skip or narrow their rounds by it
         self._tail_key = float("-inf")  # the largest order key waiting after the last round
-        # whether the last round left every waiting action waiting for units (none by the
-        # policy's choice, e.g. an elastic action holding out for more cores, except in holdouts),
-        # and the pools released since (or whose expected arrivals changed): a completion that
-        # frees no pool a waiting lane could use skips its round
-        self._settled = False
-        self._released: set[str] = set()
-        # the last round's Plan.holdouts: elastic groups it made wait in full, handed back to the
-        # next round, which re-decides only those whose inputs changed
-        self._holdouts: Mapping[str, object] = _NO_HOLDOUTS
-        # the classes whose estimates they read, which a completion moves without a release
-        self._holdout_classes: frozenset[str] = frozenset()
         self._nodes: tuple[str, ...] = ()
         self._nodes_of: tuple[set[str], tuple[str, ...]] | None = None
         self.rounds_skipped = 0
@@ -109,12 +95,7 @@ class Engine:
     def params(self, params: PolicyParams) -> None:
         """New knobs: the next round re-decides everything (no skipped round reads the old ones)."""
         self._params = params
-        self._forget_last_round()
-
-    def _forget_last_round(self) -> None:
-        """The last round's leftovers, settledness and holdouts no longer hold: the next round re-decides all."""
-        self._unfit, self._settled = None, False
-        self._holdouts, self._holdout_classes = _NO_HOLDOUTS, frozenset()
+        self._last.forget()
 
     def manager_of(self, pool: str) -> ResourceManager | None:
         return self._owner.get(pool)
@@ -144,14 +125,20 @@ class Engine:
         hostable = self._hostable.get(action.trajectory)  # where its trajectory may go (a change runs the round)
         key = self._enqueue(rec)
         arrivals_moved = self._generating.submitted(action, rec.submitted_at)
-        if key >= self._tail_key and self._hostable.get(action.trajectory) == hostable and self._cannot_start(
-                action) and not self._moves_a_choice(action, arrivals_moved):
+        if self._hostable.get(action.trajectory) != hostable:
+            return self.schedule()
+        if key >= self._tail_key and self._cannot_start(action) and not self._moves_a_choice(action, arrivals_moved):
             # it sorts behind every waiting action and the last round's leftovers
             # already shut every pool it could use: that round's outcome stands
             self._tail_key = key
             self.rounds_skipped += 1
             return []
-        return self.schedule()
+        if arrivals_moved is True:
+            return self.schedule()
+        nodes = self.nodes(pools)
+        dirty = lane_pools(self._lanes.lane_of(action.id), nodes)
+        return self._round(dirty | {f"{t}@{arrivals_moved}" for t in ("cpu", "gpu")} if arrivals_moved else dirty,
+                           nodes, pools)
 
     def complete(self, action_id: str, status: str = "succeeded", *, restore_s: float = 0.0) -> list[Started]:
         """The driver reports that a running action ended; free its units and schedule.
@@ -174,10 +161,21 @@ class Engine:
         if status == "succeeded" and rec.exec_s is not None:
             units = rec.dispatch.units.get(rec.action.key, 0) if rec.action.key else 0
             estimated = self.estimator.observe(rec.action, units, rec.exec_s - restore_s)
-        if self._release_wakes_nothing() and not (estimated and rec.action.action_class in self._holdout_classes):
+        if estimated and rec.action.action_class in self._last.holdout_classes:
+            return self.schedule()
+        if self._release_wakes_nothing():
             self.rounds_skipped += 1
             return []
-        return self.schedule()
+        pools = self.pool_states()
+        return self._round(set(), self.nodes(pools), pools)
+
+    def _round(self, dirty: set[str], nodes: tuple[str, ...], pools: Mapping[str, PoolState]) -> list[Started]:
+        """A round after a settled one when only ``dirty`` pools (and those released since) changed: over
+        the lanes that concern (skips.replan_scope), or a full one."""
+        last = self._last
+        scope = skips.replan_scope(self._lanes.items(), dirty | last.released, nodes, pools) if (
+            last.settled and last.unfit is not None) else None
+        return self.schedule() if scope is None else self.schedule(only=scope)
 
     def cancel(self, action_id: str) -> list[Started]:
         """Cancel a waiting or running action (the driver kills a running one)."""
@@ -202,7 +200,7 @@ class Engine:
         self._enqueue(rec, first=True)
         # a held group read it as running for its time left; it restarts for its whole run, under
         # the same id (Plan.holdouts keeps ids): every group is re-decided
-        self._forget_last_round()
+        self._last.forget()
         return self.schedule()
 
     def fail(self, action_id: str, reason: str) -> list[Started]:
@@ -220,7 +218,7 @@ class Engine:
             if action_id in self.finished:
                 return []
             raise UnknownActionError(f"action {action_id!r} is unknown")
-        self._unfit = None  # a waiting head that reserved pools may be gone
+        self._last.unfit = None  # a waiting head that reserved pools may be gone
         rec.error = reason
         self._finish(rec, status)
         return self.schedule()
@@ -248,7 +246,7 @@ class Engine:
 
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
-        self._forget_last_round()  # an explicit re-run re-decides every group
+        self._last.forget()  # an explicit re-run re-decides every group
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
@@ -259,11 +257,12 @@ class Engine:
     # ------------------------------------------------------------------ #
     # scheduling
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, only: tuple[LaneKey, ...] | None = None) -> Snapshot:
+        """What the policy reads; ``only``: with those lanes' actions alone waiting (Engine._round)."""
         pools = self.pool_states()
         nodes = self.nodes(pools)
         extra = 1 + self.params.lookahead  # the blocked head, and what the ACT estimate looks at
-        view = self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra)
+        view = self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra, only)
         now = self.clock()
         return Snapshot(
             pools=pools,
@@ -276,28 +275,31 @@ class Engine:
             class_estimates=self.estimator.class_estimates(),
             upcoming=self._generating.view(self.clock(), self.params.lookahead),
             params=self.params,
-            holdouts=self._holdouts,
+            holdouts=self._last.holdouts,
             hostable=MappingProxyType(self._hostable),  # read only during the synchronous call
         )
 
-    def schedule(self) -> list[Started]:
-        self._released.clear()
+    def schedule(self, only: tuple[tuple[LaneKey, ...], tuple[str, ...]] | None = None) -> list[Started]:
+        """Run a round; ``only``: lanes and the pools they could use, when a round over them alone plans
+        what a full round would (skips.replan_scope): the rest of the last round's outcome stands."""
+        if only is not None:
+            self.rounds += 1
+            snap = self.snapshot(only[0])
+            result = self.policy(snap)
+            self._last.took_part(result, [p for p in only[1] if p in snap.pools])
+            return self._start_all(result)
         if not self.waiting:
-            self._unfit, self._tail_key = None, float("-inf")
+            self._last.released.clear()
+            self._last.unfit, self._tail_key = None, float("-inf")
             return []
         self.rounds += 1
         snap = self.snapshot()
         self._nodes = snap.nodes
         result = self.policy(snap)
-        self._holdouts = result.holdouts
-        self._holdout_classes = result.holdout_classes
-        self._unfit = dict(result.unfit)
-        # an unfit entry for every pool: whatever still waits, waits for units, not by choice
-        self._settled = len(self._unfit) >= len(snap.pools) and self._unfit.keys() >= snap.pools.keys()
-        if not self._settled and result.holdouts:
-            # or waits for units except groups held out whose inputs a release elsewhere leaves as they
-            # are: the next round would hold them again (the policy re-decides them on a change)
-            self._settled = all(p in self._unfit or p in result.holdouts for p in snap.pools)
+        self._last.took(result, snap.pools)
+        return self._start_all(result)
+
+    def _start_all(self, result: Plan) -> list[Started]:
         self._tail_key = self._lanes.max_key()
         p = self.params
         if p.order == "aging" and p.affinity_k > 0 and any(lane[3] is not None for lane, _ in self._lanes.items()):
@@ -336,7 +338,7 @@ class Engine:
                 self._release_mem(a.id)
             self.waiting[a.id] = rec
             self._enqueue(rec)
-            self._unfit = None
+            self._last.unfit = None
             raise
         now = self.clock()
         rec.state = RUNNING
@@ -357,18 +359,15 @@ class Engine:
         self._release_grants(rec)
         node = self.placement.get(rec.action.trajectory)
         if self._generating.ended(rec.action, node, rec.finished_at):
-            self._released.add(pool_name("cpu", node))  # its expected arrivals changed (Snapshot.upcoming)
+            self._last.released.add(pool_name("cpu", node))  # its expected arrivals changed (Snapshot.upcoming)
         self.finished[rec.action.id] = rec
         if len(self.finished) > self._keep_finished:
             self.finished.popitem(last=False)
 
     def _release_grants(self, rec: ActionRecord) -> None:
-        unfit = self._unfit
         for pname in rec.grants:
             self._owner[pname].release(pname, rec.action.id)
-            self._released.add(pname)
-            if unfit is not None:
-                unfit.pop(pname, None)
+            self._last.release(pname)
         if rec.dispatch is not None:
             for pname in rec.dispatch.pools.values():
                 held = self._running_by_pool.get(pname)
@@ -385,9 +384,7 @@ class Engine:
         placed = self._placed_mem.pop(holder, None)
         if placed is not None:
             self._owner[placed[0]].release(placed[0], holder)
-            self._released.add(placed[0])
-            if self._unfit is not None:
-                self._unfit.pop(placed[0], None)
+            self._last.release(placed[0])
 
     # ------------------------------------------------------------------ #
     # the waiting queue's lanes
@@ -446,19 +443,20 @@ class Engine:
 
     def _release_wakes_nothing(self) -> bool:
         """Whether a round now would start nothing (skips.release_wakes_nothing)."""
-        if not self._settled or self._unfit is None or not self.waiting:
+        last = self._last
+        if not last.settled or last.unfit is None or not self.waiting:
             return False
-        return skips.release_wakes_nothing(self._lanes.items(), self._released)
+        return skips.release_wakes_nothing(self._lanes.items(), last.released)
 
     def _moves_a_choice(self, a: Action, arrivals_moved: str | bool) -> bool:
         home = self.placement.get(a.trajectory) if a.trajectory is not None else None
-        return skips.moves_a_choice(self._unfit, self._owner, a, home, arrivals_moved)
+        return skips.moves_a_choice(self._last.unfit, self._owner, a, home, arrivals_moved)
 
     def _cannot_start(self, a: Action) -> bool:
-        if not self._unfit:
+        if not self._last.unfit:
             return False
         home, mem = (self._lanes.lane_of(a.id) or self._lane(a))[:2]
-        return skips.cannot_start(self._unfit, a, home, mem, self._nodes)
+        return skips.cannot_start(self._last.unfit, a, home, mem, self._nodes)
 
     # ------------------------------------------------------------------ #
     # feasibility and checks

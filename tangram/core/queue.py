@@ -92,20 +92,21 @@ class Lanes:
     def items(self):
         return self._lanes.items()
 
-    def view(self, take: Callable[[LaneKey], int]) -> "LanesView":
-        """The first ``take(lane)`` actions of every lane, merged in order."""
-        return LanesView(self, take)
+    def view(self, take: Callable[[LaneKey], int], only: tuple[LaneKey, ...] | None = None) -> "LanesView":
+        """The first ``take(lane)`` actions of every lane (``only``: of those), merged in order."""
+        return LanesView(self, take, only)
 
 
 class LanesView:
     """Read-only merged view for one policy call (nothing mutates during it)."""
 
-    __slots__ = ("_lanes", "_take", "_len")
+    __slots__ = ("_lanes", "_take", "_len", "_only")
 
-    def __init__(self, lanes: Lanes, take: Callable[[LaneKey], int]):
+    def __init__(self, lanes: Lanes, take: Callable[[LaneKey], int], only: tuple[LaneKey, ...] | None = None):
         self._lanes = lanes
         self._take = take
-        self._len = len(lanes)
+        self._only = only
+        self._len = len(lanes) if only is None else sum(len(lanes._lanes.get(lane, ())) for lane in only)
 
     def __len__(self) -> int:
         return self._len
@@ -118,7 +119,8 @@ class LanesView:
 
     def _entries(self) -> Iterator[tuple]:
         parts = []
-        for lane, entries in self._lanes.items():
+        lanes = self._lanes.items() if self._only is None else [(k, self._lanes._lanes.get(k, ())) for k in self._only]
+        for lane, entries in lanes:
             n = self._take(lane)
             if n > 0:
                 parts.append(islice(entries, n))
@@ -172,6 +174,20 @@ def lane_bound(lane: LaneKey, pools: Mapping, nodes: tuple[str, ...]) -> int:
                 n += p.free // mem
         bound = n if bound is None or n < bound else bound
     return bound or 0
+
+
+def lane_pools(lane: LaneKey, nodes: tuple[str, ...]) -> set[str]:
+    """The pools an action of ``lane`` could start in or reserve: those :func:`lane_uses` answers for."""
+    home, mem, demands = lane[:3]
+    names = {f"mem@{n}" for n in nodes} if mem else set()
+    for rtype, _ in demands:
+        if rtype == "cpu" and home is not None:
+            names.add(f"cpu@{home}")
+        elif rtype == "cpu" or rtype == "gpu":
+            names.update(f"{rtype}@{n}" for n in nodes)
+        else:
+            names.add(rtype)
+    return names
 
 
 def lane_uses(lane: LaneKey, pools: set[str]) -> bool:

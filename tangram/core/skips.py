@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from tangram.core.model import Action
-from tangram.core.queue import lane_uses
+from tangram.core.queue import lane_pools, lane_uses
 
 _BIG = 1 << 62
 
@@ -71,3 +71,65 @@ def release_wakes_nothing(lanes, released) -> bool:
         if lane_uses(lane, released):
             return False
     return True
+
+
+
+def replan_scope(lanes, dirty: set[str], nodes, pools) -> tuple[tuple, tuple[str, ...]] | None:
+    """After a settled round (the engine checks that), when only the ``dirty`` pools changed (an action
+    queued, units released, expected arrivals moved): the lanes a round must re-plan and the pools they
+    could use, when a round over those lanes alone plans what a full round would; else None.
+
+    The lanes are those that could use a dirty pool, closed over the pools they could use in turn
+    (lane_uses, lane_pools). Every other lane uses none of those pools: the full round reads for it
+    what the last round read and decides as that round did (release_wakes_nothing), its held groups
+    keep their inputs, and the lanes re-planned read the free units of pools nobody else takes.
+    Two more conditions. Some pool other than memory that no lane could use: candidate selection
+    stops early once every such pool is shut (schedule.py), and where that can happen the full
+    round's look-ahead may differ from a partial round's; an unused pool is never shut. And no GPU
+    action waiting: GPU affinity may hold one back for a busy instance of its model by the clock
+    (policy/affinity.py), so a settled round is not a fixed point for them.
+    """
+    all_lanes = [lane for lane, _ in lanes]
+    scope: set[str] = set(dirty)
+    inside: list = []
+    rest = all_lanes
+    grew = True
+    while grew and rest:
+        grew, outside = False, []
+        for lane in rest:
+            if lane_uses(lane, scope):
+                inside.append(lane)
+                scope |= lane_pools(lane, nodes)
+                grew = True
+            else:
+                outside.append(lane)
+        rest = outside
+    if not rest or not _exact_apart(all_lanes, pools):
+        return None
+    return tuple(inside), tuple(scope)
+
+
+def _exact_apart(lanes, pools) -> bool:
+    """No GPU action waits and some pool other than memory is one no lane could use."""
+    homes, anywhere, other = set(), set(), set()
+    for lane in lanes:
+        home = lane[0]
+        for rtype, _ in lane[2]:
+            if rtype == "gpu":
+                return False
+            if rtype == "cpu" and home is not None:
+                homes.add(home)
+            elif rtype == "cpu":
+                anywhere.add(rtype)
+            else:
+                other.add(rtype)
+    for pname in pools:
+        rtype, _, node = pname.partition("@")
+        if rtype == "mem":
+            continue
+        if not node:
+            if rtype not in other:
+                return True
+        elif rtype not in anywhere and not (rtype == "cpu" and node in homes):
+            return True
+    return False

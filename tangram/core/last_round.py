@@ -1,0 +1,70 @@
+"""What the last scheduling round left, which the next events read to skip their round or narrow it.
+
+The engine keeps one :class:`LastRound`. A full round replaces it (:meth:`LastRound.took`); a round
+over some lanes (skips.replan_scope) replaces the part of it on their pools (:meth:`took_part`);
+a release marks its pool (:meth:`release`); anything else that changes what a round reads
+(a cancel, a requeue, new knobs) forgets it (:meth:`forget`). docs/scheduling.md, "What a round reads".
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+from tangram.policy.snapshot import Plan
+
+_NO_HOLDOUTS: Mapping[str, object] = MappingProxyType({})
+
+
+class LastRound:
+    __slots__ = ("unfit", "settled", "released", "holdouts", "holdout_classes")
+
+    def __init__(self) -> None:
+        # what it could not start (Plan.unfit), minus the pools released since; None when
+        # something else changed (a cancel, a tick, a new manager)
+        self.unfit: dict[str, int] | None = None
+        # whether it left every waiting action waiting for units (none by the policy's choice,
+        # e.g. an elastic action holding out for more cores, except in holdouts)
+        self.settled = False
+        # the pools released since it planned them (or whose expected arrivals changed)
+        self.released: set[str] = set()
+        # its Plan.holdouts: elastic groups it made wait in full, handed back to the next
+        # round, which re-decides only those whose inputs changed
+        self.holdouts: Mapping[str, object] = _NO_HOLDOUTS
+        # the classes whose estimates they read, which a completion moves without a release
+        self.holdout_classes: frozenset[str] = frozenset()
+
+    def forget(self) -> None:
+        """Its leftovers, settledness and holdouts no longer hold: the next round re-decides all."""
+        self.unfit, self.settled = None, False
+        self.holdouts, self.holdout_classes = _NO_HOLDOUTS, frozenset()
+
+    def took(self, result: Plan, pools: Mapping) -> None:
+        """A full round over ``pools`` planned ``result``."""
+        self.released.clear()
+        self.holdouts = result.holdouts
+        self.holdout_classes = result.holdout_classes
+        unfit = self.unfit = dict(result.unfit)
+        # an unfit entry for every pool: whatever still waits, waits for units, not by choice
+        self.settled = len(unfit) >= len(pools) and unfit.keys() >= pools.keys()
+        if not self.settled and result.holdouts:
+            # or waits for units except groups held out whose inputs a release elsewhere leaves as they
+            # are: the next round would hold them again (the policy re-decides them on a change)
+            self.settled = all(p in unfit or p in result.holdouts for p in pools)
+
+    def took_part(self, result: Plan, own: Iterable[str]) -> None:
+        """A round over the lanes that could use the pools ``own`` (and no others) planned ``result``;
+        what the last full round left on the other pools stands."""
+        own = set(own)
+        self.unfit = {p: u for p, u in self.unfit.items() if p not in own} | {
+            p: result.unfit[p] for p in own if p in result.unfit}
+        self.holdouts = MappingProxyType({p: h for p, h in self.holdouts.items() if p not in own} | dict(
+            result.holdouts))
+        self.holdout_classes |= result.holdout_classes  # a superset: more rounds run, none is missed
+        self.settled = self.settled and all(p in self.unfit or p in self.holdouts for p in own)
+        self.released -= own  # planned now
+
+    def release(self, pname: str) -> None:
+        """Units of ``pname`` were given back (or its expected arrivals changed)."""
+        self.released.add(pname)
+        if self.unfit is not None:
+            self.unfit.pop(pname, None)
