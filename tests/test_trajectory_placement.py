@@ -176,3 +176,24 @@ def test_the_fixed_dop_baseline_takes_no_more_than_the_trajectorys_node_holds(gp
     assert started.dispatch.node == "n1"
     assert started.dispatch.units[action.key] == (2 if gpus else 4)
     eng.check_invariants()
+
+
+def test_an_action_whose_memory_an_earlier_head_reserved_leaves_the_cores_to_placed_trajectories():
+    # T holds 3,000 of n0's 4,000 MB. U (unplaced, 7 cores: only n0 has them) waits for 3,000 MB and
+    # reserves n0's memory. "one-shot" needs 7 cores and 1,000 MB: the 1,000 MB are free but
+    # reserved by U, so it waits for memory too, and must not reserve n0's cores: T's next
+    # action could then never run, T never end, its memory never free (a deadlock a drain check found)
+    eng, clock = make_engine(make_node("n0", cores=8, mem=4000), make_node("n1", cores=4, mem=4000),
+                             params=PolicyParams(order="fcfs"))
+    eng.place_trajectory("T", "n0", 3000)
+    assert eng.submit(make_action("u-step1", cpu=7, t1=1.0, trajectory="U", mem=3000)) == []
+    assert eng.submit(make_action("one-shot", cpu=7, t1=1.0, mem=1000)) == []
+    started = eng.submit(make_action("t-step", cpu=1, t1=1.0, trajectory="T"))
+    assert [s.action.id for s in started] == ["t-step"]
+    eng.complete("t-step")
+    started = eng.close_trajectory("T")  # its memory frees: U is placed at last, then the one-shot
+    assert [s.action.id for s in started] == ["u-step1"]
+    eng.complete("u-step1")
+    eng.close_trajectory("U")
+    assert not eng.waiting and "one-shot" in eng.running
+    eng.check_invariants()

@@ -323,7 +323,7 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
         block = [pool_name(t, n) for n in targets for t in local if pool_name(t, n) in snap.pools]
         if bound is None and "cpu" in a.demands and a.mem_mb:
             mem_pools = [pool_name("mem", n) for n in targets if pool_name("mem", n) in snap.pools]
-            if best is not _NO_NODE and all(free[m] < a.mem_mb for m in mem_pools):
+            if best is not _NO_NODE and all(free[m] < a.mem_mb or m in blocked for m in mem_pools):
                 # A trajectory waiting for memory reserves the memory only: memory frees
                 # only as trajectories end, and the cores and API slots meanwhile serve the
                 # trajectories already placed (one whose next call it held back could never
