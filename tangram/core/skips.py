@@ -90,6 +90,8 @@ def replan_scope(lanes, dirty: set[str], nodes, pools) -> tuple[tuple, tuple[str
     (policy/affinity.py), so a settled round is not a fixed point for them.
     """
     all_lanes = [lane for lane, _ in lanes]
+    if not _exact_apart(all_lanes, pools):  # first: one pass, and where it fails it fails every time
+        return None
     scope: set[str] = set(dirty)
     inside: list = []
     rest = all_lanes
@@ -104,7 +106,7 @@ def replan_scope(lanes, dirty: set[str], nodes, pools) -> tuple[tuple, tuple[str
             else:
                 outside.append(lane)
         rest = outside
-    if not rest or not _exact_apart(all_lanes, pools):
+    if not rest:
         return None
     return tuple(inside), tuple(scope)
 
