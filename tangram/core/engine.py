@@ -170,11 +170,12 @@ class Engine:
         return self._round(set(), self.nodes(pools), pools)
 
     def _round(self, dirty: set[str], nodes: tuple[str, ...], pools: Mapping[str, PoolState]) -> list[Started]:
-        """A round after a settled one when only ``dirty`` pools (and those released since) changed: over
-        the lanes that concern (skips.replan_scope), or a full one."""
+        """A round when only ``dirty`` pools changed since the last one (those released since, and those
+        where it left something waiting by choice, change too): over the lanes that concern
+        (skips.replan_scope), or a full one."""
         last = self._last
-        scope = skips.replan_scope(self._lanes.items(), dirty | last.released, nodes, pools) if (
-            last.settled and last.unfit is not None) else None
+        scope = skips.replan_scope(self._lanes.items(), dirty | last.released | last.chosen, nodes, pools) if (
+            last.unfit is not None) else None
         return self.schedule() if scope is None else self.schedule(only=scope)
 
     def cancel(self, action_id: str) -> list[Started]:
@@ -338,7 +339,7 @@ class Engine:
                 self._release_mem(a.id)
             self.waiting[a.id] = rec
             self._enqueue(rec)
-            self._last.unfit = None
+            self._last.forget()  # a held group read it as running from now
             raise
         now = self.clock()
         rec.state = RUNNING

@@ -16,7 +16,7 @@ _NO_HOLDOUTS: Mapping[str, object] = MappingProxyType({})
 
 
 class LastRound:
-    __slots__ = ("unfit", "settled", "released", "holdouts", "holdout_classes")
+    __slots__ = ("unfit", "settled", "chosen", "released", "holdouts", "holdout_classes")
 
     def __init__(self) -> None:
         # what it could not start (Plan.unfit), minus the pools released since; None when
@@ -25,6 +25,9 @@ class LastRound:
         # whether it left every waiting action waiting for units (none by the policy's choice,
         # e.g. an elastic action holding out for more cores, except in holdouts)
         self.settled = False
+        # the pools where something waits by the policy's choice outside a holdout: those a round
+        # re-decides whatever else changed (unfit holds no entry for them)
+        self.chosen: set[str] = set()
         # the pools released since it planned them (or whose expected arrivals changed)
         self.released: set[str] = set()
         # its Plan.holdouts: elastic groups it made wait in full, handed back to the next
@@ -35,7 +38,7 @@ class LastRound:
 
     def forget(self) -> None:
         """Its leftovers, settledness and holdouts no longer hold: the next round re-decides all."""
-        self.unfit, self.settled = None, False
+        self.unfit, self.settled, self.chosen = None, False, set()
         self.holdouts, self.holdout_classes = _NO_HOLDOUTS, frozenset()
 
     def took(self, result: Plan, pools: Mapping) -> None:
@@ -44,12 +47,12 @@ class LastRound:
         self.holdouts = result.holdouts
         self.holdout_classes = result.holdout_classes
         unfit = self.unfit = dict(result.unfit)
-        # an unfit entry for every pool: whatever still waits, waits for units, not by choice
-        self.settled = len(unfit) >= len(pools) and unfit.keys() >= pools.keys()
-        if not self.settled and result.holdouts:
-            # or waits for units except groups held out whose inputs a release elsewhere leaves as they
-            # are: the next round would hold them again (the policy re-decides them on a change)
-            self.settled = all(p in unfit or p in result.holdouts for p in pools)
+        # an unfit entry for every pool: whatever still waits, waits for units, not by choice, or
+        # waits in groups held out whose inputs a release elsewhere leaves as they are: the next
+        # round would hold them again (the policy re-decides them on a change)
+        self.chosen = set() if len(unfit) >= len(pools) and unfit.keys() >= pools.keys() else {
+            p for p in pools if p not in unfit and p not in result.holdouts}
+        self.settled = not self.chosen
 
     def took_part(self, result: Plan, own: Iterable[str]) -> None:
         """A round over the lanes that could use the pools ``own`` (and no others) planned ``result``;
@@ -60,7 +63,8 @@ class LastRound:
         self.holdouts = MappingProxyType({p: h for p, h in self.holdouts.items() if p not in own} | dict(
             result.holdouts))
         self.holdout_classes |= result.holdout_classes  # a superset: more rounds run, none is missed
-        self.settled = self.settled and all(p in self.unfit or p in self.holdouts for p in own)
+        self.chosen = (self.chosen - own) | {p for p in own if p not in self.unfit and p not in self.holdouts}
+        self.settled = not self.chosen
         self.released -= own  # planned now
 
     def release(self, pname: str) -> None:

@@ -75,14 +75,16 @@ def release_wakes_nothing(lanes, released) -> bool:
 
 
 def replan_scope(lanes, dirty: set[str], nodes, pools) -> tuple[tuple, tuple[str, ...]] | None:
-    """After a settled round (the engine checks that), when only the ``dirty`` pools changed (an action
-    queued, units released, expected arrivals moved): the lanes a round must re-plan and the pools they
-    could use, when a round over those lanes alone plans what a full round would; else None.
+    """When only the ``dirty`` pools changed since the last round (an action queued, units released,
+    expected arrivals moved; the engine adds those where that round left something waiting by choice
+    outside a holdout): the lanes a round must re-plan and the pools they could use, when a round over
+    those lanes alone plans what a full round would; else None.
 
     The lanes are those that could use a dirty pool, closed over the pools they could use in turn
-    (lane_uses, lane_pools). Every other lane uses none of those pools: the full round reads for it
-    what the last round read and decides as that round did (release_wakes_nothing), its held groups
-    keep their inputs, and the lanes re-planned read the free units of pools nobody else takes.
+    (lane_uses, lane_pools). Every other lane uses none of those pools: its actions waited for units
+    or in held groups, so the full round reads for it what the last round read and decides as that
+    round did (release_wakes_nothing), its held groups keep their inputs, and the lanes re-planned
+    read the free units of pools nobody else takes.
     Two more conditions. Some pool other than memory that no lane could use: candidate selection
     stops early once every such pool is shut (schedule.py), and where that can happen the full
     round's look-ahead may differ from a partial round's; an unused pool is never shut. And no GPU

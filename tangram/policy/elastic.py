@@ -67,13 +67,14 @@ def _holdout_inputs(snap: Snapshot, pool: PoolState, capacity: int, group, other
 
     The other candidates start this round: next round they are running for the time the search
     read (their dispatches' estimates), the same inputs. The last entry, the class estimates read
-    (the durations of unprofiled actions: other candidates, the look-ahead, the arrivals), is
-    also read by elastic_allocation."""
+    (the durations of unprofiled actions in the look-ahead and the arrivals), is also read by
+    elastic_allocation."""
     upcoming = ()
     if pool.node is not None and snap.params.expect_arrivals and snap.upcoming:
         upcoming = upcoming_inputs(snap.upcoming, pool.node)
-    read = [c.action for c in others if c.action.t1_s is None]
-    read += [a for a in waiting_after if a.t1_s is None and pool.rtype in a.demands]
+    # not the other candidates' classes: next round they run, for the time their dispatches' estimates
+    # said (the running ids below), whatever their class estimate says by then
+    read = [a for a in waiting_after if a.t1_s is None and pool.rtype in a.demands]
     if upcoming:
         read += [a for _, a in upcoming[1] if a.t1_s is None]
     estimates = snap.class_estimates
