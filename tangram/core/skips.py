@@ -73,7 +73,6 @@ def release_wakes_nothing(lanes, released) -> bool:
     return True
 
 
-
 def replan_scope(lanes, dirty: set[str], nodes, pools) -> tuple[tuple, tuple[str, ...]] | None:
     """When only the ``dirty`` pools changed since the last round (an action queued, units released,
     expected arrivals moved; the engine adds those where that round left something waiting by choice
