@@ -79,6 +79,7 @@ def _run(wl, policy: str, seed: int, profile: bool) -> dict:
         "batch": wl.trajectories,
         "actions": s["actions"],
         "scheduling_rounds": s["scheduling_rounds"],
+        "scheduling_rounds_partial": s["scheduling_rounds_partial"],
         "wall_s": round(wall, 3),
         "actions_per_s": round(s["actions"] / wall, 1),
         "rounds_per_s": round(s["scheduling_rounds"] / wall, 1),

@@ -73,9 +73,10 @@ def test_a_shell_on_a_quiet_node_is_planned_alone_and_the_held_group_elsewhere_s
     seen = []
     policy = eng.policy
     eng.policy = lambda snap: (seen.append([a.id for a in snap.waiting]), policy(snap))[1]
+    partial = eng.rounds_partial
     started = eng.submit(make_action("shell", cpu=1, t1=1.0, trajectory="C"))
     assert [s.action.id for s in started] == ["shell"] and started[0].dispatch.node == "n1"
-    assert seen == [["shell"]]  # the round read n1's lane alone
+    assert seen == [["shell"]] and eng.rounds_partial == partial + 1  # the round read n1's lane alone
     assert "cpu@n0" in eng.snapshot().holdouts and "reward" in eng.waiting
     clock.advance(1.0)
     started = eng.complete("busy")  # n0's cores: the reward's lane is re-planned, and starts

@@ -61,7 +61,6 @@ class Engine:
         self._tail_key = float("-inf")  # the largest order key waiting after the last round
         self._nodes: tuple[str, ...] = ()
         self._nodes_of: tuple[set[str], tuple[str, ...]] | None = None
-        self.rounds_skipped = 0
         self.running: dict[str, ActionRecord] = {}
         # oldest first; an OrderedDict drops its oldest in O(1) (a dict's first key after
         # many pops from the front is found by a scan over the deleted slots)
@@ -74,7 +73,8 @@ class Engine:
         self._running_by_pool: dict[str, dict[str, tuple[float, float, int]]] = {}  # (start, est. end, units)
         # the same for running GPU actions by service: when its busy resident instances free (GPU affinity)
         self._running_by_service: dict[str, dict[str, tuple[float, float, int]]] = {}
-        self.rounds = 0
+        # rounds run (those over part of the lanes among them), and rounds skipped
+        self.rounds = self.rounds_partial = self.rounds_skipped = 0
 
     # ------------------------------------------------------------------ #
     # topology
@@ -285,6 +285,7 @@ class Engine:
         what a full round would (skips.replan_scope): the rest of the last round's outcome stands."""
         if only is not None:
             self.rounds += 1
+            self.rounds_partial += 1
             snap = self.snapshot(only[0])
             result = self.policy(snap)
             self._last.took_part(result, [p for p in only[1] if p in snap.pools])

@@ -82,6 +82,8 @@ def summarize(sim: Any) -> dict[str, Any]:
                          "lower_bound_mean_act_s": v[3] / v[0]} for k, v in classes.items()},
         "pools": pools,
         "scheduling_rounds": sim.engine.rounds,
+        "scheduling_rounds_partial": sim.engine.rounds_partial,  # over part of the lanes (docs/scheduling.md)
+        "scheduling_rounds_skipped": sim.engine.rounds_skipped,
     }
     if sim.gpu is not None:
         if sim._real_gpu:
