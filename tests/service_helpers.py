@@ -93,19 +93,22 @@ def assert_whole(rt: Runtime, *, live_envs_mem: int = 0) -> None:
                 assert not holders, f"{pool} still held by {holders}"
 
 
-def find_pids(marker: str) -> list[int]:
+def find_pids(marker: str, *, exact: bool = False) -> list[int]:
     """Live processes whose command line, its arguments joined by spaces, contains ``marker``
-    (``sleep 61.2`` finds the ``sleep`` itself, whose arguments /proc separates by NULs)."""
+    (``sleep 61.2`` finds the ``sleep`` itself, whose arguments /proc separates by NULs);
+    ``exact``: is ``marker``. A process on its way to the marked one (``sh -c 'exec sleep 61.2'``)
+    contains it too, but not while it execs: /proc then shows an empty command line for a moment."""
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                if marker.encode() in f.read().replace(b"\0", b" "):
-                    out.append(int(d))
+                cmd = f.read().replace(b"\0", b" ")
         except OSError:
-            pass
+            continue
+        if (cmd.strip() == marker.encode()) if exact else (marker.encode() in cmd):
+            out.append(int(d))
     return out
 
 

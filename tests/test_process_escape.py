@@ -100,11 +100,14 @@ async def test_a_cancelled_action_leaves_no_detached_process(executor, mark):
     up = os.path.join(ex.env_dir("e"), "up.txt")
     t0 = time.monotonic()
     deadline = t0 + 40  # a loaded machine starts it late
-    while not (os.path.exists(up) and find_pids(f"sleep {m}")) and time.monotonic() < deadline and not task.done():
+    # the sleep itself, not a process on its way to it (setsid, env, sh -c 'exec ...'): one that is
+    # still exec'ing shows no command line for a moment, and a second look could miss it
+    while not (os.path.exists(up) and find_pids(f"sleep {m}", exact=True)) and time.monotonic() < deadline and (
+            not task.done()):
         await asyncio.sleep(0.01)
     # a command that ended (or an exec that raised) before its escapee was seen says why
     ended = (task.exception() or task.result()) if task.done() else None
-    assert find_pids(f"sleep {m}"), (f"the detached sleep never started: after {time.monotonic() - t0:.1f} s, "
+    assert find_pids(f"sleep {m}", exact=True), (f"the detached sleep never started: after {time.monotonic() - t0:.1f} s, "
                                      f"up.txt {'written' if os.path.exists(up) else 'missing'}, "
                                      f"the action {'ended: ' + repr(ended) if task.done() else 'still running'}")
     task.cancel()
@@ -156,9 +159,9 @@ async def test_a_process_that_changes_its_credentials_and_session_dies_with_its_
         # cancelled rather than timed out: the same
         task = asyncio.ensure_future(ex.exec("e", command.format(m=m), p))
         deadline = time.monotonic() + 20  # a loaded machine starts it late
-        while not find_pids(f"sleep {m}") and time.monotonic() < deadline:
+        while not find_pids(f"sleep {m}", exact=True) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        assert find_pids(f"sleep {m}"), "the escapee never started"
+        assert find_pids(f"sleep {m}", exact=True), "the escapee never started"
         await asyncio.sleep(0.1)  # time for it to leave the process group
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -230,14 +233,14 @@ async def test_docker_an_action_ending_spares_what_a_concurrent_action_of_its_en
                   f"until pgrep -x -f 'sleep {cleared}' >/dev/null; do sleep 0.01; done; echo b-up > b-up; sleep 3",
         Placement("b", None, dop=1)))
     for _ in range(500):
-        if find_pids(f"sleep {cleared}") and find_pids(f"sleep {helper}"):
+        if find_pids(f"sleep {cleared}", exact=True) and find_pids(f"sleep {helper}", exact=True):
             break
         await asyncio.sleep(0.01)
-    assert find_pids(f"sleep {helper}") and find_pids(f"sleep {cleared}")
+    assert find_pids(f"sleep {helper}", exact=True) and find_pids(f"sleep {cleared}", exact=True)
     r = await docker_ex.exec("escape", f"{DOUBLE_FORK}; {RUNNING}".format(m=mine), Placement("a", None, dop=1))
     assert (r.status, r.stdout) == (SUCCEEDED, "running\n"), r
     assert find_pids(f"sleep {mine}") == []  # A's escapee is gone ...
-    assert find_pids(f"sleep {helper}") and find_pids(f"sleep {cleared}")  # ... B's processes are not
+    assert find_pids(f"sleep {helper}", exact=True) and find_pids(f"sleep {cleared}", exact=True)  # ... B's are not
     rb = await b
     assert rb.status == SUCCEEDED, rb
     assert find_pids(f"sleep {helper}") == [] and find_pids(f"sleep {cleared}") == []  # they end with B
