@@ -133,12 +133,11 @@ class Engine:
             self._tail_key = key
             self.rounds_skipped += 1
             return []
-        if arrivals_moved is True:
+        if arrivals_moved is True or self._last.unfit is None:
             return self.schedule()
-        nodes = self.nodes(pools)
-        dirty = lane_pools(self._lanes.lane_of(action.id), nodes)
+        dirty = lane_pools(self._lanes.lane_of(action.id), self.nodes(pools))
         return self._round(dirty | {f"{t}@{arrivals_moved}" for t in ("cpu", "gpu")} if arrivals_moved else dirty,
-                           nodes, pools)
+                           pools)
 
     def complete(self, action_id: str, status: str = "succeeded", *, restore_s: float = 0.0) -> list[Started]:
         """The driver reports that a running action ended; free its units and schedule.
@@ -166,16 +165,17 @@ class Engine:
         if self._release_wakes_nothing():
             self.rounds_skipped += 1
             return []
-        pools = self.pool_states()
-        return self._round(set(), self.nodes(pools), pools)
+        return self._round(set())
 
-    def _round(self, dirty: set[str], nodes: tuple[str, ...], pools: Mapping[str, PoolState]) -> list[Started]:
+    def _round(self, dirty: set[str], pools: Mapping[str, PoolState] | None = None) -> list[Started]:
         """A round when only ``dirty`` pools changed since the last one (those released since, and those
         where it left something waiting by choice, change too): over the lanes that concern
         (skips.replan_scope), or a full one."""
         last = self._last
-        scope = skips.replan_scope(self._lanes.items(), dirty | last.released | last.chosen, nodes, pools) if (
-            last.unfit is not None) else None
+        if last.unfit is None:
+            return self.schedule()
+        pools = self.pool_states() if pools is None else pools
+        scope = skips.replan_scope(self._lanes.items(), dirty | last.released | last.chosen, self.nodes(pools), pools)
         return self.schedule() if scope is None else self.schedule(only=scope)
 
     def cancel(self, action_id: str) -> list[Started]:
@@ -446,7 +446,7 @@ class Engine:
     def _release_wakes_nothing(self) -> bool:
         """Whether a round now would start nothing (skips.release_wakes_nothing)."""
         last = self._last
-        if not last.settled or last.unfit is None or not self.waiting:
+        if not last.settled or not self.waiting:
             return False
         return skips.release_wakes_nothing(self._lanes.items(), last.released)
 

@@ -50,10 +50,10 @@ def check(action: Action, pools: Mapping[str, PoolState], nodes: Sequence[str], 
 
 def _check_siblings(action: Action, pools: Mapping[str, PoolState], nodes: Sequence[str],
                     siblings: Sequence[Action]) -> None:
-    if not siblings or hostable_nodes([action, *siblings], nodes, pools, every=True):
+    if not siblings or _hosting_all([action, *siblings], nodes, pools):
         return
     # name the first sibling it cannot share any node with (else all of them: only together they exclude it)
-    apart = [s for s in siblings if not hostable_nodes([action, s], nodes, pools, every=True)][:1] or siblings
+    apart = [s for s in siblings if not _hosting_all([action, s], nodes, pools)][:1] or siblings
     ids = ", ".join(repr(s.id) for s in apart)
     raise UnschedulableError(
         "trajectory", f"no node can run it together with its trajectory's waiting action(s) {ids}: a trajectory "
@@ -81,17 +81,20 @@ def cap_to_capacity(action: Action, pools: Mapping[str, PoolState]) -> Action:
     return dataclasses.replace(action, demands=MappingProxyType(demands), key=elastic[0] if elastic else None)
 
 
-def hostable_nodes(actions: Sequence[Action], nodes: Sequence[str], pools: Mapping[str, PoolState],
-                   every: bool = False) -> tuple | None:
+def hostable_nodes(actions: Sequence[Action], nodes: Sequence[str], pools: Mapping[str, PoolState]) -> tuple | None:
     """The nodes that could ever run every one of an unplaced trajectory's waiting CPU ``actions``
-    (cores, GPUs, memory), where fewer than all (``every``: all of them too); None when every
-    node (unless ``every``) or none could.
+    (cores, GPUs, memory), where fewer than all; None when every node or none could.
 
     Placing the trajectory by one of them binds the others to that node: elsewhere one
     could never run, and would wait for ever (the policy reads this as Snapshot.hostable).
     """
-    ok = tuple(n for n in nodes if all(_node_cannot_host(a, n, pools, True) is None for a in actions))
-    return ok if ok and (every or len(ok) < len(nodes)) else None
+    ok = _hosting_all(actions, nodes, pools)
+    return ok if ok and len(ok) < len(nodes) else None
+
+
+def _hosting_all(actions: Sequence[Action], nodes: Sequence[str], pools: Mapping[str, PoolState]) -> tuple[str, ...]:
+    """The nodes that could ever run every one of ``actions``, placing a trajectory's memory."""
+    return tuple(n for n in nodes if all(_node_cannot_host(a, n, pools, True) is None for a in actions))
 
 
 def _node_cannot_host(action: Action, node: str, pools: Mapping[str, PoolState], unplaced: bool) -> tuple[str, str] | None:

@@ -16,15 +16,12 @@ _NO_HOLDOUTS: Mapping[str, object] = MappingProxyType({})
 
 
 class LastRound:
-    __slots__ = ("unfit", "settled", "chosen", "released", "holdouts", "holdout_classes")
+    __slots__ = ("unfit", "chosen", "released", "holdouts", "holdout_classes")
 
     def __init__(self) -> None:
         # what it could not start (Plan.unfit), minus the pools released since; None when
         # something else changed (a cancel, a tick, a new manager)
         self.unfit: dict[str, int] | None = None
-        # whether it left every waiting action waiting for units (none by the policy's choice,
-        # e.g. an elastic action holding out for more cores, except in holdouts)
-        self.settled = False
         # the pools where something waits by the policy's choice outside a holdout: those a round
         # re-decides whatever else changed (unfit holds no entry for them)
         self.chosen: set[str] = set()
@@ -36,9 +33,15 @@ class LastRound:
         # the classes whose estimates they read, which a completion moves without a release
         self.holdout_classes: frozenset[str] = frozenset()
 
+    @property
+    def settled(self) -> bool:
+        """Whether it left every waiting action waiting for units (none by the policy's choice, e.g. an
+        elastic action holding out for more cores, except in holdouts), and still holds."""
+        return self.unfit is not None and not self.chosen
+
     def forget(self) -> None:
         """Its leftovers, settledness and holdouts no longer hold: the next round re-decides all."""
-        self.unfit, self.settled, self.chosen = None, False, set()
+        self.unfit, self.chosen = None, set()
         self.holdouts, self.holdout_classes = _NO_HOLDOUTS, frozenset()
 
     def took(self, result: Plan, pools: Mapping) -> None:
@@ -52,7 +55,6 @@ class LastRound:
         # round would hold them again (the policy re-decides them on a change)
         self.chosen = set() if len(unfit) >= len(pools) and unfit.keys() >= pools.keys() else {
             p for p in pools if p not in unfit and p not in result.holdouts}
-        self.settled = not self.chosen
 
     def took_part(self, result: Plan, own: Iterable[str]) -> None:
         """A round over the lanes that could use the pools ``own`` (and no others) planned ``result``;
@@ -64,7 +66,6 @@ class LastRound:
             result.holdouts))
         self.holdout_classes |= result.holdout_classes  # a superset: more rounds run, none is missed
         self.chosen = (self.chosen - own) | {p for p in own if p not in self.unfit and p not in self.holdouts}
-        self.settled = not self.chosen
         self.released -= own  # planned now
 
     def release(self, pname: str) -> None:
