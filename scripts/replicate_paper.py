@@ -204,7 +204,10 @@ def load_sweep(cfg, seed):
 def sweep_row(batch: int, res: dict) -> dict:
     """One batch of a load sweep: every policy's results, tangram's losses and its bounds."""
     t = res["tangram"]
-    losses = [{"policy": p, "measure": m, "tangram": t[m], "baseline": r[m], "ratio": ratio(t[m], r[m])}
+    # a baseline that failed calls (api-naive gives up after its retries) ends those actions and their
+    # trajectories early: its loss entries say how many, so a win by dropping work reads as one
+    losses = [{"policy": p, "measure": m, "tangram": t[m], "baseline": r[m], "ratio": ratio(t[m], r[m]),
+               "baseline_failed": r.get("failed", 0)}
               for p, r in res.items() if p != "tangram" for m in MEASURES if r[m] < t[m] * (1 - 1e-6)]
     return {"batch": batch, "results": res, "losses": losses,
             "lower_bound_mean_act_s": t["lower_bound_mean_act_s"],
@@ -226,7 +229,9 @@ def sweep_markdown(sweep: dict) -> str:
             for m in MEASURES:
                 p, r = min(((p, r) for p, r in res.items() if not p.startswith("tangram")), key=lambda pr: pr[1][m])
                 best.append(f"{r[m]:.1f} ({p})")
-            lost = ", ".join(f"{x['measure'][:-2]} vs {x['policy']} ({x['ratio']}x)" for x in row["losses"]) or "nothing"
+            lost = ", ".join(f"{x['measure'][:-2]} vs {x['policy']} ({x['ratio']}x"
+                             + (f", it failed {x['baseline_failed']:,} calls" if x.get("baseline_failed") else "") + ")"
+                             for x in row["losses"]) or "nothing"
             share = t.get("restore_share_of_exec") or 0.0
             mem = (f"{row['memory_bound_mean_act_s']:.2f} / {row['memory_bound_step_time_s']:.0f}"
                    if row.get("memory_bound_mean_act_s") is not None else "-")

@@ -72,3 +72,21 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
     assert set(out["growth"]) == {"cores_4x", "queued_10x_blocked", "queued_10x_blocked_events",
                                   "cores_4x_cpu", "queued_10x_blocked_cpu"}
     assert out["round_cpu_median_ms"] == out["sizes"][0]["round_cpu_median_ms"]
+
+
+def test_load_sweep_table_says_when_a_baseline_won_by_failing_calls():
+    rp = load("replicate_paper")
+
+    def summary(mean, p99, step, failed):
+        return {"mean_act_s": mean, "p99_act_s": p99, "step_time_s": step, "failed": failed,
+                "lower_bound_mean_act_s": 1.0, "overload_bound_mean_act_s": 1.0}
+
+    row = rp.sweep_row(512, {"tangram": summary(10.0, 50.0, 900.0, 0),
+                             "api-naive": summary(8.0, 60.0, 800.0, 1037),
+                             "static-services": summary(9.0, 70.0, 950.0, 0)})
+    lost = {(x["policy"], x["measure"]): x["baseline_failed"] for x in row["losses"]}
+    assert lost == {("api-naive", "mean_act_s"): 1037, ("api-naive", "step_time_s"): 1037,
+                    ("static-services", "mean_act_s"): 0}
+    table = rp.sweep_markdown({"workloads": {"w": {"rows": [row]}}})
+    assert "mean_act vs api-naive (1.25x, it failed 1,037 calls)" in table
+    assert "mean_act vs static-services (1.11x)" in table
