@@ -19,10 +19,13 @@ from tangram.policy.snapshot import Snapshot
 class Affinity:
     """The idle resident GPU instances not yet claimed this round: pool -> model -> DoP -> count."""
 
-    __slots__ = ("left", "busy", "frees")
+    __slots__ = ("left", "unclaimed", "busy", "frees")
 
     def __init__(self, pools) -> None:
         self.left: dict[str, dict[str, dict[int, int]]] = {}
+        # model -> its idle instances not yet claimed, over every pool: most waiting GPU actions'
+        # services have none, and a round asks for each of them (affinity_order)
+        self.unclaimed: dict[str, int] = {}
         self.busy: dict[str, dict[int, int]] = {}  # model -> DoP -> resident instances that are running
         # (model, DoPs) -> min-heap of when each of its usable busy instances frees, past the actions held
         # for it this round (:func:`_hold`)
@@ -33,6 +36,7 @@ class Affinity:
                 model, dop = parse_service(service)
                 per = self.left.setdefault(name, {}).setdefault(model, {})
                 per[dop] = per.get(dop, 0) + 1
+                self.unclaimed[model] = self.unclaimed.get(model, 0) + 1
             if p.chunked and p.idle is not None:
                 for service in p.resident:
                     if service not in idle:
@@ -49,8 +53,25 @@ class Affinity:
         options = a.demands["gpu"].options
         return frozenset(u for u, n in counts.items() if n > 0 and u in options)
 
+    def has(self, pname: str, a: Action) -> bool:
+        """Whether :meth:`dops` is not empty (without building it)."""
+        per = self.left.get(pname)
+        counts = per.get(a.service) if per and a.service is not None else None
+        if not counts:
+            return False
+        options = a.demands["gpu"].options
+        for u, n in counts.items():
+            if n > 0 and u in options:
+                return True
+        return False
+
     def any_hit(self, a: Action, gpu_pools, closed) -> bool:
-        return any(pname not in closed and self.dops(pname, a) for pname in gpu_pools)
+        if not self.unclaimed.get(a.service):
+            return False
+        for pname in gpu_pools:
+            if pname not in closed and self.has(pname, a):
+                return True
+        return False
 
     def claim(self, pname: str, a: Action) -> frozenset[int]:
         """Take one idle instance for ``a`` (it runs on one): the DoP at which it ends soonest
@@ -60,6 +81,7 @@ class Affinity:
             return hits
         u = min(hits, key=lambda d: (a.duration(d) or 0.0, d))  # no T1 known: the smallest
         self.left[pname][a.service][u] -= 1
+        self.unclaimed[a.service] -= 1
         return frozenset((u,))
 
 
@@ -118,8 +140,9 @@ def _hold(a: Action, affinity: Affinity, snap: Snapshot) -> bool:
     options = a.demands["gpu"].options
     key = (a.service, options)
     frees = affinity.frees.get(key)
-    expected = expected_s(a, snap.class_estimates, snap.params.default_duration_s)
+    expected = None  # read only when needed: most calls find the first instance frees too late
     if frees is None:
+        expected = expected_s(a, snap.class_estimates, snap.params.default_duration_s)
         busy = sum(n for dop, n in per.items() if dop in options)
         left = sorted(s for s, dop in snap.running_services.get(a.service, ()) if dop in options)
         # sorted as a whole (a heap): a known time can be later than an evenly spread one
@@ -129,6 +152,8 @@ def _hold(a: Action, affinity: Affinity, snap: Snapshot) -> bool:
         return False
     restore = a.restore_s.get(a.demands["gpu"].min, 0.0)
     if frees[0] < restore:
+        if expected is None:
+            expected = expected_s(a, snap.class_estimates, snap.params.default_duration_s)
         heapq.heapreplace(frees, frees[0] + expected)
         return True
     return False

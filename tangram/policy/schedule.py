@@ -377,7 +377,7 @@ def _node_preference(a: Action, node: str, snap: Snapshot, free, affinity: Affin
     if "gpu" in a.demands:
         gp = snap.pools[pool_name("gpu", node)]
         # an idle instance of its service to take (a cache hit), then the most free GPUs
-        return (bool(affinity.dops(gp.name, a)), free[gp.name])
+        return (affinity.has(gp.name, a), free[gp.name])
     mname = pool_name("mem", node)
     mem_free = free.get(mname, 0)
     return (mem_free, free[pool_name("cpu", node)])
