@@ -63,6 +63,34 @@ def test_every_action_finishes_under_aging_with_random_sizes(seed):
         assert r.queued_s <= ahead + 8.0
 
 
+def test_a_capped_window_bounds_how_long_a_long_action_is_passed():
+    """With aging_cap_s, arrivals more than the cap after a waiting action sort behind it, however
+    long it is: the 40 s action (window 160 s uncapped) starts once the work submitted within
+    10 s of it is done, not 160 s of it."""
+    starts = {}
+    for cap in (None, 10.0):
+        eng, clock = make_engine(make_node(cores=1), params=PolicyParams(order="aging", aging_k=4.0, aging_cap_s=cap))
+        arrivals = [(0.5 * i, _short(i)) for i in range(600)]
+        arrivals.insert(4, (2.0, make_action("long", cpu=1, t1=40.0)))
+        drive(eng, clock, arrivals, lambda s: s.action.t1_s)
+        long = eng.record("long")
+        assert long.state == "succeeded"
+        starts[cap] = long.started_at
+        key = 2.0 + (4.0 * 40.0 if cap is None else cap)
+        ahead = sum(1 for i in range(600) if 0.5 * i + 4.0 * 1.0 < key)  # short ones sorting before it
+        assert long.started_at <= 2.0 + ahead * 1.0 + 1.0
+        later = [eng.record(f"s{i}") for i in range(600) if 0.5 * i + 4.0 * 1.0 > key]
+        assert later and all(r.started_at >= long.started_at for r in later)
+    assert starts[10.0] < starts[None] - 100.0
+
+
+def test_the_cap_only_shortens_windows_longer_than_it():
+    a = make_action("x", cpu=1, t1=3.0)
+    assert order_key(a, 10.0, "aging", 4.0, {}, 1.0, aging_cap_s=5.0) == 15.0  # 12 s window capped
+    assert order_key(a, 10.0, "aging", 4.0, {}, 1.0, aging_cap_s=20.0) == 22.0  # under the cap: as before
+    assert order_key(a, 10.0, "fcfs", 4.0, {}, 1.0, aging_cap_s=5.0) == 10.0
+
+
 def test_order_key_is_fixed_per_action():
     a = make_action("x", cpu=1, t1=3.0)
     assert order_key(a, 10.0, "fcfs", 4.0, {}, 1.0) == 10.0
@@ -79,6 +107,9 @@ def test_order_is_validated():
         PolicyParams(order="sjf")
     with pytest.raises(ValueError, match="aging_k"):
         PolicyParams(aging_k=-1.0)
+    for bad in (-1.0, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="aging_cap_s"):
+            PolicyParams(aging_cap_s=bad)
 
 
 def test_the_cluster_config_chooses_the_order():
@@ -92,3 +123,19 @@ def test_the_cluster_config_chooses_the_order():
     assert (default.order, default.aging_k, default.affinity_k) == (d.order, d.aging_k, d.affinity_k)
     with pytest.raises(ConfigError, match="scheduler.affinity_k"):
         parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"affinity_k": -1}})
+    assert default.aging_cap_s is None
+    capped = parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"aging_cap_s": 30}})
+    assert capped.aging_cap_s == 30
+    for bad in (-1, "30", True):
+        with pytest.raises(ConfigError, match="scheduler.aging_cap_s"):
+            parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"aging_cap_s": bad}})
+
+
+async def test_the_service_engine_gets_the_configured_cap():
+    from tangram.service.build import build_runtime
+    from tangram.service.config import parse_config
+
+    cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "api_pools": {"search": {"concurrency": 2}},
+                        "scheduler": {"aging_cap_s": 12.5}})
+    async with await build_runtime(cfg) as rt:
+        assert rt.engine.params.aging_cap_s == 12.5

@@ -25,7 +25,7 @@ from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_pools
 from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
-from tangram.policy.order import order_key
+from tangram.policy.order import params_key
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
@@ -403,9 +403,7 @@ class Engine:
         """Into its lane at its order key (``first``: ahead of everything); returns the key."""
         a = rec.action
         self.waiting.setdefault(a.id, rec)
-        p = self.params
-        key = float("-inf") if first else order_key(
-            a, rec.submitted_at, p.order, p.aging_k, self.estimator.class_estimates(), p.default_duration_s)
+        key = float("-inf") if first else params_key(a, rec.submitted_at, self.params, self.estimator.class_estimates())
         self._lanes.add(a, self._lane(a), key)
         if a.trajectory is not None and "cpu" in a.demands:
             ids = self._waiting_cpu_of.setdefault(a.trajectory, set())

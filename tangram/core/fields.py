@@ -36,6 +36,11 @@ class Fields:
             prefix = "" if where == "<root>" else f"{where}."
             raise self.error(f"{prefix}{unknown[0]}", f"unknown field (expected one of {sorted(keys)})")
 
+    def boolean(self, v: Any, where: str) -> bool:
+        if not isinstance(v, bool):
+            raise self.error(where, f"must be true or false, got {v!r}")
+        return v
+
     def string(self, v: Any, where: str) -> str:
         if not isinstance(v, str) or not v:
             raise self.error(where, "is required" if v is None else f"must be a non-empty string, got {v!r}")

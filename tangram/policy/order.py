@@ -12,6 +12,9 @@ and a round reads a prefix of it (candidate selection stays O(candidates)).
   behind it. With a blocked head reserving its pools, ``a``'s wait is thus
   bounded by the work submitted in a window of ``aging_k`` times its own
   expected duration, which is what makes the order starvation-free.
+  ``aging_cap_s`` (PolicyParams, off by default) caps that window in
+  seconds: no action is passed by one submitted more than ``aging_cap_s``
+  after it, so the longest actions trade some of the mean for their tail.
 """
 from __future__ import annotations
 
@@ -34,8 +37,17 @@ def expected_s(a: Action, class_estimates: Mapping[str, float], default_s: float
 
 
 def order_key(a: Action, submitted_at: float, order: str, aging_k: float,
-              class_estimates: Mapping[str, float], default_s: float) -> float:
+              class_estimates: Mapping[str, float], default_s: float, aging_cap_s: float | None = None) -> float:
     """Sort key of a waiting action (ties are broken by arrival by the caller)."""
     if order == "fcfs":
         return submitted_at
-    return submitted_at + aging_k * expected_s(a, class_estimates, default_s)
+    window = aging_k * expected_s(a, class_estimates, default_s)
+    if aging_cap_s is not None and window > aging_cap_s:
+        window = aging_cap_s
+    return submitted_at + window
+
+
+def params_key(a: Action, submitted_at: float, params, class_estimates: Mapping[str, float]) -> float:
+    """:func:`order_key` with the order's knobs read from ``params`` (a PolicyParams)."""
+    return order_key(a, submitted_at, params.order, params.aging_k, class_estimates, params.default_duration_s,
+                     params.aging_cap_s)

@@ -34,6 +34,9 @@ class PolicyParams:
     # aging with k = 4 measured best on mean and p99 ACT across the built-in workloads (docs/results)
     order: str = "aging"
     aging_k: float = 4.0
+    # a configured bound on the aging window, in seconds (None: aging_k x expected alone): no action
+    # is passed by one submitted more than this after it, whatever its size (tangram.policy.order)
+    aging_cap_s: float | None = None
     # GPU affinity window (aging order only): an action whose service has no idle resident instance
     # is considered affinity_k times its restore time later than its key, so queued actions of a
     # resident service claim their instance first (tangram.policy.schedule); 0 turns it off
@@ -54,6 +57,9 @@ class PolicyParams:
             raise ValueError(f"order: must be 'fcfs' or 'aging', got {self.order!r}")
         if not (0 <= self.aging_k < float("inf")):
             raise ValueError(f"aging_k: must be a finite number >= 0, got {self.aging_k}")
+        if self.aging_cap_s is not None and (isinstance(self.aging_cap_s, bool) or not (
+                0 <= self.aging_cap_s < float("inf"))):
+            raise ValueError(f"aging_cap_s: must be None or a finite number >= 0, got {self.aging_cap_s!r}")
         if not (0 <= self.affinity_k < float("inf")):
             raise ValueError(f"affinity_k: must be a finite number >= 0, got {self.affinity_k}")
         if not isinstance(self.expect_arrivals, bool):

@@ -117,6 +117,7 @@ class ClusterConfig:
     dop_caps: Mapping[str, int] = field(default_factory=dict)  # class -> cap on its key resource (`tangram tune`)
     order: str = "aging"  # queue order (tangram.policy.order): "fcfs" or "aging"
     aging_k: float = 4.0
+    aging_cap_s: float | None = None  # cap on the aging window in seconds (tangram.policy.order); None: none
     affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
     expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray
@@ -189,7 +190,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     service = _service(root.get("service", {}), "service", base_dir)
     sched = _mapping(root.get("scheduler", {}), "scheduler")
     _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k",
-                                 "affinity_k", "expect_arrivals"})
+                                 "aging_cap_s", "affinity_k", "expect_arrivals"})
     depth = _int(sched.get("depth", 2), "scheduler.depth", lo=1)
     lookahead = _int(sched.get("lookahead", 32), "scheduler.lookahead", lo=0)
     dflt = _number(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s")
@@ -199,10 +200,10 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     if order not in ("fcfs", "aging"):
         raise ConfigError("scheduler.order", f"must be 'fcfs' or 'aging', got {order!r}")
     aging_k = _number(sched.get("aging_k", 4.0), "scheduler.aging_k")
+    cap = sched.get("aging_cap_s")
+    aging_cap_s = None if cap is None else _FIELDS.number(cap, "scheduler.aging_cap_s", lo=0)
     affinity_k = _FIELDS.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
-    expect_arrivals = sched.get("expect_arrivals", True)
-    if not isinstance(expect_arrivals, bool):
-        raise ConfigError("scheduler.expect_arrivals", f"must be true or false, got {expect_arrivals!r}")
+    expect_arrivals = _bool(sched.get("expect_arrivals", True), "scheduler.expect_arrivals")
     if "cpu_nodes" in root:
         cpu_nodes = tuple(_cpu_node(n, f"cpu_nodes[{i}]") for i, n in enumerate(_list(root["cpu_nodes"], "cpu_nodes")))
     else:
@@ -241,8 +242,8 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
         raise ConfigError("sandbox_fusion.key", "must differ from the service token (it goes into URLs)")
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
                          profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt,
-                         dop_caps=dop_caps, order=order, aging_k=aging_k, affinity_k=affinity_k,
-                         expect_arrivals=expect_arrivals,
+                         dop_caps=dop_caps, order=order, aging_k=aging_k, aging_cap_s=aging_cap_s,
+                         affinity_k=affinity_k, expect_arrivals=expect_arrivals,
                          scaleout=scaleout, sandbox_fusion=sandbox)
 
 
@@ -331,9 +332,7 @@ def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
         raise ConfigError(f"{where}.isolation", f"must be 'sandbox' or 'none', got {isolation!r}")
     if executor == "docker" and isolation != "sandbox":
         raise ConfigError(f"{where}.isolation", "docker nodes always isolate commands in containers")
-    allow_network = m.get("allow_network", False)
-    if not isinstance(allow_network, bool):
-        raise ConfigError(f"{where}.allow_network", f"must be true or false, got {allow_network!r}")
+    allow_network = _bool(m.get("allow_network", False), f"{where}.allow_network")
     readonly = tuple(_str(p, f"{where}.readonly[{i}]") for i, p in enumerate(_list(m.get("readonly", []), f"{where}.readonly")))
     for i, p in enumerate(readonly):
         if not os.path.isabs(p):
@@ -372,9 +371,7 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
             raise ConfigError(f"{sw}.name", f"must not contain '@', got {sname!r}")
         state_mb = _int(sm.get("state_mb", 0), f"{sw}.state_mb", lo=0)
         overhead_mb = _int(sm.get("overhead_mb", 0), f"{sw}.overhead_mb", lo=0)
-        sharded = sm.get("sharded", False)
-        if not isinstance(sharded, bool):
-            raise ConfigError(f"{sw}.sharded", f"must be true or false, got {sharded!r}")
+        sharded = _bool(sm.get("sharded", False), f"{sw}.sharded")
         opts = dict(_mapping(sm.get("options", {}), f"{sw}.options"))
         services.append(GpuServiceConfig(name=sname, state_mb=state_mb, sharded=sharded,
                                          overhead_mb=overhead_mb, options=opts))
@@ -456,7 +453,7 @@ def _replace(cfg: ClusterConfig, **kw: Any) -> ClusterConfig:
 
 _FIELDS = Fields(ConfigError)
 _mapping, _list, _known, _str, _int = _FIELDS.mapping, _FIELDS.list, _FIELDS.known, _FIELDS.string, _FIELDS.integer
-_number = _FIELDS.positive
+_number, _bool = _FIELDS.positive, _FIELDS.boolean
 
 
 def _cores(v: Any, where: str, *, available: tuple[int, ...] | None = None) -> tuple[int, ...]:
