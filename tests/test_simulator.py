@@ -137,6 +137,20 @@ def test_api_naive_retries_and_tangram_never_does():
     assert managed["retries"] == 0 and managed["failed"] == 0
 
 
+def test_api_retry_is_api_naive_that_never_gives_up():
+    """Where the naive client fails calls after its retries, the same client retrying until it
+    succeeds fails none, and runs every call the full time it takes (a failed call ends early)."""
+    wl = small_search(64)
+    naive = simulate(wl, "api-naive", seed=0)
+    retry = simulate(wl, "api-retry", seed=0)
+    assert naive.summary["failed"] > 0
+    assert retry.summary["failed"] == 0 and retry.summary["retries"] > 0
+    assert retry.summary["actions"] == naive.summary["actions"]
+    check_complete(wl, retry)
+    api = [r for r in retry.records if r.rtype.startswith("api:")]
+    assert api and all(r.end - r.start == pytest.approx(r.run_s) for r in api)
+
+
 def test_static_services_reserve_their_gpus_for_the_whole_step():
     wl = load_workload("mopd").with_batch(16)
     res = simulate(wl, "static-services")

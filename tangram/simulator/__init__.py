@@ -5,7 +5,7 @@ YAML file; ``simulate(workload, policy, seed=...)`` runs its rollout steps and
 returns a summary (ACT split into queueing and execution, step time, pool
 utilisation, retries, and the lower bound). Policies: ``tangram``,
 ``trajectory``, ``fixed-dop:N``, ``static-services``, ``serverless``,
-``api-naive`` (see :mod:`tangram.simulator.policies`).
+``api-naive``, ``api-retry`` (see :mod:`tangram.simulator.policies`).
 """
 from tangram.simulator.errors import WorkloadError
 from tangram.simulator.policies import POLICY_NAMES, policy_spec

@@ -18,7 +18,11 @@
                    fixed DoP, loaded on demand from disk, one model per GPU (no
                    multi-model residency), no affinity in placement
 ``api-naive``      API calls bypass the engine's quota manager; the API
-                   answers 429 over its limits and callers retry with backoff
+                   answers 429 over its limits and callers retry with backoff,
+                   giving up after ``max_retries`` (the call fails and its
+                   trajectory goes on without the answer)
+``api-retry``      the same client retrying until the call succeeds: it loses
+                   no work, so its ACT and step compare like for like
 =================  ==========================================================
 
 No policy is re-implemented here: a baseline is the elastic ``plan`` with
@@ -34,7 +38,8 @@ from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Plan, PolicyParams, Snapshot
 from tangram.simulator.errors import WorkloadError
 
-POLICY_NAMES = ("tangram", "tangram:ORDER", "trajectory", "fixed-dop:N", "static-services", "serverless", "api-naive")
+POLICY_NAMES = ("tangram", "tangram:ORDER", "trajectory", "fixed-dop:N", "static-services", "serverless", "api-naive",
+                "api-retry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,7 @@ class PolicySpec:
     cpu_mode: str = "action"  # "action" | "pod"
     gpu_mode: str = "eoe"  # "eoe" | "static" | "serverless"
     api_mode: str = "managed"  # "managed" | "naive"
+    api_gives_up: bool = True  # naive: a call fails after the workload's max_retries (False: retries until it succeeds)
 
 
 def _no_affinity(snap: Snapshot) -> Plan:
@@ -69,6 +75,8 @@ def policy_spec(name: str) -> PolicySpec:
         return PolicySpec(name, plan=_no_affinity, gpu_mode="serverless")
     if name == "api-naive":
         return PolicySpec(name, api_mode="naive")
+    if name == "api-retry":
+        return PolicySpec(name, api_mode="naive", api_gives_up=False)
     if name.startswith("fixed-dop:"):
         raw = name.split(":", 1)[1]
         if not raw.isdigit() or int(raw) < 1:

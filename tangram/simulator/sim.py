@@ -422,7 +422,7 @@ class Simulation:
             self._push(self.now + rec.run_s, FINISH, rec)
             return
         rec.retries += 1
-        if rec.retries > b.max_retries:
+        if self.spec.api_gives_up and rec.retries > b.max_retries:
             rec.failed = True
             self._push(self.now + b.reject_s, FINISH, rec)
             return
