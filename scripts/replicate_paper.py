@@ -262,6 +262,8 @@ def _plot_sweep(sweep: dict, out: Path, plt) -> list[str]:
                     "lower_bound_step_time_s", 0) * (1 + 1e-9) for r in rows):
                 ax.plot(x, [r.get("memory_bound_step_time_s") for r in rows], "k--", label="memory-slot bound")
             ax.set(xlabel="batch (trajectories)", ylabel=titles[m], xscale="log", yscale="log")
+            ax.set_xticks(x, [str(b) for b in x], minor=False)  # the batches run, not log-scale minor ticks
+            ax.xaxis.set_minor_formatter(plt.NullFormatter())
         axes[0].legend(fontsize=7)
         fig.suptitle(f"Load sweep: {name}")
         files.append(_save(fig, out / f"load_sweep_{name}.png"))
