@@ -46,24 +46,18 @@ class Affinity:
 
     def dops(self, pname: str, a: Action) -> frozenset[int]:
         """The DoPs of ``a``'s options at which an unclaimed idle instance of its service sits in ``pname``."""
-        per = self.left.get(pname)
-        counts = per.get(a.service) if per and a.service is not None else None
-        if not counts:
-            return frozenset()
-        options = a.demands["gpu"].options
-        return frozenset(u for u, n in counts.items() if n > 0 and u in options)
+        return frozenset(self._usable(pname, a))
 
     def has(self, pname: str, a: Action) -> bool:
         """Whether :meth:`dops` is not empty (without building it)."""
+        return next(self._usable(pname, a), None) is not None
+
+    def _usable(self, pname: str, a: Action):
         per = self.left.get(pname)
         counts = per.get(a.service) if per and a.service is not None else None
-        if not counts:
-            return False
-        options = a.demands["gpu"].options
-        for u, n in counts.items():
-            if n > 0 and u in options:
-                return True
-        return False
+        if counts:
+            options = a.demands["gpu"].options
+            yield from (u for u, n in counts.items() if n > 0 and u in options)
 
     def any_hit(self, a: Action, gpu_pools, closed) -> bool:
         if not self.unclaimed.get(a.service):
