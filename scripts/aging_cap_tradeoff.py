@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""What a cap on the aging window (PolicyParams.aging_cap_s) does: mean, p99 and step per cap.
+"""What a knob of the queue order does: mean, p99 and step per value.
 
-Runs ``tangram`` (the default policy) without a cap and with each cap given, on each
-workload, batch and seed, next to the workload's baselines (which a cap does not touch),
-and prints one JSON object with ``--json``: per point, every cap's measures and the best
-baseline per measure. The simulator is deterministic for a seed: the spread is across
-seeds, not repeats.
+The knob is ``--param``: ``aging_cap_s`` (a cap on the aging window, the default) or
+``progress_s`` (key credit per ended action of the same trajectory), both PolicyParams
+fields read by ``tangram.policy.order``. Runs ``tangram`` (the default policy) with the
+knob at its default ("none") and at each value given, on each workload, batch and seed,
+next to the workload's baselines (which the knob does not touch), and prints one JSON
+object with ``--json``: per point, every value's measures and the best baseline per
+measure among those that failed no call (``api-naive`` fails calls, see the load sweep;
+``failing_baselines`` lists any such with its count). The simulator is
+deterministic for a seed: the spread is across seeds, not repeats.
 """
 from __future__ import annotations
 
@@ -29,16 +33,22 @@ def _measures(summary: dict) -> dict:
     return {m: round(summary[m], 3) for m in MEASURES}
 
 
-def point(workload: str, batch: int, seed: int, caps: list[float]) -> dict:
+KNOBS = ("aging_cap_s", "progress_s")
+
+
+def point(workload: str, batch: int, seed: int, caps: list[float], param: str = "aging_cap_s") -> dict:
     wl = load_workload(workload).with_batch(batch)
     runs = {"none": _measures(Simulation(wl, "tangram", seed=seed).run().summary)}
     for cap in caps:
-        spec = PolicySpec("tangram", params=replace(PolicyParams(), aging_cap_s=cap))
+        spec = PolicySpec("tangram", params=replace(PolicyParams(), **{param: cap}))
         runs[f"{cap:g}"] = _measures(Simulation(wl, spec, seed=seed).run().summary)
-    base = {p: _measures(Simulation(wl, p, seed=seed).run().summary) for p in wl.baselines.compare}
+    summaries = {p: Simulation(wl, p, seed=seed).run().summary for p in wl.baselines.compare}
+    failing = {p: r["failed"] for p, r in summaries.items() if r["failed"]}
+    base = {p: _measures(r) for p, r in summaries.items() if p not in failing}
     best = {m: min(((p, r[m]) for p, r in base.items()), key=lambda pr: pr[1]) for m in MEASURES}
     return {"workload": workload, "batch": batch, "seed": seed, "tangram": runs,
             "best_baseline": {m: {"policy": p, "value": v} for m, (p, v) in best.items()},
+            "failing_baselines": failing,
             "at_or_below_every_baseline": {cap: all(r[m] <= best[m][1] * (1 + 1e-6) for m in MEASURES)
                                            for cap, r in runs.items()}}
 
@@ -48,14 +58,16 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", nargs="+", default=["mopd-skewed", "mopd"])
     ap.add_argument("--batches", nargs="+", type=int, default=[512, 1024, 2048])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--caps", nargs="+", type=float, default=[5.0, 10.0, 20.0], help="aging_cap_s values, seconds")
+    ap.add_argument("--param", choices=KNOBS, default="aging_cap_s", help="the PolicyParams field to vary")
+    ap.add_argument("--caps", "--values", nargs="+", type=float, default=[5.0, 10.0, 20.0],
+                    help="its values, seconds")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     rows = []
     for w in args.workloads:
         for b in args.batches:
             for s in args.seeds:
-                row = point(w, b, s, args.caps)
+                row = point(w, b, s, args.caps, args.param)
                 rows.append(row)
                 if not args.json:
                     cells = "  ".join(f"cap {c}: {r['mean_act_s']:.2f}/{r['p99_act_s']:.1f}/{r['step_time_s']:.0f}"
@@ -63,7 +75,7 @@ def main(argv=None) -> int:
                     best = "/".join(f"{v['value']:.1f}" for v in row["best_baseline"].values())
                     print(f"{w} {b} seed {s}: {cells}  best baseline {best}", flush=True)
     if args.json:
-        print(json.dumps({"measures": list(MEASURES), "caps": args.caps, "rows": rows}))
+        print(json.dumps({"measures": list(MEASURES), "param": args.param, "caps": args.caps, "rows": rows}))
     return 0
 
 

@@ -102,6 +102,45 @@ def test_order_key_is_fixed_per_action():
     assert expected_s(elastic, {}, 1.0) == 8.0  # no elasticity model: T1 at its minimum
 
 
+def test_progress_moves_the_key_earlier_per_ended_action_of_the_trajectory():
+    a = make_action("x", api="search", t1=1.0, trajectory="t")
+    assert order_key(a, 10.0, "aging", 4.0, {}, 1.0, progress_s=8.0, done=3) == 10.0 + 4.0 - 24.0
+    assert order_key(a, 10.0, "aging", 4.0, {}, 1.0, progress_s=0.0, done=3) == 14.0  # off: as before
+    assert order_key(a, 10.0, "fcfs", 4.0, {}, 1.0, progress_s=8.0, done=3) == 10.0  # FCFS stays the paper's
+
+
+def test_a_trajectory_further_along_goes_first_with_progress_s():
+    """One API slot; trajectory "old" has had two actions end, "new" none. With progress_s their next
+    calls, submitted together, run old's first; without it, in arrival order (new's first)."""
+    first = {}
+    for progress in (0.0, 5.0):
+        eng, clock = make_engine(api={"search": 1}, params=PolicyParams(order="aging", progress_s=progress))
+        arrivals = [(0.0, make_action("old-0", api="search", t1=1.0, trajectory="old")),
+                    (1.0, make_action("old-1", api="search", t1=1.0, trajectory="old")),
+                    (2.0, make_action("busy", api="search", t1=3.0)),
+                    (2.5, make_action("new-0", api="search", t1=1.0, trajectory="new")),
+                    (2.6, make_action("old-2", api="search", t1=1.0, trajectory="old"))]
+        drive(eng, clock, arrivals, lambda s: s.action.t1_s)
+        assert all(eng.record(i).state == "succeeded" for i in ("old-2", "new-0"))
+        first[progress] = min(("new-0", "old-2"), key=lambda i: eng.record(i).started_at)
+    assert first == {0.0: "new-0", 5.0: "old-2"}
+
+
+def test_generating_counts_ended_actions_per_trajectory_until_it_closes():
+    from tangram.core.generating import Generating
+
+    g = Generating()
+    a, b = make_action("a", cpu=1, trajectory="t"), make_action("b", cpu=1, trajectory="t")
+    for x in (a, b):
+        g.submitted(x, 0.0)
+    assert g.done("t") == 0
+    g.ended(a, None, 1.0)
+    g.ended(b, None, 2.0)
+    assert g.done("t") == 2 and g.done("other") == 0
+    g.closed("t")
+    assert g.done("t") == 0
+
+
 def test_order_is_validated():
     with pytest.raises(ValueError, match="order"):
         PolicyParams(order="sjf")
@@ -110,6 +149,8 @@ def test_order_is_validated():
     for bad in (-1.0, float("inf"), float("nan"), True):
         with pytest.raises(ValueError, match="aging_cap_s"):
             PolicyParams(aging_cap_s=bad)
+        with pytest.raises(ValueError, match="progress_s"):
+            PolicyParams(progress_s=bad)
 
 
 def test_the_cluster_config_chooses_the_order():
@@ -129,6 +170,10 @@ def test_the_cluster_config_chooses_the_order():
     for bad in (-1, "30", True):
         with pytest.raises(ConfigError, match="scheduler.aging_cap_s"):
             parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"aging_cap_s": bad}})
+        with pytest.raises(ConfigError, match="scheduler.progress_s"):
+            parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"progress_s": bad}})
+    assert default.progress_s == 0.0
+    assert parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"progress_s": 8}}).progress_s == 8.0
 
 
 async def test_the_service_engine_gets_the_configured_cap():
@@ -136,6 +181,6 @@ async def test_the_service_engine_gets_the_configured_cap():
     from tangram.service.config import parse_config
 
     cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "api_pools": {"search": {"concurrency": 2}},
-                        "scheduler": {"aging_cap_s": 12.5}})
+                        "scheduler": {"aging_cap_s": 12.5, "progress_s": 4}})
     async with await build_runtime(cfg) as rt:
-        assert rt.engine.params.aging_cap_s == 12.5
+        assert (rt.engine.params.aging_cap_s, rt.engine.params.progress_s) == (12.5, 4.0)

@@ -17,7 +17,7 @@ from tangram.core.model import Action
 class Generating:
     """Bookkeeping of the quiet trajectories, per node, and of the generation gap."""
 
-    __slots__ = ("_active", "_since", "_fixed", "_gap_sum", "_gap_n", "_published_gap")
+    __slots__ = ("_active", "_done", "_since", "_fixed", "_gap_sum", "_gap_n", "_published_gap")
 
     # the gap the policy sees is republished when the mean moves by more than this share of it:
     # an arrival's own spread around the gap is far wider (generation times of cv 0.8 in the
@@ -26,6 +26,7 @@ class Generating:
 
     def __init__(self) -> None:
         self._active: dict[str, int] = {}  # trajectory -> its waiting and running actions
+        self._done: dict[str, int] = {}  # trajectory -> its actions that have ended (its progress)
         self._since: dict[str, tuple[float, str | None]] = {}  # quiet trajectory -> (quiet since, node)
         # node -> trajectory -> (quiet since, last action), for those whose last action had a fixed
         # demand: an elastic next action takes what is free when it comes, a fixed one needs its units
@@ -44,6 +45,10 @@ class Generating:
         """The mean gap as the policy sees it (``Snapshot.upcoming``): republished on a move of
         more than ``PUBLISH_BAND`` of it."""
         return self._published_gap
+
+    def done(self, trajectory: str) -> int:
+        """How many of ``trajectory``'s actions have ended so far."""
+        return self._done.get(trajectory, 0)
 
     def submitted(self, a: Action, now: float) -> str | bool:
         """``a`` was queued; returns whose expected arrivals changed: True, every node's (the
@@ -73,6 +78,7 @@ class Generating:
         t = a.trajectory
         if t is None:
             return False
+        self._done[t] = self._done.get(t, 0) + 1
         left = self._active.get(t, 0) - 1
         if left > 0:
             self._active[t] = left
@@ -87,6 +93,7 @@ class Generating:
     def closed(self, trajectory: str) -> None:
         """The trajectory ended: nothing more will come from it."""
         self._active.pop(trajectory, None)
+        self._done.pop(trajectory, None)
         quiet = self._since.pop(trajectory, None)
         if quiet is not None and quiet[1] is not None:
             del self._fixed[quiet[1]][trajectory]

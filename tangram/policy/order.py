@@ -37,17 +37,19 @@ def expected_s(a: Action, class_estimates: Mapping[str, float], default_s: float
 
 
 def order_key(a: Action, submitted_at: float, order: str, aging_k: float,
-              class_estimates: Mapping[str, float], default_s: float, aging_cap_s: float | None = None) -> float:
-    """Sort key of a waiting action (ties are broken by arrival by the caller)."""
+              class_estimates: Mapping[str, float], default_s: float, aging_cap_s: float | None = None,
+              progress_s: float = 0.0, done: int = 0) -> float:
+    """Sort key of a waiting action (ties are broken by arrival by the caller); ``done``: how many
+    actions of its trajectory have ended, each worth ``progress_s`` seconds earlier (aging only)."""
     if order == "fcfs":
         return submitted_at
     window = aging_k * expected_s(a, class_estimates, default_s)
     if aging_cap_s is not None and window > aging_cap_s:
         window = aging_cap_s
-    return submitted_at + window
+    return submitted_at + window - progress_s * done
 
 
-def params_key(a: Action, submitted_at: float, params, class_estimates: Mapping[str, float]) -> float:
+def params_key(a: Action, submitted_at: float, params, class_estimates: Mapping[str, float], done: int = 0) -> float:
     """:func:`order_key` with the order's knobs read from ``params`` (a PolicyParams)."""
     return order_key(a, submitted_at, params.order, params.aging_k, class_estimates, params.default_duration_s,
-                     params.aging_cap_s)
+                     params.aging_cap_s, params.progress_s, done)

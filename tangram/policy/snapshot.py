@@ -37,6 +37,9 @@ class PolicyParams:
     # a configured bound on the aging window, in seconds (None: aging_k x expected alone): no action
     # is passed by one submitted more than this after it, whatever its size (tangram.policy.order)
     aging_cap_s: float | None = None
+    # seconds by which each ended action of the same trajectory moves an action's key earlier (aging
+    # only; tangram.policy.order): trajectories further along finish first, 0 turns it off
+    progress_s: float = 0.0
     # GPU affinity window (aging order only): an action whose service has no idle resident instance
     # is considered affinity_k times its restore time later than its key, so queued actions of a
     # resident service claim their instance first (tangram.policy.schedule); 0 turns it off
@@ -60,6 +63,8 @@ class PolicyParams:
         if self.aging_cap_s is not None and (isinstance(self.aging_cap_s, bool) or not (
                 0 <= self.aging_cap_s < float("inf"))):
             raise ValueError(f"aging_cap_s: must be None or a finite number >= 0, got {self.aging_cap_s!r}")
+        if isinstance(self.progress_s, bool) or not (0 <= self.progress_s < float("inf")):
+            raise ValueError(f"progress_s: must be a finite number >= 0, got {self.progress_s!r}")
         if not (0 <= self.affinity_k < float("inf")):
             raise ValueError(f"affinity_k: must be a finite number >= 0, got {self.affinity_k}")
         if not isinstance(self.expect_arrivals, bool):

@@ -77,7 +77,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         http_executor = HttpExecutor()
     params = PolicyParams(depth=cfg.depth, lookahead=cfg.lookahead, default_duration_s=cfg.default_duration_s,
                           dop_caps=dict(cfg.dop_caps), order=cfg.order, aging_k=cfg.aging_k,
-                          aging_cap_s=cfg.aging_cap_s,
+                          aging_cap_s=cfg.aging_cap_s, progress_s=cfg.progress_s,
                           affinity_k=cfg.affinity_k, expect_arrivals=cfg.expect_arrivals)
     if scale is not None:  # scale-out hook: gated managers, ClusterRuntime with its health loop
         return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,

@@ -118,6 +118,7 @@ class ClusterConfig:
     order: str = "aging"  # queue order (tangram.policy.order): "fcfs" or "aging"
     aging_k: float = 4.0
     aging_cap_s: float | None = None  # cap on the aging window in seconds (tangram.policy.order); None: none
+    progress_s: float = 0.0  # key credit per ended action of the same trajectory (tangram.policy.order); 0: off
     affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
     expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray
@@ -190,7 +191,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     service = _service(root.get("service", {}), "service", base_dir)
     sched = _mapping(root.get("scheduler", {}), "scheduler")
     _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k",
-                                 "aging_cap_s", "affinity_k", "expect_arrivals"})
+                                 "aging_cap_s", "progress_s", "affinity_k", "expect_arrivals"})
     depth = _int(sched.get("depth", 2), "scheduler.depth", lo=1)
     lookahead = _int(sched.get("lookahead", 32), "scheduler.lookahead", lo=0)
     dflt = _number(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s")
@@ -202,6 +203,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     aging_k = _number(sched.get("aging_k", 4.0), "scheduler.aging_k")
     cap = sched.get("aging_cap_s")
     aging_cap_s = None if cap is None else _FIELDS.number(cap, "scheduler.aging_cap_s", lo=0)
+    progress_s = _FIELDS.number(sched.get("progress_s", 0.0), "scheduler.progress_s", lo=0)
     affinity_k = _FIELDS.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
     expect_arrivals = _bool(sched.get("expect_arrivals", True), "scheduler.expect_arrivals")
     if "cpu_nodes" in root:
@@ -243,7 +245,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
                          profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt,
                          dop_caps=dop_caps, order=order, aging_k=aging_k, aging_cap_s=aging_cap_s,
-                         affinity_k=affinity_k, expect_arrivals=expect_arrivals,
+                         progress_s=progress_s, affinity_k=affinity_k, expect_arrivals=expect_arrivals,
                          scaleout=scaleout, sandbox_fusion=sandbox)
 
 
