@@ -15,6 +15,9 @@ and a round reads a prefix of it (candidate selection stays O(candidates)).
   ``aging_cap_s`` (PolicyParams, off by default) caps that window in
   seconds: no action is passed by one submitted more than ``aging_cap_s``
   after it, so the longest actions trade some of the mean for their tail.
+  ``progress_s`` (off by default) moves the key that many seconds earlier per
+  ended action of the same trajectory (counted by the engine at submission),
+  so trajectories further along finish first.
 """
 from __future__ import annotations
 
