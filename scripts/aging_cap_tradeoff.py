@@ -70,8 +70,9 @@ def main(argv=None) -> int:
                 row = point(w, b, s, args.caps, args.param)
                 rows.append(row)
                 if not args.json:
-                    cells = "  ".join(f"cap {c}: {r['mean_act_s']:.2f}/{r['p99_act_s']:.1f}/{r['step_time_s']:.0f}"
-                                      for c, r in row["tangram"].items())
+                    cells = "  ".join(
+                        f"{args.param} {c}: {r['mean_act_s']:.2f}/{r['p99_act_s']:.1f}/{r['step_time_s']:.0f}"
+                        for c, r in row["tangram"].items())
                     best = "/".join(f"{v['value']:.1f}" for v in row["best_baseline"].values())
                     print(f"{w} {b} seed {s}: {cells}  best baseline {best}", flush=True)
     if args.json:
