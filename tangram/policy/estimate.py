@@ -5,18 +5,19 @@ DPArrange optimum plus this estimate of the look-ahead's completion times:
 each waiting action starts, in queue order, when the completion heap has
 released enough units; the first ``depth - 1`` scalable ones try several
 counts (a bounded search), later scalable ones take the count that ends them
-soonest, fixed ones their minimum.
+soonest, fixed ones their minimum. The walk itself lives in ``walk.py`` (compiled
+when the install could build it: ``tangram/policy/compiled.py``).
 """
 from __future__ import annotations
 
-import math
-from bisect import bisect_right, insort
-
 from tangram.core.model import Action
+from tangram.policy.compiled import walk_module
 from tangram.policy.rows import duration as _duration
 from tangram.policy.rows import explored_options as _explored_options
 from tangram.policy.rows import row as _row
 from tangram.policy.snapshot import PoolState, Snapshot
+
+_hot = walk_module()  # the hot loops: compiled when built (tangram/policy/walk.py)
 
 
 def waiter(a: Action, pool: PoolState, snap: Snapshot):
@@ -153,179 +154,13 @@ def _arrive(ends, free, arrivals):
     of their completion times counted from their arrivals, and the walk's state after them."""
     if not isinstance(arrivals, Arrivals):
         arrivals = Arrivals(arrivals)
-    # the leading arrivals that fit in ``free`` as they come: no completion taken, none waits
-    j = bisect_right(arrivals.units_before, free) - 1
-    if j > 0:
-        ends += arrivals.ends[:j]
-        ends.sort()  # the sorted list the insertions one by one would give
-        free -= arrivals.units_before[j]
-    else:
-        j = 0
-    total = arrivals.total_before[j]
-    k = 0
-    now = 0.0  # the latest completion taken: when the units taken so far were all free
-    size = len(ends)
-    items = arrivals.items
-    for i in range(j, len(items)):
-        r, units, d = items[i]
-        while free < units:  # _start_time, inlined
-            if k == size:
-                free = units
-                break
-            t, u = ends[k]
-            k += 1
-            free += u
-            if t > now:
-                now = t
-        end = (now if now > r else r) + d
-        total += end - r
-        insort(ends, (end, units), k)
-        size += 1
-        free -= units
-    return total, k, free, now
+    return _hot.arrive(ends, free, arrivals.units_before, arrivals.total_before, arrivals.ends, arrivals.items)
 
 
 def estimate_sorted(ends: list, free_units: int, waiters: list, explore: int, arrivals=()) -> float:
     """:func:`estimate_from` of pairs already sorted (a round inserts its few candidates'
     ends into the sorted running ones instead of sorting them all again)."""
     if not arrivals:
-        return _walk(ends, 0, free_units, 0.0, waiters, 0, explore)
+        return _hot.walk(ends, 0, free_units, 0.0, waiters, 0, explore)
     total, k, free, now = _arrive(ends, free_units, arrivals)
-    return total + _walk(ends, k, free, now, waiters, 0, explore)
-
-
-# The completions are kept as a sorted list read from index ``k`` on, not as a
-# heap: the earliest-finish choice looks ahead without taking, and a new
-# completion (never earlier than the current time, so never before index k)
-# goes in with one bisection. Taking in sorted order is what a heap's pops do.
-
-
-def _walk(ends, k, free, now, waiters, i, explore) -> float:
-    total = 0.0
-    n = len(waiters)
-    if explore > 0:
-        while i < n:
-            umin, dmin, options = waiters[i]
-            if options is not None:
-                best = math.inf
-                size = len(ends)
-                # what follows this waiter: nothing (each count only reads ahead, no copy), one
-                # unexplored waiter (it reads the completions with this one's end merged in), or
-                # more (a copy of what is left, this end inserted, walked on)
-                last = i + 1 == n
-                one_after = not last and explore == 1 and i + 2 == n
-                for u, d in options:
-                    while free < u:  # _start_time, continued from the previous count
-                        if k == size:
-                            free = u
-                            break
-                        t, got = ends[k]
-                        k += 1
-                        free += got
-                        if t > now:
-                            now = t
-                    end = now + d
-                    if last:
-                        rest = end
-                    elif one_after:
-                        rest = end + _last_end(ends, k, free - u, now, waiters[i + 1], (end, u))
-                    else:
-                        h = ends[k:]
-                        insort(h, (end, u))
-                        rest = end + _walk(h, 0, free - u, now, waiters, i + 1, explore - 1)
-                    if rest < best:
-                        best = rest
-                return total + best
-            free, now, k = _start_time(ends, k, free, now, umin)
-            total += now + dmin
-            insort(ends, (now + dmin, umin), k)
-            free -= umin
-            i += 1
-        return total
-    # nothing left to explore (the estimate's hot loop): a fixed waiter takes its
-    # minimum; an elastic one the count that ends it soonest, as a round would give
-    # it on its own (its minimum made "wait for many units" look worse than "start
-    # now on one" whenever a node was briefly full)
-    size = len(ends)
-    push, inf = insort, math.inf  # locals: read once per waiter
-    for umin, dmin, options in (waiters[i:] if i else waiters):
-        if options is not None and len(options) > 1:
-            # the count that ends soonest (the smallest on a tie), as a look-ahead:
-            # each count needs the completions the one before needed, and more
-            best_end = inf
-            b_k = -1  # the first count is the best so far whatever it ends at (an end at inf too)
-            for u, d in options:
-                while free < u:
-                    if k == size:  # as _start_time: units the estimate does not know of are free
-                        free = u
-                        break
-                    t, got = ends[k]
-                    k += 1
-                    free += got
-                    if t > now:
-                        now = t
-                if now + d < best_end or b_k < 0:
-                    best_end = now + d
-                    umin, dmin, b_free, b_now, b_k = u, d, free, now, k
-            free, now, k = b_free, b_now, b_k
-        else:
-            while free < umin:  # _start_time, inlined
-                if k == size:
-                    free = umin
-                    break
-                t, u = ends[k]
-                k += 1
-                free += u
-                if t > now:
-                    now = t
-        end = now + dmin
-        total += end
-        push(ends, (end, umin), k)
-        size += 1
-        free -= umin
-    return total
-
-
-def _last_end(ends, k, free, now, waiter, extra) -> float:
-    """The hot loop's end time for ``waiter``, the last one, reading ``ends`` from ``k`` with
-    the completion ``extra`` merged in where insort would have put it (after equal ones)."""
-    umin, dmin, options = waiter
-    size = len(ends)
-    pending = True
-    best = math.inf
-    for u, d in (options if options is not None and len(options) > 1 else ((umin, dmin),)):
-        while free < u:
-            if pending and (k == size or extra < ends[k]):
-                t, got = extra
-                pending = False
-            elif k == size:
-                free = u
-                break
-            else:
-                t, got = ends[k]
-                k += 1
-            free += got
-            if t > now:
-                now = t
-        if now + d < best:
-            best = now + d
-    return best
-
-
-def _start_time(ends, k, free, now, units):
-    """Take completions from index ``k`` until ``units`` are free; returns (free, start time, k).
-
-    No completion left with too few units means the pool's accounting is not
-    all known to the estimate (units held outside the engine): assume they
-    are free rather than waiting forever.
-    """
-    size = len(ends)
-    while free < units:
-        if k == size:
-            return units, now, k
-        t, u = ends[k]
-        k += 1
-        free += u
-        if t > now:
-            now = t
-    return free, now, k
+    return total + _hot.walk(ends, k, free, now, waiters, 0, explore)

@@ -1,0 +1,139 @@
+"""The compiled estimate (tangram/policy/walk.py built by setup.py with Cython) is in use, gives
+exactly what the plain-Python source gives, and is left for the source when it is stale."""
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import sys
+import time
+import warnings
+
+import pytest
+
+import tangram.policy.estimate as estimate
+from tangram.policy import compiled
+from tangram.policy.estimate import Arrivals
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(the module the estimate runs, the plain-Python source loaded apart)."""
+    return compiled.walk_module(), compiled.source_module("walk")
+
+
+def test_the_install_compiled_the_estimate(pair):
+    """`pip install -e .` builds it (setup.py); without a C compiler the install only warns, so this
+    says so here unless the plain module was asked for (TANGRAM_PURE_PYTHON=1)."""
+    hot, _ = pair
+    if os.environ.get(compiled.PURE_ENV) == "1":
+        assert not hot.COMPILED
+    else:
+        assert hot.COMPILED, f"{hot.__file__}: the estimate was not compiled (see the install's WARNING)"
+        assert estimate._hot is hot
+
+
+def _ends(rng: random.Random, n: int) -> list:
+    ends = [(rng.choice([0.0, round(rng.uniform(0, 30), rng.choice([0, 2])), rng.uniform(0, 30)]),
+             rng.randint(1, 9)) for _ in range(n)]
+    if rng.random() < 0.1:
+        ends.append((math.inf, rng.randint(1, 4)))  # a running action without a finite estimate
+    return sorted(ends)
+
+
+def _waiter(rng: random.Random) -> tuple:
+    umin = rng.randint(1, 6)
+    dmin = rng.choice([rng.uniform(0.01, 40), float(rng.randint(1, 5))])
+    if rng.random() < 0.4:
+        return umin, dmin, None
+    counts = sorted(rng.sample(range(umin, umin + 24), rng.randint(1, 6)))
+    options = tuple((u, dmin * umin / u * rng.uniform(1.0, 1.6)) for u in counts)
+    return umin, dmin, options
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_compiled_walk_equals_the_source_walk(pair, seed):
+    """Same floats to the last bit, on random completions, waiters and search depths (units as
+    large as a memory pool's, free below zero, completions at +inf included)."""
+    hot, src = pair
+    rng = random.Random(9000 + seed)
+    for _ in range(300):
+        ends = _ends(rng, rng.choice([0, rng.randint(1, 6), rng.randint(1, 40)]))
+        waiters = [_waiter(rng) for _ in range(rng.choice([0, 1, 2, rng.randint(3, 35)]))]
+        free = rng.choice([rng.randint(-2, 12), 1 << 40])
+        k = rng.randint(0, len(ends))
+        now = rng.choice([0.0, rng.uniform(0, 5)])
+        for explore in range(4):
+            a, b = list(ends), list(ends)
+            got = hot.walk(a, k, free, now, waiters, 0, explore)
+            want = src.walk(b, k, free, now, waiters, 0, explore)
+            assert got == want or (math.isnan(got) and math.isnan(want))
+            assert a == b  # the completions it leaves behind too
+        if waiters:
+            extra = (rng.uniform(0, 30), rng.randint(1, 9))
+            assert hot.last_end(ends, k, free, now, waiters[-1], extra) == \
+                src.last_end(ends, k, free, now, waiters[-1], extra)
+        units = rng.randint(1, 30)
+        assert hot.start_time(ends, k, free, now, units) == src.start_time(ends, k, free, now, units)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_arrivals_equal_the_source(pair, seed):
+    hot, src = pair
+    rng = random.Random(9100 + seed)
+    for _ in range(500):
+        ends = _ends(rng, rng.randint(0, 15))
+        items = sorted(((rng.choice([0.0, rng.uniform(-1, 6)]), rng.randint(1, 4), rng.uniform(0.1, 4.0))
+                        for _ in range(rng.randint(0, 10))), key=lambda x: x[0])
+        arr = Arrivals(items)
+        free = rng.randint(-1, 20)
+        a, b = list(ends), list(ends)
+        args = (arr.units_before, arr.total_before, arr.ends, arr.items)
+        assert hot.arrive(a, free, *args) == src.arrive(b, free, *args)
+        assert a == b
+
+
+def _fake_package(tmp_path, source_newer: bool):
+    """A package holding a copy of the compiled walk and of its source, the source newer or older."""
+    hot = compiled.walk_module()
+    if not hot.COMPILED:
+        pytest.fail("needs the compiled module (see test_the_install_compiled_the_estimate)")
+    pkg = tmp_path / "fakepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    so = pkg / os.path.basename(hot.__file__)
+    shutil.copy(hot.__file__, so)
+    src = pkg / "walk.py"
+    shutil.copy(os.path.join(os.path.dirname(compiled.__file__), "walk.py"), src)
+    t = time.time()
+    os.utime(so, (t, t))
+    os.utime(src, (t + 60, t + 60) if source_newer else (t - 60, t - 60))
+    return pkg
+
+
+@pytest.mark.parametrize("source_newer", [False, True])
+def test_a_stale_compiled_module_gives_way_to_its_source(tmp_path, monkeypatch, source_newer):
+    _fake_package(tmp_path, source_newer)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(compiled.PURE_ENV, raising=False)
+    for name in ("fakepkg", "fakepkg.walk"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod = compiled.walk_module("fakepkg.walk")
+    assert mod.COMPILED is (not source_newer)
+    assert mod.__file__.endswith(".py") is source_newer
+    stale = [w for w in caught if issubclass(w.category, RuntimeWarning) and "newer than its compiled" in str(w.message)]
+    assert len(stale) == (1 if source_newer else 0)
+    assert compiled.walk_module("fakepkg.walk") is mod  # loaded once
+
+
+def test_pure_python_can_be_asked_for(tmp_path, monkeypatch):
+    _fake_package(tmp_path, source_newer=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(compiled.PURE_ENV, "1")
+    for name in ("fakepkg", "fakepkg.walk"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    mod = compiled.walk_module("fakepkg.walk")
+    assert not mod.COMPILED and mod.__file__.endswith("walk.py")
