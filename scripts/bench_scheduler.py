@@ -17,7 +17,11 @@ Sizes: 256 cores / 64 candidates / 2,000 queued (the contract's
 ``round_median_ms``), 1,024 cores / 256 candidates / 8,000 queued, and a node
 whose memory is taken by placed trajectories with 2,000 and 20,000
 unplaced trajectories queued behind (heads blocked on memory).
-Prints one JSON object with ``--json``.
+Prints one JSON object with ``--json``; ``estimate_compiled`` says whether the
+ACT estimate's hot loops ran compiled (``tangram/policy/walk.py``, built by
+``setup.py``). ``--against-source`` also times every size's round with the
+plain-Python loops, interleaved round by round in this process, and reports
+the per-round ratio compiled / source (``against_source``).
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import tangram.policy.estimate as estimate  # noqa: E402
 from tangram.core.engine import Engine  # noqa: E402
+from tangram.policy import compiled  # noqa: E402
 from tangram.core.model import Action, Elasticity  # noqa: E402
 from tangram.managers.base import CountingManager  # noqa: E402
 from tangram.policy.schedule import plan  # noqa: E402
@@ -159,6 +165,34 @@ def _ratios(a: list[float], b: list[float]) -> dict:
             "p90": round(rs[int(0.9 * len(rs))], 3)}
 
 
+def against_source(sizes: list[Size], repeats: int) -> list[dict]:
+    """Per size: CPU time of a full round with the estimate's loops as running and as the plain
+    source, alternating which goes first, and the per-round ratio (running / source)."""
+    running, source = estimate._hot, compiled.source_module("walk")
+    out = []
+    try:
+        for s in sizes:
+            eng = s.engine
+            times: dict[str, list[float]] = {"running": [], "source": []}
+            for i in range(repeats + 1):
+                order = (("running", running), ("source", source))
+                for tag, mod in (order if i % 2 else order[::-1]):
+                    estimate._hot = mod
+                    snap = eng.snapshot()
+                    c0 = time.thread_time()
+                    eng.policy(snap)
+                    if i:  # the first pair warms both
+                        times[tag].append((time.thread_time() - c0) * 1e3)
+            out.append({"cores": s.spec["cores"], "queued": s.spec["queued"],
+                        "blocked_on_memory": s.spec["blocked_on_memory"],
+                        "round_cpu_median_ms": round(statistics.median(times["running"]), 4),
+                        "source_round_cpu_median_ms": round(statistics.median(times["source"]), 4),
+                        "ratio": _ratios(times["source"], times["running"])})
+    finally:
+        estimate._hot = running
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -166,6 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("--events", type=int, default=2000, help="stream events measured per size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="queues 10x shorter: checks the script runs")
+    ap.add_argument("--against-source", action="store_true",
+                    help="also time each size's round with the estimate's plain-Python loops, side by side")
     args = ap.parse_args(argv)
 
     specs = [
@@ -184,6 +220,8 @@ def main(argv=None) -> int:
     for _ in range(args.repeats):  # interleaved: the sizes share the machine's noise
         for s in sizes:
             s.measure_round()
+    # before the stream: the same states as the rounds above
+    against = against_source(sizes, args.repeats) if args.against_source else None
     for s in sizes:
         s.start_stream()
     for _ in range(args.events):
@@ -196,6 +234,7 @@ def main(argv=None) -> int:
         "round_p99_ms": results[0]["round_p99_ms"],
         "round_cpu_median_ms": results[0]["round_cpu_median_ms"],
         "target_median_ms": 0.5,
+        "estimate_compiled": bool(estimate._hot.COMPILED),
         "sizes": results,
         "growth": {
             "cores_4x": _ratios(base.rounds, big.rounds),  # target <= 4
@@ -205,6 +244,8 @@ def main(argv=None) -> int:
             "queued_10x_blocked_cpu": _ratios(blk2k.round_cpu, blk20k.round_cpu),
         },
     }
+    if against is not None:
+        out["against_source"] = against
     if args.json:
         print(json.dumps(out))
     else:
@@ -215,6 +256,11 @@ def main(argv=None) -> int:
                   f"(CPU {r['round_cpu_median_ms']:.3f} ms), {r['scheduled']} scheduled; "
                   f"event median {r['event_median_ms']:.3f} ms, p99 {r['event_p99_ms']:.3f} ms")
         print("growth:", json.dumps(out["growth"]))
+        print("estimate compiled:", out["estimate_compiled"])
+        for r in out.get("against_source", ()):
+            print(f"{r['cores']:>5} cores, {r['queued']:>6} queued: round CPU {r['round_cpu_median_ms']:.3f} ms "
+                  f"against {r['source_round_cpu_median_ms']:.3f} ms with the plain-Python estimate "
+                  f"(per-round ratio {json.dumps(r['ratio'])})")
     return 0
 
 

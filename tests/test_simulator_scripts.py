@@ -72,6 +72,21 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
     assert set(out["growth"]) == {"cores_4x", "queued_10x_blocked", "queued_10x_blocked_events",
                                   "cores_4x_cpu", "queued_10x_blocked_cpu"}
     assert out["round_cpu_median_ms"] == out["sizes"][0]["round_cpu_median_ms"]
+    assert out["estimate_compiled"] is not None and "against_source" not in out
+
+
+def test_bench_scheduler_times_the_plain_estimate_side_by_side(capsys):
+    import tangram.policy.estimate as estimate
+    bench = load("bench_scheduler")
+    running = estimate._hot
+    assert bench.main(["--smoke", "--repeats", "4", "--events", "2", "--against-source", "--json"]) == 0
+    assert estimate._hot is running  # the benchmark puts the running loops back
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = out["against_source"]
+    assert [(r["cores"], r["blocked_on_memory"]) for r in rows] == [(256, False), (1024, False), (256, True), (256, True)]
+    for r in rows:
+        assert r["round_cpu_median_ms"] > 0 and r["source_round_cpu_median_ms"] > 0
+        assert r["ratio"]["p10"] <= r["ratio"]["median"] <= r["ratio"]["p90"]
 
 
 def test_load_sweep_table_says_when_a_baseline_won_by_failing_calls():
