@@ -126,6 +126,37 @@ def test_a_trajectory_further_along_goes_first_with_progress_s():
     assert first == {0.0: "new-0", 5.0: "old-2"}
 
 
+@pytest.mark.parametrize("progress", [0.0, 2.0])
+def test_aging_with_progress_credit_is_starvation_free_within_its_documented_bound(progress):
+    """docs/scheduling.md ("Order"): with ``progress_s`` an action can also be passed by one submitted
+    up to ``progress_s x done`` after its own key, so with trajectories of at most ``length`` actions
+    every arrival after ``key + progress_s x (length - 1)`` (minus its own window) sorts behind it.
+
+    One core, 1 s actions every 0.9 s (1.1x overloaded) in trajectories of 6, one 10 s action at 2 s;
+    its key is 2 + 4 x 10 = 42 s."""
+    length, k, every = 6, 4.0, 0.9
+    eng, clock = make_engine(make_node(cores=1), params=PolicyParams(order="aging", aging_k=k, progress_s=progress))
+    n = 300
+
+    def traj(i):  # 8 trajectories in flight, each gets every 8th arrival, 6 actions each
+        return f"t{i // (8 * length)}-{i % 8}"
+    arrivals = [(every * i, make_action(f"s{i}", cpu=1, t1=1.0, trajectory=traj(i))) for i in range(n)]
+    arrivals.insert(3, (2.0, make_action("long", cpu=1, t1=10.0)))
+    drive(eng, clock, arrivals, lambda s: s.action.t1_s)
+    long = eng.record("long")
+    assert long.state == "succeeded"
+    key = 2.0 + k * 10.0
+    # an arrival's key is at least its time + k x 1 s - progress x (length - 1)
+    ahead = sum(1 for i in range(n) if every * i + k * 1.0 - progress * (length - 1) < key)
+    assert long.started_at <= 2.0 + ahead * 1.0 + 1.0
+    later = [eng.record(f"s{i}") for i in range(n) if every * i + k * 1.0 - progress * (length - 1) > key]
+    assert later and all(r.started_at >= long.started_at for r in later)
+    # the credit was used: with it, some arrival whose key without credit is after the long one's
+    # started before it (without it, none did)
+    passed = [i for i in range(n) if every * i + k * 1.0 > key and eng.record(f"s{i}").started_at < long.started_at]
+    assert bool(passed) is (progress > 0)
+
+
 def test_generating_counts_ended_actions_per_trajectory_until_it_closes():
     from tangram.core.generating import Generating
 
