@@ -2,12 +2,12 @@
 exactly what the plain-Python source gives, and is left for the source when it is stale."""
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
 import shutil
 import sys
-import time
 import warnings
 
 import pytest
@@ -94,8 +94,9 @@ def test_compiled_arrivals_equal_the_source(pair, seed):
         assert a == b
 
 
-def _fake_package(tmp_path, source_newer: bool):
-    """A package holding a copy of the compiled walk and of its source, the source newer or older."""
+def _fake_package(tmp_path, record: str | None):
+    """A package holding a copy of the compiled walk and of its source, with the source digest the
+    build recorded: the source's own ("match"), another ("other") or none (None)."""
     hot = compiled.walk_module()
     if not hot.COMPILED:
         pytest.fail("needs the compiled module (see test_the_install_compiled_the_estimate)")
@@ -106,34 +107,49 @@ def _fake_package(tmp_path, source_newer: bool):
     shutil.copy(hot.__file__, so)
     src = pkg / "walk.py"
     shutil.copy(os.path.join(os.path.dirname(compiled.__file__), "walk.py"), src)
-    t = time.time()
-    os.utime(so, (t, t))
-    os.utime(src, (t + 60, t + 60) if source_newer else (t - 60, t - 60))
+    if record is not None:
+        digest = hashlib.sha256(src.read_bytes()).hexdigest() if record == "match" else "0" * 64
+        (pkg / (so.name + ".sha256")).write_text(digest + "\n")
     return pkg
 
 
-@pytest.mark.parametrize("source_newer", [False, True])
-def test_a_stale_compiled_module_gives_way_to_its_source(tmp_path, monkeypatch, source_newer):
-    _fake_package(tmp_path, source_newer)
+def _import_fake(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv(compiled.PURE_ENV, raising=False)
     for name in ("fakepkg", "fakepkg.walk"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mod = compiled.walk_module("fakepkg.walk")
-    assert mod.COMPILED is (not source_newer)
-    assert mod.__file__.endswith(".py") is source_newer
-    stale = [w for w in caught if issubclass(w.category, RuntimeWarning) and "newer than its compiled" in str(w.message)]
-    assert len(stale) == (1 if source_newer else 0)
+    stale = [w for w in caught if issubclass(w.category, RuntimeWarning) and "was not built from" in str(w.message)]
+    return mod, stale
+
+
+@pytest.mark.parametrize("record", ["match", "other", None])
+def test_a_compiled_module_runs_only_while_its_source_is_what_it_was_built_from(tmp_path, monkeypatch, record):
+    """The source edited or checked out after the build (its digest differs from the recorded one,
+    or none was recorded): the source runs, with a warning naming the rebuild."""
+    _fake_package(tmp_path, record)
+    monkeypatch.delenv(compiled.PURE_ENV, raising=False)
+    mod, stale = _import_fake(tmp_path, monkeypatch)
+    fresh = record == "match"
+    assert mod.COMPILED is fresh and mod.__file__.endswith(".py") is (not fresh)
+    assert len(stale) == (0 if fresh else 1)
     assert compiled.walk_module("fakepkg.walk") is mod  # loaded once
 
 
 def test_pure_python_can_be_asked_for(tmp_path, monkeypatch):
-    _fake_package(tmp_path, source_newer=False)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _fake_package(tmp_path, "match")
     monkeypatch.setenv(compiled.PURE_ENV, "1")
-    for name in ("fakepkg", "fakepkg.walk"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    mod = compiled.walk_module("fakepkg.walk")
-    assert not mod.COMPILED and mod.__file__.endswith("walk.py")
+    mod, stale = _import_fake(tmp_path, monkeypatch)
+    assert not mod.COMPILED and mod.__file__.endswith("walk.py") and not stale
+
+
+def test_the_installed_module_recorded_the_digest_of_this_source(pair):
+    """What `pip install -e .` left beside the library matches walk.py as checked out (else every
+    process would run the source and warn)."""
+    hot, _ = pair
+    if os.environ.get(compiled.PURE_ENV) == "1":
+        pytest.fail("TANGRAM_PURE_PYTHON=1: nothing compiled to check")
+    source = os.path.join(os.path.dirname(compiled.__file__), "walk.py")
+    with open(hot.__file__ + ".sha256") as f:
+        assert f.read().strip() == hashlib.sha256(open(source, "rb").read()).hexdigest()

@@ -1,14 +1,18 @@
 """Which implementation of the estimate's hot loops (``tangram/policy/walk.py``) a process runs.
 
 ``setup.py`` compiles ``walk.py`` with Cython when it can; the shared library
-then sits beside the source and Python's import prefers it. Two cases must
-not run it: a source edited (or checked out) after the build, whose compiled
-module would silently run the old code, and ``TANGRAM_PURE_PYTHON=1``
+then sits beside the source and Python's import prefers it, and beside it
+``<library>.sha256`` holds the digest of the source it was built from. Two
+cases must not run it: a source that no longer has that digest (edited or
+checked out after the build: the compiled module would silently run the old
+code; a library without the file counts as that), and ``TANGRAM_PURE_PYTHON=1``
 (profiling, or comparing the two). Both load the source instead; the first
-also warns, naming the rebuild command.
+also warns, naming the rebuild command. A digest, not file times: an install
+writes the library and the source in an order of its own.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -29,6 +33,15 @@ def _load_source(name: str, source: Path) -> ModuleType:
     return module
 
 
+def _built_from(library: Path, source: Path) -> bool:
+    """Whether ``library`` records the digest ``source`` has now."""
+    try:
+        recorded = Path(str(library) + ".sha256").read_text().strip()
+    except OSError:
+        return False
+    return recorded == hashlib.sha256(source.read_bytes()).hexdigest()
+
+
 def walk_module(name: str = WALK) -> ModuleType:
     """The compiled module ``name`` when it is built from the current source, else the source itself."""
     loaded = sys.modules.get(name)
@@ -40,8 +53,8 @@ def walk_module(name: str = WALK) -> ModuleType:
     if origin.suffix != ".py":
         if os.environ.get(PURE_ENV) == "1":
             return _load_source(name, source)
-        if source.exists() and source.stat().st_mtime > origin.stat().st_mtime:
-            warnings.warn(f"{source} is newer than its compiled module {origin.name}: running the source "
+        if source.exists() and not _built_from(origin, source):
+            warnings.warn(f"{origin.name} was not built from {source} as it is now: running the source "
                           "(slower); rebuild with `pip install -e .`", RuntimeWarning, stacklevel=2)
             return _load_source(name, source)
     return importlib.import_module(name)
