@@ -153,3 +153,22 @@ def test_the_installed_module_recorded_the_digest_of_this_source(pair):
     source = os.path.join(os.path.dirname(compiled.__file__), "walk.py")
     with open(hot.__file__ + ".sha256") as f:
         assert f.read().strip() == hashlib.sha256(open(source, "rb").read()).hexdigest()
+
+
+@pytest.mark.parametrize("compiled_here", [True, False])
+async def test_the_service_says_when_the_estimate_runs_as_plain_python(monkeypatch, caplog, compiled_here):
+    """pip hides a failed build's warning: `tangram serve` logs it at start instead."""
+    from tangram.service.build import build_runtime
+    from tangram.service.config import parse_config
+
+    class Loops:
+        COMPILED = compiled_here
+        __file__ = "walk.so" if compiled_here else "walk.py"
+
+    monkeypatch.setitem(sys.modules, compiled.WALK, Loops)
+    cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "api_pools": {"search": {"concurrency": 1}}})
+    with caplog.at_level("WARNING", logger="tangram.service"):
+        async with await build_runtime(cfg):
+            pass
+    said = [r for r in caplog.records if "runs as plain Python" in r.getMessage()]
+    assert len(said) == (0 if compiled_here else 1)

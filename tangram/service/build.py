@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from tangram.core.engine import Engine
+from tangram.policy.compiled import walk_module
 from tangram.policy.snapshot import PolicyParams
 from tangram.profiles import load_profiles
 from tangram.runtime import Runtime
@@ -79,6 +80,10 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
                           dop_caps=dict(cfg.dop_caps), order=cfg.order, aging_k=cfg.aging_k,
                           aging_cap_s=cfg.aging_cap_s, progress_s=cfg.progress_s,
                           affinity_k=cfg.affinity_k, expect_arrivals=cfg.expect_arrivals)
+    hot = walk_module()
+    if not hot.COMPILED:  # the install could not build it (pip hides the build's warning) or was told not to
+        log.warning("the ACT estimate runs as plain Python (%s): rounds with long look-aheads are slower; "
+                    "reinstall with a C compiler at hand (pip install -e .)", hot.__file__)
     if scale is not None:  # scale-out hook: gated managers, ClusterRuntime with its health loop
         return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
                              model_executors=model_executors, models=models, profiles=profiles,
