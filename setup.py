@@ -1,8 +1,16 @@
 """Builds the one compiled module, the ACT estimate's hot loops (``tangram/policy/walk.py`` with the
 C types of ``walk.pxd``), with Cython. Everything else is in ``pyproject.toml``.
 
-The build is optional: without Cython or a C compiler the install goes on with a warning and the
-plain-Python module runs (the same results, ~3-4x slower estimates; ``tangram.policy.compiled``).
+The compile is optional: when Cython cannot translate the module or no C compiler builds it, the
+install goes on with a warning and the plain-Python module runs (the same results, ~3-4x slower
+estimates; ``tangram/policy/compiled.py``). Cython itself is a build requirement (pyproject.toml),
+so a normal install always has it; only ``--no-build-isolation`` without Cython skips it.
+
+Beside the library goes ``<library>.sha256``, the digest of the sources it was translated from:
+the package runs the library only while ``walk.py`` and ``walk.pxd`` still have that digest.
+The digest is taken once, just before the translation, which is forced (Cython would otherwise
+reuse a C file by file times, and a source copied with an older time would be recorded under
+its own digest while the old code was compiled).
 """
 from __future__ import annotations
 
@@ -16,31 +24,42 @@ from setuptools.command.build_ext import build_ext
 WALK = "tangram/policy/walk.py"
 
 
-def _record(library: Path) -> None:
-    """Beside a built module, the digest of the source it was built from: the package runs the
-    compiled module only while the source still has that digest (tangram/policy/compiled.py)."""
-    digest = hashlib.sha256(Path(WALK).read_bytes()).hexdigest()
-    Path(str(library) + ".sha256").write_text(digest + "\n")
+def source_digest(source: Path) -> str:
+    """sha256 of ``source`` followed by its ``.pxd`` (when there is one); compiled.py computes the same."""
+    h = hashlib.sha256(source.read_bytes())
+    pxd = source.with_suffix(".pxd")
+    if pxd.exists():
+        h.update(pxd.read_bytes())
+    return h.hexdigest()
+
+
+def _warn(e: BaseException) -> None:
+    print(f"WARNING: arl-tangram: {WALK} was not compiled ({type(e).__name__}: {e}); "
+          "the plain-Python module runs instead (same results, slower scheduling rounds)", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
-    """A failed compile is a warning, not a failed install: the pure-Python module is the fallback."""
+    """A failed compile is a warning, not a failed install: the pure-Python module is the fallback.
+
+    ``digest``: the sources' digest taken when they were translated (None: nothing translated)."""
+
+    digest: str | None = None
 
     def run(self):
         self._built: set[str] = set()  # the extensions this run built (a failed one keeps no record)
         try:
             super().run()
         except Exception as e:  # noqa: BLE001 - any compiler or toolchain failure
-            self._warn(e)
+            _warn(e)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:  # noqa: BLE001
-            self._warn(e)
+            _warn(e)
             return
         self._built.add(ext.name)
-        _record(Path(self.get_ext_fullpath(ext.name)))
+        self._record(Path(self.get_ext_fullpath(ext.name)))
 
     def copy_extensions_to_source(self):
         """An editable install builds elsewhere and copies the library into the package: the record too."""
@@ -51,22 +70,26 @@ class OptionalBuildExt(build_ext):
                 continue  # not built here: a library left from an earlier build must not be vouched for
             fullname = self.get_ext_fullname(ext.name)
             package_dir = build_py.get_package_dir(".".join(fullname.split(".")[:-1]))
-            library = Path(package_dir) / Path(self.get_ext_filename(fullname)).name
-            _record(library)
+            self._record(Path(package_dir) / Path(self.get_ext_filename(fullname)).name)
 
-    @staticmethod
-    def _warn(e: Exception) -> None:
-        print(f"WARNING: arl-tangram: {WALK} was not compiled ({type(e).__name__}: {e}); "
-              "the plain-Python module runs instead (same results, slower scheduling rounds)", file=sys.stderr)
+    def _record(self, library: Path) -> None:
+        if self.digest is not None:
+            Path(str(library) + ".sha256").write_text(self.digest + "\n")
 
 
-def _extensions():
+def extensions(walk: str = WALK) -> list:
+    """The extension of ``walk``, translated now (its digest kept on OptionalBuildExt), or none."""
     try:
         from Cython.Build import cythonize
-    except ImportError as e:
-        OptionalBuildExt._warn(e)
+
+        digest = source_digest(Path(walk))
+        exts = cythonize([walk], language_level=3, quiet=True, force=True)
+    except Exception as e:  # noqa: BLE001 - no Cython, or a module it cannot translate
+        _warn(e)
         return []
-    return cythonize([WALK], language_level=3, quiet=True)
+    OptionalBuildExt.digest = digest
+    return exts
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+if __name__ == "__main__":  # setuptools' build backend runs this file as __main__; tests import it
+    setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

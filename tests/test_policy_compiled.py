@@ -2,13 +2,14 @@
 exactly what the plain-Python source gives, and is left for the source when it is stale."""
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import random
 import shutil
+import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -108,7 +109,7 @@ def _fake_package(tmp_path, record: str | None):
     src = pkg / "walk.py"
     shutil.copy(os.path.join(os.path.dirname(compiled.__file__), "walk.py"), src)
     if record is not None:
-        digest = hashlib.sha256(src.read_bytes()).hexdigest() if record == "match" else "0" * 64
+        digest = compiled.source_digest(src) if record == "match" else "0" * 64
         (pkg / (so.name + ".sha256")).write_text(digest + "\n")
     return pkg
 
@@ -152,7 +153,56 @@ def test_the_installed_module_recorded_the_digest_of_this_source(pair):
         pytest.fail("TANGRAM_PURE_PYTHON=1: nothing compiled to check")
     source = os.path.join(os.path.dirname(compiled.__file__), "walk.py")
     with open(hot.__file__ + ".sha256") as f:
-        assert f.read().strip() == hashlib.sha256(open(source, "rb").read()).hexdigest()
+        assert f.read().strip() == compiled.source_digest(Path(source))
+
+
+ROOT = Path(__file__).resolve().parent.parent
+_BUILD = """
+import importlib.util, sys
+from setuptools import setup
+spec = importlib.util.spec_from_file_location("tangram_setup", sys.argv[1])
+S = importlib.util.module_from_spec(spec); spec.loader.exec_module(S)
+setup(name="walk-build-check", packages=[], py_modules=[], ext_modules=S.extensions(),
+      cmdclass={"build_ext": S.OptionalBuildExt}, script_args=["build_ext", "--inplace", "-q"])
+"""
+_READ = "import tangram.policy.walk as w; print(w.__file__, w.COMPILED, getattr(w, 'MARK', None))"
+
+
+def _build(tmp: Path) -> None:
+    subprocess.run([sys.executable, "-c", _BUILD, str(ROOT / "setup.py")], cwd=tmp, check=True,
+                   capture_output=True, timeout=300)
+
+
+def _read(tmp: Path) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", _READ], cwd=tmp, check=True, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(tmp)})
+    return out.stdout.split()
+
+
+def test_setup_records_the_digest_of_the_sources_it_really_compiled(tmp_path):
+    """setup.py's build (the in-place copy an editable install makes): the library and the digest
+    beside it; then a changed walk.py copied in with an OLDER file time (as `cp -p` or a cache
+    restore leaves it) is compiled anew, not taken from the old C file under the new digest."""
+    pkg = tmp_path / "tangram" / "policy"
+    pkg.mkdir(parents=True)
+    for init in (tmp_path / "tangram" / "__init__.py", pkg / "__init__.py"):
+        init.write_text("")
+    for name in ("walk.py", "walk.pxd"):
+        shutil.copy(ROOT / "tangram" / "policy" / name, pkg / name)
+    _build(tmp_path)
+    libs = [p for p in pkg.iterdir() if p.suffix in (".so", ".pyd")]
+    assert len(libs) == 1
+    assert (pkg / (libs[0].name + ".sha256")).read_text().strip() == compiled.source_digest(pkg / "walk.py")
+    file, is_compiled, mark = _read(tmp_path)
+    assert file == str(libs[0]) and is_compiled == "True" and mark == "None"
+
+    walk = pkg / "walk.py"
+    before = walk.stat().st_mtime
+    walk.write_text(walk.read_text() + "\nMARK = 2\n")
+    os.utime(walk, (before - 3600, before - 3600))  # older than the C file and the library
+    _build(tmp_path)
+    assert (pkg / (libs[0].name + ".sha256")).read_text().strip() == compiled.source_digest(walk)
+    assert _read(tmp_path) == [str(libs[0]), "True", "2"]  # the new source, compiled
 
 
 @pytest.mark.parametrize("compiled_here", [True, False])

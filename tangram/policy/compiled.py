@@ -1,14 +1,13 @@
 """Which implementation of the estimate's hot loops (``tangram/policy/walk.py``) a process runs.
 
-``setup.py`` compiles ``walk.py`` with Cython when it can; the shared library
-then sits beside the source and Python's import prefers it, and beside it
-``<library>.sha256`` holds the digest of the source it was built from. Two
-cases must not run it: a source that no longer has that digest (edited or
-checked out after the build: the compiled module would silently run the old
-code; a library without the file counts as that), and ``TANGRAM_PURE_PYTHON=1``
-(profiling, or comparing the two). Both load the source instead; the first
-also warns, naming the rebuild command. A digest, not file times: an install
-writes the library and the source in an order of its own.
+``setup.py`` compiles ``walk.py`` (with the C types of ``walk.pxd``) with Cython when it can; the
+shared library then sits beside the source and Python's import prefers it, and beside it
+``<library>.sha256`` holds the digest of the two files it was translated from. Two cases must
+not run it: sources that no longer have that digest (edited or checked out after the build: the
+library would silently run the old code; a library without the file counts as that), and
+``TANGRAM_PURE_PYTHON=1`` (profiling, or comparing the two). Both load the source instead; the
+first also warns, naming the rebuild command. A digest, not file times: an install writes the
+library and the source in an order of its own, and a copy may keep an older time.
 """
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from types import ModuleType
 
 WALK = "tangram.policy.walk"
 PURE_ENV = "TANGRAM_PURE_PYTHON"
+_CHECKED: set[str] = set()  # compiled modules found built from their current sources
 
 
 def _load_source(name: str, source: Path) -> ModuleType:
@@ -33,21 +33,32 @@ def _load_source(name: str, source: Path) -> ModuleType:
     return module
 
 
+def source_digest(source: Path) -> str:
+    """sha256 of ``source`` followed by its ``.pxd`` (when there is one), as setup.py records it."""
+    h = hashlib.sha256(source.read_bytes())
+    pxd = source.with_suffix(".pxd")
+    if pxd.exists():
+        h.update(pxd.read_bytes())
+    return h.hexdigest()
+
+
 def _built_from(library: Path, source: Path) -> bool:
-    """Whether ``library`` records the digest ``source`` has now."""
+    """Whether ``library`` records the digest its sources have now."""
     try:
         recorded = Path(str(library) + ".sha256").read_text().strip()
     except OSError:
         return False
-    return recorded == hashlib.sha256(source.read_bytes()).hexdigest()
+    return recorded == source_digest(source)
 
 
 def walk_module(name: str = WALK) -> ModuleType:
     """The compiled module ``name`` when it is built from the current source, else the source itself."""
     loaded = sys.modules.get(name)
-    if loaded is not None:
-        return loaded
+    if loaded is not None and (loaded.__file__.endswith(".py") or name in _CHECKED):
+        return loaded  # the source, or a library this function has judged already
     spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"{name}: neither its source nor a compiled module is installed")
     origin = Path(spec.origin)
     source = origin.with_name(name.rsplit(".", 1)[-1] + ".py")
     if origin.suffix != ".py":
@@ -57,7 +68,8 @@ def walk_module(name: str = WALK) -> ModuleType:
             warnings.warn(f"{origin.name} was not built from {source} as it is now: running the source "
                           "(slower); rebuild with `pip install -e .`", RuntimeWarning, stacklevel=2)
             return _load_source(name, source)
-    return importlib.import_module(name)
+    _CHECKED.add(name)
+    return loaded if loaded is not None else importlib.import_module(name)
 
 
 def source_module(name: str = "walk") -> ModuleType:

@@ -10,6 +10,8 @@ when the install could build it: ``tangram/policy/compiled.py``).
 """
 from __future__ import annotations
 
+from operator import index as _index
+
 from tangram.core.model import Action
 from tangram.policy.compiled import walk_module
 from tangram.policy.rows import duration as _duration
@@ -154,12 +156,16 @@ def _arrive(ends, free, arrivals):
     of their completion times counted from their arrivals, and the walk's state after them."""
     if not isinstance(arrivals, Arrivals):
         arrivals = Arrivals(arrivals)
+    free = _index(free)  # as estimate_sorted
     return _hot.arrive(ends, free, arrivals.units_before, arrivals.total_before, arrivals.ends, arrivals.items)
 
 
 def estimate_sorted(ends: list, free_units: int, waiters: list, explore: int, arrivals=()) -> float:
     """:func:`estimate_from` of pairs already sorted (a round inserts its few candidates'
     ends into the sorted running ones instead of sorting them all again)."""
+    # units are integers (a manager's free units are the one input the model does not check); a
+    # float here is refused, as the compiled walk would otherwise truncate it where the source does not
+    free_units = _index(free_units)
     if not arrivals:
         return _hot.walk(ends, 0, free_units, 0.0, waiters, 0, explore)
     total, k, free, now = _arrive(ends, free_units, arrivals)

@@ -3,9 +3,10 @@
 Plain Python, and the source of truth. When the package is installed with a C
 compiler at hand, ``setup.py`` also compiles this file with Cython (C types for
 its locals in ``walk.pxd``); the compiled module then shadows this one and
-runs the same statements ~3-4x faster. ``tangram.policy.walk_module`` says
-which one a process runs and falls back to this file when the compiled one is
-older than it or ``TANGRAM_PURE_PYTHON=1`` is set.
+runs the same statements ~3-4x faster. ``tangram.policy.compiled`` decides
+which one a process runs (``tangram.policy.compiled.walk_module``): this file
+when the compiled one was built from other sources (a digest recorded beside
+it) or ``TANGRAM_PURE_PYTHON=1`` is set. Units must be integers (C longs there).
 
 The completions are kept as a sorted list of ``(end, units)`` read from index
 ``k`` on, not as a heap: the earliest-finish choice looks ahead without
