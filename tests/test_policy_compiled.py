@@ -95,6 +95,18 @@ def test_compiled_arrivals_equal_the_source(pair, seed):
         assert a == b
 
 
+def test_the_estimate_refuses_units_that_are_not_integers():
+    """The compiled walk would truncate 2.5 free units to 2 where the source counts 2.5: refused in both."""
+    waiters = [(3, 1.0, None)]
+    assert estimate.estimate_sorted([(1.0, 2)], 2, waiters, 0) == 2.0  # starts at 1 s, when 4 units are free
+    with pytest.raises(TypeError):
+        estimate.estimate_sorted([(1.0, 2)], 2.5, waiters, 0)
+    with pytest.raises(TypeError):
+        estimate._arrive([(1.0, 2)], 2.5, [(0.5, 1, 1.0)])
+    import numpy as np
+    assert estimate.estimate_sorted([(1.0, 2)], np.int64(2), waiters, 0) == 2.0  # numpy integers are integers
+
+
 def _fake_package(tmp_path, record: str | None):
     """A package holding a copy of the compiled walk and of its source, with the source digest the
     build recorded: the source's own ("match"), another ("other") or none (None)."""
