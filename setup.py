@@ -39,25 +39,19 @@ def _warn(e: BaseException) -> None:
 
 
 class OptionalBuildExt(build_ext):
-    """A failed compile is a warning, not a failed install: the pure-Python module is the fallback.
+    """Records, beside each library it builds, the digest of the sources it was translated from.
 
-    ``digest``: the sources' digest taken when they were translated (None: nothing translated)."""
+    The extensions are ``optional`` (setuptools' own flag): a compiler's failure is a warning and
+    leaves no library, so no record. ``digest``: taken when the sources were translated."""
 
     digest: str | None = None
 
     def run(self):
-        self._built: set[str] = set()  # the extensions this run built (a failed one keeps no record)
-        try:
-            super().run()
-        except Exception as e:  # noqa: BLE001 - any compiler or toolchain failure
-            _warn(e)
+        self._built: set[str] = set()
+        super().run()
 
     def build_extension(self, ext):
-        try:
-            super().build_extension(ext)
-        except Exception as e:  # noqa: BLE001
-            _warn(e)
-            return
+        super().build_extension(ext)  # a failure propagates to setuptools, which skips an optional one
         self._built.add(ext.name)
         self._record(Path(self.get_ext_fullpath(ext.name)))
 
@@ -66,7 +60,7 @@ class OptionalBuildExt(build_ext):
         super().copy_extensions_to_source()
         build_py = self.get_finalized_command("build_py")
         for ext in self.extensions:
-            if ext.name not in getattr(self, "_built", ()):
+            if ext.name not in self._built:
                 continue  # not built here: a library left from an earlier build must not be vouched for
             fullname = self.get_ext_fullname(ext.name)
             package_dir = build_py.get_package_dir(".".join(fullname.split(".")[:-1]))
@@ -87,6 +81,8 @@ def extensions(walk: str = WALK) -> list:
     except Exception as e:  # noqa: BLE001 - no Cython, or a module it cannot translate
         _warn(e)
         return []
+    for ext in exts:
+        ext.optional = True  # no C compiler: setuptools warns and installs without it
     OptionalBuildExt.digest = digest
     return exts
 
