@@ -180,9 +180,10 @@ setup(name="walk-build-check", packages=[], py_modules=[], ext_modules=S.extensi
 _READ = "import tangram.policy.walk as w; print(w.__file__, w.COMPILED, getattr(w, 'MARK', None))"
 
 
-def _build(tmp: Path) -> None:
-    subprocess.run([sys.executable, "-c", _BUILD, str(ROOT / "setup.py")], cwd=tmp, check=True,
-                   capture_output=True, timeout=300)
+def _build(tmp: Path) -> str:
+    done = subprocess.run([sys.executable, "-c", _BUILD, str(ROOT / "setup.py")], cwd=tmp, check=True,
+                          capture_output=True, text=True, timeout=300)
+    return done.stdout + done.stderr
 
 
 def _read(tmp: Path) -> list[str]:
@@ -201,9 +202,9 @@ def test_setup_records_the_digest_of_the_sources_it_really_compiled(tmp_path):
         init.write_text("")
     for name in ("walk.py", "walk.pxd"):
         shutil.copy(ROOT / "tangram" / "policy" / name, pkg / name)
-    _build(tmp_path)
+    log = _build(tmp_path)
     libs = [p for p in pkg.iterdir() if p.suffix in (".so", ".pyd")]
-    assert len(libs) == 1
+    assert len(libs) == 1, f"setup.py built no library (Cython is in the dev extra):\n{log[-3000:]}"
     assert (pkg / (libs[0].name + ".sha256")).read_text().strip() == compiled.source_digest(pkg / "walk.py")
     file, is_compiled, mark = _read(tmp_path)
     assert file == str(libs[0]) and is_compiled == "True" and mark == "None"
