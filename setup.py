@@ -14,7 +14,7 @@ its own digest while the old code was compiled).
 """
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -22,15 +22,19 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 WALK = "tangram/policy/walk.py"
+COMPILED = "tangram/policy/compiled.py"
 
 
-def source_digest(source: Path) -> str:
-    """sha256 of ``source`` followed by its ``.pxd`` (when there is one); compiled.py computes the same."""
-    h = hashlib.sha256(source.read_bytes())
-    pxd = source.with_suffix(".pxd")
-    if pxd.exists():
-        h.update(pxd.read_bytes())
-    return h.hexdigest()
+def _compiled_module():
+    """tangram/policy/compiled.py, loaded by its path (it imports the standard library only): the
+    digest recorded here is the one it checks at import."""
+    spec = importlib.util.spec_from_file_location("_tangram_compiled", Path(__file__).parent / COMPILED)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+source_digest = _compiled_module().source_digest
 
 
 def _warn(e: BaseException) -> None:
