@@ -46,9 +46,7 @@ class OptionalBuildExt(build_ext):
     """Records, beside each library it builds, the digest of the sources it was translated from.
 
     The extensions are ``optional`` (setuptools' own flag): a compiler's failure is a warning and
-    leaves no library, so no record. ``digest``: taken when the sources were translated."""
-
-    digest: str | None = None
+    leaves no library, so no record. Each carries ``source_digest``, taken when it was translated."""
 
     def run(self):
         self._built: set[str] = set()
@@ -57,7 +55,7 @@ class OptionalBuildExt(build_ext):
     def build_extension(self, ext):
         super().build_extension(ext)  # a failure propagates to setuptools, which skips an optional one
         self._built.add(ext.name)
-        self._record(Path(self.get_ext_fullpath(ext.name)))
+        _record(Path(self.get_ext_fullpath(ext.name)), ext)
 
     def copy_extensions_to_source(self):
         """An editable install builds elsewhere and copies the library into the package: the record too."""
@@ -68,15 +66,15 @@ class OptionalBuildExt(build_ext):
                 continue  # not built here: a library left from an earlier build must not be vouched for
             fullname = self.get_ext_fullname(ext.name)
             package_dir = build_py.get_package_dir(".".join(fullname.split(".")[:-1]))
-            self._record(Path(package_dir) / Path(self.get_ext_filename(fullname)).name)
+            _record(Path(package_dir) / Path(self.get_ext_filename(fullname)).name, ext)
 
-    def _record(self, library: Path) -> None:
-        if self.digest is not None:
-            Path(str(library) + ".sha256").write_text(self.digest + "\n")
+
+def _record(library: Path, ext) -> None:
+    Path(str(library) + ".sha256").write_text(ext.source_digest + "\n")
 
 
 def extensions(walk: str = WALK) -> list:
-    """The extension of ``walk``, translated now (its digest kept on OptionalBuildExt), or none."""
+    """The extension of ``walk``, translated now (with ``source_digest``, its sources' digest), or none."""
     try:
         from Cython.Build import cythonize
 
@@ -87,7 +85,7 @@ def extensions(walk: str = WALK) -> list:
         return []
     for ext in exts:
         ext.optional = True  # no C compiler: setuptools warns and installs without it
-    OptionalBuildExt.digest = digest
+        ext.source_digest = digest
     return exts
 
 

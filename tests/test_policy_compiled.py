@@ -224,9 +224,12 @@ async def test_the_service_says_when_the_estimate_runs_as_plain_python(monkeypat
     from tangram.service.build import build_runtime
     from tangram.service.config import parse_config
 
-    class Loops:
+    real = compiled.walk_module()
+
+    class Loops:  # the installed module's spec (the library, built from these sources), either answer
         COMPILED = compiled_here
         __file__ = "walk.so" if compiled_here else "walk.py"
+        __spec__ = real.__spec__
 
     monkeypatch.setitem(sys.modules, compiled.WALK, Loops)
     cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "api_pools": {"search": {"concurrency": 1}}})

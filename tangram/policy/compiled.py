@@ -22,7 +22,6 @@ from types import ModuleType
 
 WALK = "tangram.policy.walk"
 PURE_ENV = "TANGRAM_PURE_PYTHON"
-_CHECKED: set[str] = set()  # compiled modules found built from their current sources
 
 
 def _load_source(name: str, source: Path) -> ModuleType:
@@ -54,8 +53,8 @@ def _built_from(library: Path, source: Path) -> bool:
 def walk_module(name: str = WALK) -> ModuleType:
     """The compiled module ``name`` when it is built from the current source, else the source itself."""
     loaded = sys.modules.get(name)
-    if loaded is not None and (loaded.__file__.endswith(".py") or name in _CHECKED):
-        return loaded  # the source, or a library this function has judged already
+    if loaded is not None and loaded.__file__.endswith(".py"):
+        return loaded  # the source: nothing to judge (a library is judged on every call: one digest)
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
         raise ImportError(f"{name}: neither its source nor a compiled module is installed")
@@ -68,7 +67,6 @@ def walk_module(name: str = WALK) -> ModuleType:
             warnings.warn(f"{origin.name} was not built from {source} as it is now: running the source "
                           "(slower); rebuild with `pip install -e .`", RuntimeWarning, stacklevel=2)
             return _load_source(name, source)
-    _CHECKED.add(name)
     return loaded if loaded is not None else importlib.import_module(name)
 
 
