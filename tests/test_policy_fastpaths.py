@@ -253,3 +253,20 @@ def test_a_duration_that_overflows_is_refused_at_build():
     assert e.value.field == "t1_s" and "overflows" in str(e.value)
     ok = Action.build("y", {"cpu": {"min": 1, "max": 4}}, t1_s=1e300, elasticity=Elasticity.from_table({1: 0.1}))
     assert math.isfinite(ok.duration(1))
+
+
+def test_new_dispatch_builds_the_same_frozen_dispatch():
+    """The policy's constructor sets every field of Dispatch, and the object stays frozen."""
+    import dataclasses
+    from types import MappingProxyType
+
+    from tangram.policy.snapshot import Dispatch, new_dispatch
+
+    a = Action.build("d", {"cpu": {"min": 2, "max": 8}}, t1_s=4.0, elasticity=Elasticity.amdahl(0.1))
+    args = (a, "n1", MappingProxyType({"cpu": 4}), MappingProxyType({"cpu": "cpu@n1"}), 512, 1.25)
+    fast, slow = new_dispatch(*args), Dispatch(*args)
+    assert fast == slow and repr(fast) == repr(slow) and type(fast) is Dispatch
+    assert [getattr(fast, f.name) for f in dataclasses.fields(Dispatch)] == list(args)  # a new field fails here
+    assert fast.dop == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.node = "n2"

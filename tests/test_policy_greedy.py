@@ -13,7 +13,7 @@ from tangram.core.model import Elasticity
 from tangram.policy import UnitsOperator, arrange
 from tangram.policy.arrange import GreedyTable, PrefixTable, _units_table, prefix_table, prefix_table_rows
 
-arrange_module = importlib.import_module("tangram.policy.arrange")  # the package's `arrange` is the function
+greedy_module = importlib.import_module("tangram.policy.greedy")
 
 
 def _convex_row(rng: random.Random, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -117,12 +117,12 @@ def test_small_tables_on_lists_give_the_arrays_floats(seed, monkeypatch):
     cases = []
     for _ in range(80):
         rows = [_convex_row(rng, rng.randint(1, 4), rng.randint(1, 12))
-                for _ in range(rng.randint(0, arrange_module._SMALL_TABLE - 1))]
+                for _ in range(rng.randint(0, greedy_module._SMALL_TABLE - 1))]
         if rows and rng.random() < 0.4:
             rows.append(rows[rng.randrange(len(rows))])  # a twin: equal gains at the budget's edge
         cases.append((rows, rng.randint(0, 60)))
     small = [GreedyTable(rows, cap) for rows, cap in cases]
-    monkeypatch.setattr(arrange_module, "_SMALL_TABLE", -1)
+    monkeypatch.setattr(greedy_module, "_SMALL_TABLE", -1)
     for (rows, cap), fast in zip(cases, small):
         ref = GreedyTable(rows, cap)
         for t in range(len(rows) + 1):
@@ -130,3 +130,60 @@ def test_small_tables_on_lists_give_the_arrays_floats(seed, monkeypatch):
             if ref.feasible(t):
                 assert fast.best(t) == ref.best(t)
                 assert fast.units_and_durations(t) == ref.units_and_durations(t)
+
+
+def _table_cases(rng: random.Random, rows_lo: int, rows_hi: int) -> list:
+    cases = []
+    for _ in range(60):
+        rows = [_convex_row(rng, rng.randint(1, 4), rng.randint(1, 40)) for _ in range(rng.randint(rows_lo, rows_hi))]
+        if rng.random() < 0.4:  # twins: equal gains across rows, at the budget's edge too
+            rows += [rows[rng.randrange(len(rows))] for _ in range(rng.randint(1, 4))]
+        if rng.random() < 0.2:  # gains that grow within the convexity test's tolerance
+            u, d = rows[0]
+            if len(d) > 3:
+                d = d.copy()
+                d[2] = d[1] - (d[1] - d[2]) * (1 - 1e-15) if d[1] > d[2] else d[2]
+                rows[0] = (u, d)
+        lists = rng.random() < 0.5  # half as the policy's memo rows, which keep their lists
+        rows = [greedy_module.RowArrays(r) if lists else r for r in rows]
+        cap = sum(int(u[0]) for u, _ in rows) + rng.choice([0, 1, 2, rng.randint(0, 400)])
+        cases.append((rows, cap))
+    return cases
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_large_tables_on_lists_give_the_arrays_floats(seed, monkeypatch):
+    """Above ``_SMALL_TABLE`` rows the greedy selects on the rows' lists by a heap merge: the same
+    counts and the same floats as ``argpartition`` over the arrays, or it hands over to them."""
+    rng = random.Random(700 + seed)
+    merged = handed_over = 0
+    for rows, cap in _table_cases(rng, greedy_module._SMALL_TABLE + 1, 70):
+        fast = GreedyTable(rows, cap)
+        ref = GreedyTable(rows, cap)
+        for t in range(len(rows) + 1):
+            assert fast.feasible(t) == ref.feasible(t)
+            if not ref.feasible(t):
+                continue
+            want = ref._solve_arrays(t)
+            got = fast._solve_merge(t)
+            if got is None:
+                handed_over += 1
+            else:
+                merged += 1
+                assert got == want  # floats compared exactly: the same bits
+            assert fast._solve(t) == want
+    assert merged > 100 and handed_over > 0  # both paths ran
+
+
+def test_the_merge_hands_over_on_a_tie_at_the_budgets_edge():
+    row = (np.arange(1, 5, dtype=np.int64), np.array([8.0, 6.0, 5.0, 4.5]))  # gains 2, 1, 0.5
+    rows = [row] * 8 + [(np.arange(1, 3, dtype=np.int64), np.array([9.0, 8.5]))] * 2  # gains 0.5
+    table = GreedyTable(rows, 10 + 8)  # budget 8: the eight gains of 2 exactly
+    assert table._solve_merge(10) == table._solve_arrays(10)
+    assert table._solve_merge(10)[1] == (2,) * 8 + (1, 1)
+    table = GreedyTable(rows, 10 + 9)  # budget 9: one of eight tied gains of 1
+    assert table._solve_merge(10) is None
+    table = GreedyTable(rows, 10 + 8 * 3 + 1)  # budget 25: one of ten tied gains of 0.5 is left out
+    assert table._solve_merge(10) is None
+    table = GreedyTable(rows, 10 + 8 * 3 + 2)  # every positive gain
+    assert table._solve_merge(10)[1] == (4,) * 8 + (2, 2)

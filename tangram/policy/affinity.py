@@ -94,9 +94,11 @@ def affinity_order(snap: Snapshot, affinity: Affinity, gpu_pools, closed):
     params = snap.params
     keys = snap.waiting_keys
     if keys is None or params.order != "aging" or params.affinity_k <= 0 or not gpu_pools:
-        yield from snap.waiting
-        return
-    k = params.affinity_k
+        return iter(snap.waiting)  # the queue's own order: no generator between it and the round
+    return _deferring_misses(snap, affinity, gpu_pools, closed, keys, params.affinity_k)
+
+
+def _deferring_misses(snap: Snapshot, affinity: Affinity, gpu_pools, closed, keys, k: float):
     deferred: list = []
     seq = 0
     for key, a in zip(keys, snap.waiting):

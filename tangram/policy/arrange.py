@@ -21,9 +21,6 @@ numpy (a min-plus product over shifted views of the previous row).
 from __future__ import annotations
 
 import math
-import operator
-from itertools import repeat
-from operator import itemgetter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Sequence
@@ -31,15 +28,9 @@ from typing import Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from tangram.policy.greedy import Arrangement, GreedyTable, greedy_exact
+
 CHUNK_SIZES = (1, 2, 4, 8)
-
-
-@dataclass(frozen=True, slots=True)
-class Arrangement:
-    """An optimal assignment: ``units[i]`` for candidate ``i``, summing to ``total`` seconds."""
-
-    total: float
-    units: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,151 +227,6 @@ def _units_prefix(rows, capacity: int, min_prefix: int = 0, convex: bool | None 
     if all(len(u) for u, _ in clipped) and (convex or (convex is None and all(greedy_exact(u, d) for u, d in clipped))):
         return GreedyTable(clipped, capacity)
     return _units_table(rows, capacity, min_prefix)
-
-
-def greedy_exact(units: np.ndarray, durs: np.ndarray) -> bool:
-    """Consecutive counts whose marginal gains never grow (Amdahl, most measured tables).
-
-    Then each row's duration is a convex function of its units, and for a
-    sum of separable convex functions under ``sum(units) <= capacity`` giving
-    every next unit to the largest marginal gain is optimal (the classic
-    greedy for separable convex resource allocation). Any prefix of such a
-    row (a DoP cap) keeps the property.
-    """
-    n = len(units)
-    if n <= 1:
-        return n == 1
-    if int(units[-1]) - int(units[0]) != n - 1:
-        return False
-    gains = durs[:-1] - durs[1:]
-    return bool(np.all(gains[1:] <= gains[:-1] + 1e-12 * np.abs(durs[:-2])))
-
-
-# Below this many rows the greedy runs on Python lists: numpy's per-call cost is
-# most of a small table's time, and for fewer than 8 numbers numpy's sum is the
-# plain left-to-right sum, so both give the same floats.
-_SMALL_TABLE = 7
-
-
-class GreedyTable:
-    """Same answers as :class:`PrefixTable` for the units operator when every
-    row is convex: each prefix starts all its candidates at their minimum and
-    spends the capacity left on the largest positive marginal gains (the
-    first ``t`` rows' gains are a prefix of one concatenated array)."""
-
-    def __init__(self, rows, capacity: int):
-        self.exact_from = 0
-        self._capacity = capacity
-        self._cache: dict[int, tuple[float, tuple[int, ...], list[float]]] = {}
-        if len(rows) <= _SMALL_TABLE:
-            self._small = [(u.tolist(), d.tolist()) for u, d in rows]
-            self._rows = rows
-            self._min_sum = [0]
-            for u, _ in self._small:
-                self._min_sum.append(self._min_sum[-1] + u[0])
-            return
-        self._small = None
-        self._arrays(rows)
-
-    def _arrays(self, rows) -> None:
-        n = len(rows)
-        if not n:
-            self._mins = np.zeros(0, dtype=np.int64)
-            self._min_sum = self._row_start = self._pos_end = np.zeros(1, dtype=np.int64)
-            self._durs = self._neg_gains = np.zeros(0)
-            self._owner = np.zeros(0, dtype=np.int64)
-            return
-        units, durs = zip(*rows)
-        lens = np.fromiter(map(len, units), dtype=np.int64, count=n)
-        self._row_start = np.zeros(n + 1, dtype=np.int64)  # into the flat durations
-        np.cumsum(lens, out=self._row_start[1:])
-        self._mins = np.concatenate(units)[self._row_start[:-1]]
-        self._min_sum = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(self._mins, out=self._min_sum[1:])
-        self._durs = np.concatenate(durs)
-        gains = self._durs[:-1] - self._durs[1:]
-        # drop the pairs that straddle two rows, and the gains that are not gains at all
-        keep = gains > 0
-        keep[self._row_start[1:-1] - 1] = False
-        owner = np.repeat(np.arange(n), lens)[:-1]
-        self._neg_gains = -gains[keep]  # row by row, in order: a prefix of rows is a prefix here
-        self._owner = owner[keep]
-        self._pos_end = np.zeros(n + 1, dtype=np.int64)  # positive gains of the first t rows
-        np.cumsum(np.bincount(self._owner, minlength=n), out=self._pos_end[1:])
-
-    def feasible(self, t: int) -> bool:
-        return bool(self._min_sum[t] <= self._capacity)
-
-    def _solve(self, t: int):
-        hit = self._cache.get(t)
-        if hit is not None:
-            return hit
-        if not self.feasible(t):
-            raise ValueError(f"prefix {t} has no feasible arrangement")
-        if self._small is not None:
-            out = self._solve_small(t)
-            if out is not None:
-                self._cache[t] = out
-                return out
-            self._small = None  # a tie at the budget's edge: numpy's choice among the tied gains decides
-            self._arrays(self._rows)
-        budget = self._capacity - int(self._min_sum[t])
-        end = int(self._pos_end[t])
-        starts = self._row_start[:t]
-        if budget > 0 and end:
-            owner = self._owner[:end]
-            if end > budget:
-                owner = owner[np.argpartition(self._neg_gains[:end], budget - 1)[:budget]]
-            extra = np.bincount(owner, minlength=t)
-            durs = self._durs[starts + extra]
-            units = (self._mins[:t] + extra).tolist()
-        else:
-            durs = self._durs[starts]
-            units = self._mins[:t].tolist()
-        out = (float(durs.sum()), tuple(units), durs.tolist())
-        self._cache[t] = out
-        return out
-
-    def _solve_small(self, t: int):
-        """:meth:`_solve` on lists; None when the budget ends inside a run of equal gains."""
-        budget = self._capacity - self._min_sum[t]
-        rows = self._small[:t]
-        extra = [0] * t
-        if budget > 0:
-            # a gain d[j] - d[j+1] of finite floats is > 0 exactly when d[j] > d[j+1]
-            extra = [sum(map(operator.gt, d, d[1:])) for _, d in rows]
-            if sum(extra) <= budget:  # every positive gain is taken
-                budget = 0
-            else:
-                extra = [0] * t
-        if budget > 0:
-            gains = []  # (gain, row): the positive gains within each row, as the arrays keep them
-            for i, (_, d) in enumerate(rows):
-                gains += zip(map(operator.sub, d, d[1:]), repeat(i))
-            gains = [gi for gi in gains if gi[0] > 0]
-            gains.sort(key=itemgetter(0), reverse=True)
-            if gains[budget - 1][0] == gains[budget][0]:
-                return None
-            for _, i in gains[:budget]:
-                extra[i] += 1
-        durs = [d[x] for (_, d), x in zip(rows, extra)]
-        units = tuple(u[0] + x for (u, _), x in zip(rows, extra))
-        return float(sum(durs)), units, durs
-
-    def best(self, t: int) -> float:
-        return self._solve(t)[0] if self.feasible(t) else math.inf
-
-    def units(self, t: int) -> tuple[int, ...]:
-        return self._solve(t)[1]
-
-    def units_and_durations(self, t: int) -> tuple[tuple[int, ...], list[float]]:
-        _, units, durs = self._solve(t)
-        return units, list(durs)
-
-    def arrangement(self, t: int) -> Arrangement | None:
-        if not self.feasible(t):
-            return None
-        return Arrangement(self.best(t), self.units(t))
 
 
 class _ChunkStates:

@@ -37,8 +37,8 @@ def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str
         return {}, frozenset()  # the fixed-DoP baseline: FCFS at N units, no eviction
     groups: dict[str, list] = {}
     for c in cands:
-        if c.action.scalable:
-            groups.setdefault(c.pools[c.action.key], []).append(c)
+        if c.group is not None:
+            groups.setdefault(c.group, []).append(c)
     users: dict[str, list[int]] = {}  # pool -> indices of the candidates taking units of it
     for i, c in enumerate(cands):
         for pname in c.pools.values():
@@ -97,9 +97,9 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
     (_holdout_inputs), waits again without the search (see docs/scheduling.md, "Holdouts"):
     what moves meanwhile is only the clock.
     """
-    members = set(id(c) for c in group)
     # ``users``: indices of the candidates on this pool (an earlier group's evicted ones are None now)
-    others = [c for i in users if (c := cands[i]) is not None and id(c) not in members]
+    name = pool.name
+    others = [c for i in users if (c := cands[i]) is not None and c.group != name]
     other_units = [c.units[_rtype_of(c, pool.name)] for c in others]
     inputs = None
     if pool.chunked:

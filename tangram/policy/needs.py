@@ -14,7 +14,7 @@ from tangram.core.pools import pool_name
 class Needs:
     """One action's demands, split the way :func:`tangram.policy.schedule._place` reads them."""
 
-    __slots__ = ("action", "local", "api", "not_gpu", "has_cpu", "has_gpu", "mins", "shape", "_on")
+    __slots__ = ("action", "local", "api", "not_gpu", "has_cpu", "has_gpu", "scalable", "mins", "shape", "_on")
 
     def __init__(self, a: Action):
         self.action = a
@@ -24,6 +24,7 @@ class Needs:
         self.not_gpu = tuple(t for t in types if t != "gpu")
         self.has_cpu = "cpu" in a.demands
         self.has_gpu = "gpu" in a.demands
+        self.scalable = a.scalable
         self.mins = {t: d.min for t, d in a.demands.items()}  # copied: a round raises the key's units
         # equal iff the demands are equal, and cheap to hash (a Demand hashes in Python)
         self.shape = tuple((t, d.lo, d.hi, d.picks) for t, d in sorted(a.demands.items()))

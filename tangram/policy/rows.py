@@ -13,7 +13,7 @@ from typing import Mapping
 import numpy as np
 
 from tangram.core.model import Action
-from tangram.policy.arrange import greedy_exact
+from tangram.policy.greedy import RowArrays, greedy_exact
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
 
 # an extra unit must buy at least 5% of the speedup it would give perfectly parallel work
@@ -23,12 +23,13 @@ _MIN_MARGINAL_GAIN = 0.05
 class Row:
     """What the policy reads of one scalable action, built once per action."""
 
-    __slots__ = ("action", "units", "durs", "options", "convex", "top", "u0", "d0", "waiter", "at")
+    __slots__ = ("action", "units", "durs", "pair", "options", "convex", "top", "u0", "d0", "waiter", "at")
 
     def __init__(self, a: Action, units: np.ndarray, durs: np.ndarray):
         self.action = a
         self.units = units
         self.durs = durs
+        self.pair = RowArrays((units, durs))
         self.options = tuple(int(u) for u in units)  # worthwhile options, ascending
         self.convex = greedy_exact(units, durs)
         self.top = self.options[-1]
@@ -128,7 +129,7 @@ def _cut(a: Action, r: Row, cap: int, params: PolicyParams, pool: PoolState | No
         limit = min(limit, max(caps, r.u0))
     restores = a.restore_s and a.service is not None and pool is not None and pool.chunked
     if r.top <= limit and not restores:
-        return r.units, r.durs  # the common case: nothing to cut or add
+        return r.pair  # the common case: nothing to cut or add
     k = bisect_right(r.options, limit)
     units, durs = r.units[:k], r.durs[:k]
     if restores:
@@ -145,8 +146,18 @@ def group_rows(actions, cap: int, params: PolicyParams, pool: PoolState, hits=No
     ``cap``), and whether every row is convex and not empty (the greedy units operator
     is exact for them)."""
     rows, convex = [], True
+    caps = params.dop_caps
+    chunked = pool is not None and pool.chunked
+    memo = _ROWS
     for i, a in enumerate(actions):
-        r = row(a)
+        r = memo.get(id(a))  # row(a), its memo read inline
+        if r is None or r.action is not a:
+            r = _build_row(a)
+        if r.top <= cap and not (caps and a.action_class in caps) and not (
+                chunked and a.restore_s and a.service is not None):
+            rows.append(r.pair)  # _cut's common case: nothing to cut or add
+            convex = convex and r.convex
+            continue
         cut = _cut(a, r, cap, params, pool, None if hits is None else hits[i])
         rows.append(cut)
         convex = convex and r.convex and len(cut[0]) > 0

@@ -22,21 +22,22 @@ from tangram.policy.needs import Needs
 from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
 from tangram.policy.rows import run_estimate
-from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, Snapshot, pool_name
+from tangram.policy.snapshot import Plan, PolicyParams, Snapshot, new_dispatch, pool_name
 
 
 
 class _Candidate:
-    __slots__ = ("action", "node", "pools", "units", "place_mem", "hits")
+    __slots__ = ("action", "node", "pools", "units", "place_mem", "hits", "group")
 
     def __init__(self, action: Action, node: str | None, pools: dict[str, str], units: dict[str, int], place_mem: int,
-                 hits: frozenset[int] = frozenset()):
+                 hits: frozenset[int] = frozenset(), scalable: bool = False):
         self.action = action
         self.node = node
         self.pools = pools  # rtype -> pool name
         self.units = units
         self.place_mem = place_mem
         self.hits = hits  # GPU DoPs at which an idle instance of its service is its to take (no restore)
+        self.group = pools[action.key] if scalable else None  # its elastic group: its key pool
 
 
 def _base_units(a: Action, nd: Needs, snap: Snapshot, placed) -> dict[str, int]:
@@ -72,11 +73,9 @@ def plan(snap: Snapshot) -> Plan:
             if c.place_mem:
                 unfit.pop(pool_name("mem", c.node), None)
                 _hand_on_placement(c, cands)
-    # positional: Dispatch(action, node, units, pools, place_mem_mb, estimated_s), a frozen
-    # dataclass whose keyword call cost a third of its construction
     return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
                 dispatches=tuple([
-        Dispatch(
+        new_dispatch(
             c.action,
             c.node,
             MappingProxyType(c.units),  # the candidate's own dict: nothing else holds it
@@ -152,6 +151,7 @@ def _select_candidates(snap: Snapshot):
     waiting_iter = affinity_order(snap, affinity, gpu_pools, closed)
     params = snap.params
     needs_memo = _NEEDS
+    only_node = snap.nodes[0] if len(snap.nodes) == 1 and snap.nodes[0] is not None else None
     for a in waiting_iter:
         nd = needs_memo.get(id(a))  # needs(a), its memo read inline (once per waiting action read)
         if nd is None or nd.action is not a:
@@ -188,10 +188,14 @@ def _select_candidates(snap: Snapshot):
                     unplaced_waiting.setdefault(a.trajectory, needed)
                 continue
         units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, nd, snap, placed)
-        home = snap.placement.get(a.trajectory) if (nd.has_cpu and not nd.api and a.trajectory is not None) else None
-        if home is not None and _all_open(nd.on(home)[0], pools, blocked) and _all_fit(nd.on(home)[0], nd.local,
-                                                                                      units, fits):
-            node, place_mem = home, 0  # fast path, as _place decides it: a placed trajectory's action fits at home
+        home = None
+        if not nd.api:
+            if a.trajectory is not None and nd.has_cpu:
+                home = snap.placement.get(a.trajectory)
+            elif only_node is not None and nd.local and not (nd.has_cpu and a.mem_mb):
+                home = only_node  # one node, and nothing to place: _place would look at it alone
+        if home is not None and _open_and_fit(nd.on(home)[0], nd.local, units, pools, blocked, fits):
+            node, place_mem = home, 0  # fast path, as _place decides it: the action fits on its one node
         else:
             node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity)
         if node is _NO_NODE:
@@ -217,7 +221,7 @@ def _select_candidates(snap: Snapshot):
         if node is not None and nd.has_cpu and a.trajectory is not None:
             placed.setdefault(a.trajectory, node)
         hits = affinity.claim(pools_of["gpu"], a) if "gpu" in pools_of and a.service is not None else frozenset()
-        cands.append(_Candidate(a, node, pools_of, units, place_mem, hits))
+        cands.append(_Candidate(a, node, pools_of, units, place_mem, hits, nd.scalable))
     # a request above what is left after these candidates cannot fit either (the
     # elastic stage only adds units; evicted candidates' pools are dropped later)
     unfit = {pname: f + 1 for pname, f in free.items()}
@@ -299,8 +303,7 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
     best, best_key = _NO_NODE, None
     place_mem = a.mem_mb if (bound is None and nd.has_cpu) else 0
     for node in nodes:
-        names = nd.on(node)[0]
-        if not _all_open(names, pools, blocked) or not _all_fit(names, local, units, fits):
+        if not _open_and_fit(nd.on(node)[0], local, units, pools, blocked, fits):
             continue
         if place_mem:
             mname = pool_name("mem", node)
@@ -334,14 +337,11 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
     return best, [], place_mem
 
 
-def _all_open(names, pools, blocked) -> bool:
+def _open_and_fit(names, types, units, pools, blocked, fits) -> bool:
+    """Every one of ``names`` exists and is not blocked, and then each fits its type's units."""
     for n in names:
         if n not in pools or n in blocked:
             return False
-    return True
-
-
-def _all_fit(names, types, units, fits) -> bool:
     for n, t in zip(names, types):
         if not fits(n, units[t]):
             return False

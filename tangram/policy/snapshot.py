@@ -125,6 +125,27 @@ class Dispatch:
         return next(iter(self.units.values()), 1)
 
 
+# the slots' own setters: the frozen dataclass's __init__ calls object.__setattr__ once per field,
+# a third of a round's dispatch building
+_set_action, _set_node, _set_units, _set_pools, _set_place_mem, _set_estimated = (
+    Dispatch.__dict__[f].__set__ for f in ("action", "node", "units", "pools", "place_mem_mb", "estimated_s"))
+_new = object.__new__
+
+
+def new_dispatch(action: Action, node: str | None, units: Mapping[str, int], pools: Mapping[str, str],
+                 place_mem_mb: int, estimated_s: float | None) -> Dispatch:
+    """``Dispatch(action, node, units, pools, place_mem_mb, estimated_s)``, the same frozen object,
+    built without the per-field setattr (the policy builds one per started action)."""
+    d = _new(Dispatch)
+    _set_action(d, action)
+    _set_node(d, node)
+    _set_units(d, units)
+    _set_pools(d, pools)
+    _set_place_mem(d, place_mem_mb)
+    _set_estimated(d, estimated_s)
+    return d
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What starts now; ``unfit`` says what could not start after it.

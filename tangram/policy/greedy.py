@@ -1,0 +1,288 @@
+"""The units operator's fast path: greedy marginal allocation (docs/scheduling.md,
+"DPArrange at the speed of its inputs").
+
+When every row's marginal gains never grow, each prefix of the candidates starts
+at its minimums and spends the capacity left on the largest positive gains. The
+answer is defined as numpy's arrays give it (``argpartition`` over the
+concatenated gains, ``sum`` over the chosen durations); the list paths below
+reach the same counts and floats without numpy's fixed cost per call, and hand
+over to the arrays whenever the budget ends inside a run of equal gains, where
+the answer is the one ``argpartition`` happens to pick.
+"""
+from __future__ import annotations
+
+import heapq
+import operator
+from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Arrangement:
+    """An optimal assignment: ``units[i]`` for candidate ``i``, summing to ``total`` seconds."""
+
+    total: float
+    units: tuple[int, ...]
+
+
+def greedy_exact(units: np.ndarray, durs: np.ndarray) -> bool:
+    """Consecutive counts whose marginal gains never grow (Amdahl, most measured tables).
+
+    Then each row's duration is a convex function of its units, and for a
+    sum of separable convex functions under ``sum(units) <= capacity`` giving
+    every next unit to the largest marginal gain is optimal (the classic
+    greedy for separable convex resource allocation). Any prefix of such a
+    row (a DoP cap) keeps the property.
+    """
+    n = len(units)
+    if n <= 1:
+        return n == 1
+    if int(units[-1]) - int(units[0]) != n - 1:
+        return False
+    gains = durs[:-1] - durs[1:]
+    return bool(np.all(gains[1:] <= gains[:-1] + 1e-12 * np.abs(durs[:-2])))
+
+
+# Below this many rows the greedy runs on Python lists: numpy's per-call cost is
+# most of a small table's time, and for fewer than 8 numbers numpy's sum is the
+# plain left-to-right sum, so both give the same floats.
+_SMALL_TABLE = 7
+# Larger tables select on lists too while the budget, or what it leaves out, is
+# at most this many gains (a heap merge of the rows: one pop per gain); beyond
+# it one argpartition over the arrays is cheaper.
+_MERGE_LIMIT = 48
+
+
+class RowArrays(tuple):
+    """A row's ``(units, durations)`` kept by the policy's row memo (rows.py): the greedy keeps
+    the row's Python lists on it (:func:`_lists`), built once per action instead of per round."""
+
+    greedy = None
+
+
+def _lists(row) -> tuple | None:
+    """``(minimum, durations, positive gains descending)`` of one row, as Python numbers; None
+    for an empty row. A gain ``d[j] - d[j+1]`` is the float numpy's ``durs[:-1] - durs[1:]`` gives.
+    """
+    units, durs = row
+    if not len(units):
+        return None
+    dl = durs.tolist()
+    desc = sorted((g for g in map(operator.sub, dl, dl[1:]) if g > 0), reverse=True)
+    out = (int(units[0]), dl, desc)
+    if isinstance(row, RowArrays):
+        row.greedy = out
+    return out
+
+
+class GreedyTable:
+    """Same answers as :class:`~tangram.policy.arrange.PrefixTable` for the units operator when
+    every row is convex: each prefix starts all its candidates at their minimum and spends the
+    capacity left on the largest positive marginal gains (the first ``t`` rows' gains are a
+    prefix of one concatenated array)."""
+
+    def __init__(self, rows, capacity: int):
+        self.exact_from = 0
+        self._capacity = capacity
+        self._cache: dict[int, tuple[float, tuple[int, ...], list[float]]] = {}
+        self._rows = rows
+        self._arrays_built = False
+        if len(rows) <= _SMALL_TABLE:
+            self._small = [(u.tolist(), d.tolist()) for u, d in rows]
+            self._lists = None
+            self._min_sum = [0]
+            for u, _ in self._small:
+                self._min_sum.append(self._min_sum[-1] + u[0])
+            return
+        self._small = None
+        self._lists = lists = []
+        self._min_sum = min_sum = [0]
+        self._pos_count = pos_count = [0]  # positive gains of the first t rows
+        for r in rows:
+            entry = getattr(r, "greedy", None) or _lists(r)
+            if entry is None:  # an empty row (the policy hands over none): the arrays decide
+                self._lists = None
+                self._arrays()
+                self._min_sum = self._min_sum_arr.tolist()
+                return
+            lists.append(entry)
+            min_sum.append(min_sum[-1] + entry[0])
+            pos_count.append(pos_count[-1] + len(entry[2]))
+
+    def _arrays(self) -> None:
+        self._arrays_built = True
+        rows = self._rows
+        n = len(rows)
+        if not n:
+            self._mins = np.zeros(0, dtype=np.int64)
+            self._row_start = self._pos_end = self._min_sum_arr = np.zeros(1, dtype=np.int64)
+            self._durs = self._neg_gains = np.zeros(0)
+            self._owner = np.zeros(0, dtype=np.int64)
+            return
+        units, durs = zip(*rows)
+        lens = np.fromiter(map(len, units), dtype=np.int64, count=n)
+        self._row_start = np.zeros(n + 1, dtype=np.int64)  # into the flat durations
+        np.cumsum(lens, out=self._row_start[1:])
+        self._mins = np.concatenate(units)[self._row_start[:-1]]
+        self._min_sum_arr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(self._mins, out=self._min_sum_arr[1:])
+        self._durs = np.concatenate(durs)
+        gains = self._durs[:-1] - self._durs[1:]
+        # drop the pairs that straddle two rows, and the gains that are not gains at all
+        keep = gains > 0
+        keep[self._row_start[1:-1] - 1] = False
+        owner = np.repeat(np.arange(n), lens)[:-1]
+        self._neg_gains = -gains[keep]  # row by row, in order: a prefix of rows is a prefix here
+        self._owner = owner[keep]
+        self._pos_end = np.zeros(n + 1, dtype=np.int64)  # positive gains of the first t rows
+        np.cumsum(np.bincount(self._owner, minlength=n), out=self._pos_end[1:])
+
+    def feasible(self, t: int) -> bool:
+        return self._min_sum[t] <= self._capacity
+
+    def _solve(self, t: int):
+        hit = self._cache.get(t)
+        if hit is not None:
+            return hit
+        if not self.feasible(t):
+            raise ValueError(f"prefix {t} has no feasible arrangement")
+        out = None
+        if self._small is not None:
+            out = self._solve_small(t)
+            if out is None:  # a tie at the budget's edge: numpy's choice among the tied gains decides
+                self._small = None
+        elif self._lists is not None:
+            out = self._solve_merge(t)
+        if out is None:
+            out = self._solve_arrays(t)
+        self._cache[t] = out
+        return out
+
+    def _solve_arrays(self, t: int):
+        if not self._arrays_built:
+            self._arrays()
+        budget = self._capacity - int(self._min_sum[t])
+        end = int(self._pos_end[t])
+        starts = self._row_start[:t]
+        if budget > 0 and end:
+            owner = self._owner[:end]
+            if end > budget:
+                owner = owner[np.argpartition(self._neg_gains[:end], budget - 1)[:budget]]
+            extra = np.bincount(owner, minlength=t)
+            durs = self._durs[starts + extra]
+            units = (self._mins[:t] + extra).tolist()
+        else:
+            durs = self._durs[starts]
+            units = self._mins[:t].tolist()
+        return float(durs.sum()), tuple(units), durs.tolist()
+
+    def _solve_merge(self, t: int):
+        """:meth:`_solve_arrays` on the rows' lists, or None where the arrays must decide (a tie at
+        the budget's edge, or more gains to pick or leave than ``_MERGE_LIMIT``).
+
+        Each row's positive gains are kept sorted, so a heap merge of the rows meets them in
+        the order of the whole table: the budget largest are the first ``budget`` it pops (or
+        all but the last ``end - budget`` of them). The chosen durations are summed by numpy
+        itself, so the float is the arrays' own.
+        """
+        lists = self._lists[:t]
+        budget = self._capacity - self._min_sum[t]
+        end = self._pos_count[t]
+        if budget <= 0 or not end:
+            extra = [0] * t
+        elif end <= budget:
+            extra = [len(desc) for _, _, desc in lists]  # every positive gain is taken
+        elif budget <= end - budget:
+            if budget > _MERGE_LIMIT:
+                return None
+            extra = _largest(lists, budget)
+        else:
+            if end - budget > _MERGE_LIMIT:
+                return None
+            extra = _largest_but(lists, end - budget)
+        if extra is None:
+            return None
+        durs = [dl[x] for (_, dl, _), x in zip(lists, extra)]
+        units = tuple([u0 + x for (u0, _, _), x in zip(lists, extra)])
+        return float(np.array(durs).sum()), units, durs
+
+    def _solve_small(self, t: int):
+        """:meth:`_solve` on lists; None when the budget ends inside a run of equal gains."""
+        budget = self._capacity - self._min_sum[t]
+        rows = self._small[:t]
+        extra = [0] * t
+        if budget > 0:
+            # a gain d[j] - d[j+1] of finite floats is > 0 exactly when d[j] > d[j+1]
+            extra = [sum(map(operator.gt, d, d[1:])) for _, d in rows]
+            if sum(extra) <= budget:  # every positive gain is taken
+                budget = 0
+            else:
+                extra = [0] * t
+        if budget > 0:
+            gains = []  # (gain, row): the positive gains within each row, as the arrays keep them
+            for i, (_, d) in enumerate(rows):
+                gains += zip(map(operator.sub, d, d[1:]), repeat(i))
+            gains = [gi for gi in gains if gi[0] > 0]
+            gains.sort(key=itemgetter(0), reverse=True)
+            if gains[budget - 1][0] == gains[budget][0]:
+                return None
+            for _, i in gains[:budget]:
+                extra[i] += 1
+        durs = [d[x] for (_, d), x in zip(rows, extra)]
+        units = tuple(u[0] + x for (u, _), x in zip(rows, extra))
+        return float(sum(durs)), units, durs
+
+    def best(self, t: int) -> float:
+        return self._solve(t)[0] if self.feasible(t) else float("inf")
+
+    def units(self, t: int) -> tuple[int, ...]:
+        return self._solve(t)[1]
+
+    def units_and_durations(self, t: int) -> tuple[tuple[int, ...], list[float]]:
+        _, units, durs = self._solve(t)
+        return units, list(durs)
+
+    def arrangement(self, t: int) -> Arrangement | None:
+        if not self.feasible(t):
+            return None
+        return Arrangement(self.best(t), self.units(t))
+
+
+def _largest(lists, k: int) -> list[int] | None:
+    """Per row, how many of its gains are among the ``k`` largest of all rows' positive gains;
+    None when the k-th and the (k+1)-th largest are equal (the set is not unique)."""
+    heap = [(-desc[0], i) for i, (_, _, desc) in enumerate(lists) if desc]
+    heapq.heapify(heap)
+    taken = [0] * len(lists)
+    last = 0.0
+    for _ in range(k):
+        neg, i = heapq.heappop(heap)
+        last = neg
+        j = taken[i] = taken[i] + 1
+        desc = lists[i][2]
+        if j < len(desc):
+            heapq.heappush(heap, (-desc[j], i))
+    if heap and heap[0][0] == last:
+        return None
+    return taken
+
+
+def _largest_but(lists, m: int) -> list[int] | None:
+    """Per row, how many of its positive gains remain when the ``m`` smallest of all rows' are
+    left out; None when the m-th and the (m+1)-th smallest are equal."""
+    heap = [(desc[-1], i) for i, (_, _, desc) in enumerate(lists) if desc]
+    heapq.heapify(heap)
+    left = [len(desc) for _, _, desc in lists]
+    last = 0.0
+    for _ in range(m):
+        g, i = heapq.heappop(heap)
+        last = g
+        j = left[i] = left[i] - 1
+        if j:
+            heapq.heappush(heap, (lists[i][2][j - 1], i))
+    if heap and heap[0][0] == last:
+        return None
+    return left
