@@ -107,17 +107,15 @@ def _hand_on_placement(evicted: _Candidate, cands: list) -> None:
 
 def _select_candidates(snap: Snapshot):
     pools = snap.pools
-    free = {name: p.free for name, p in pools.items()}
-    taken_chunks: dict[str, list[int]] = {name: [] for name, p in pools.items() if p.chunks is not None}  # chunked
+    free = _Free(pools)
+    taken_chunks: dict[str, list[int]] = {}  # chunked (GPU) pool -> the units this round's candidates take
     blocked: set[str] = set()
     placed: dict[str, str] = {}  # trajectories placed by this round
     cands: list[_Candidate] = []
     lookahead: dict[str, list[Action]] = {}
     limit = snap.params.lookahead
-    # memory is only ever needed along with cores: once every other pool has a
-    # blocked head, nothing later in the queue can start this round
-    blockable = {name for name, p in pools.items() if p.rtype != "mem"}
     closed: set[str] = set()  # blocked, or too full for even one unit: nothing more starts there
+    blockable = None  # the pools but memory, once a head blocks
     # free units only shrink within a round: once u units did not fit in a pool, nothing of u or more will
     failed_at: dict[str, int] = {}
     mem_failed: dict[str, int] = {}  # mem pool -> the smallest reservation that did not fit
@@ -131,8 +129,8 @@ def _select_candidates(snap: Snapshot):
         if failed is not None and units >= failed:
             return False
         ok = free[pname] >= units
-        if ok and pname in taken_chunks:  # a GPU pool: the request must pack with this round's
-            ok = packable(pools[pname].chunks, taken_chunks[pname] + [units])
+        if ok and pools[pname].chunks is not None:  # a GPU pool: the request must pack with this round's
+            ok = packable(pools[pname].chunks, taken_chunks.get(pname, []) + [units])
         if not ok:
             failed_at[pname] = units
             if units <= 1:
@@ -146,7 +144,7 @@ def _select_candidates(snap: Snapshot):
             if len(waiting) < limit:
                 waiting.append(a)
 
-    gpu_pools = [g for g in (pool_name("gpu", n) for n in snap.nodes) if g in pools]
+    gpu_pools = [g for g in _gpu_pool_names(snap.nodes) if g in pools]
     affinity = Affinity({g: pools[g] for g in gpu_pools})  # resident instances live on GPU pools only
     waiting_iter = affinity_order(snap, affinity, gpu_pools, closed)
     params = snap.params
@@ -206,6 +204,10 @@ def _select_candidates(snap: Snapshot):
             blocked.update(needed)
             closed.update(needed)
             wait_behind(a, needed)
+            # memory is only ever needed along with cores: once every other pool has a
+            # blocked head, nothing later in the queue can start this round
+            if blockable is None:
+                blockable = {name for name, p in pools.items() if p.rtype != "mem"}
             if blockable <= closed:  # every pool is blocked or full: nothing later can start
                 _fill_lookahead(waiting_iter, lookahead, limit, snap, placed)
                 break
@@ -214,8 +216,8 @@ def _select_candidates(snap: Snapshot):
         for t, u in units.items():
             pname = pools_of[t]
             free[pname] -= u
-            if pname in taken_chunks:
-                taken_chunks[pname].append(u)
+            if pools[pname].chunks is not None:
+                taken_chunks.setdefault(pname, []).append(u)
         if place_mem:
             free[pool_name("mem", node)] -= place_mem
         if node is not None and nd.has_cpu and a.trajectory is not None:
@@ -224,7 +226,8 @@ def _select_candidates(snap: Snapshot):
         cands.append(_Candidate(a, node, pools_of, units, place_mem, hits, nd.scalable))
     # a request above what is left after these candidates cannot fit either (the
     # elastic stage only adds units; evicted candidates' pools are dropped later)
-    unfit = {pname: f + 1 for pname, f in free.items()}
+    unfit = {pname: p.free + 1 for pname, p in pools.items()}
+    unfit.update((pname, f + 1) for pname, f in free.items())
     for pname, u in failed_at.items():
         if u < unfit[pname]:
             unfit[pname] = u
@@ -233,6 +236,34 @@ def _select_candidates(snap: Snapshot):
         if unfit.get(mname, need + 1) > need:
             unfit[mname] = need
     return cands, lookahead, unfit
+
+
+class _Free(dict):
+    """Free units per pool as this round's candidates take them. A pool's entry is read from the
+    snapshot when first asked for: a round touches a few of a cluster's pools."""
+
+    __slots__ = ("_pools",)
+
+    def __init__(self, pools):
+        super().__init__()
+        self._pools = pools
+
+    def __missing__(self, name: str) -> int:
+        free = self[name] = self._pools[name].free
+        return free
+
+
+_GPU_POOL_NAMES: dict[tuple, tuple[str, ...]] = {}
+
+
+def _gpu_pool_names(nodes: tuple) -> tuple[str, ...]:
+    """``pool_name("gpu", n)`` of every node, kept per node tuple (every round asks)."""
+    hit = _GPU_POOL_NAMES.get(nodes)
+    if hit is None:
+        if len(_GPU_POOL_NAMES) >= 64:
+            _GPU_POOL_NAMES.clear()
+        hit = _GPU_POOL_NAMES[nodes] = tuple(pool_name("gpu", n) for n in nodes)
+    return hit
 
 
 def _shape(a: Action, nd: Needs, snap: Snapshot, placed) -> tuple:
@@ -308,7 +339,7 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
         if place_mem:
             mname = pool_name("mem", node)
             if mname not in pools or mname in blocked or free[mname] < place_mem:
-                if mname in free and mem_failed.get(mname, place_mem + 1) > place_mem:
+                if mname in pools and mem_failed.get(mname, place_mem + 1) > place_mem:
                     mem_failed[mname] = place_mem
                 continue
         if len(nodes) == 1:
@@ -379,5 +410,5 @@ def _node_preference(a: Action, node: str, snap: Snapshot, free, affinity: Affin
         # an idle instance of its service to take (a cache hit), then the most free GPUs
         return (affinity.has(gp.name, a), free[gp.name])
     mname = pool_name("mem", node)
-    mem_free = free.get(mname, 0)
+    mem_free = free[mname] if mname in snap.pools else 0
     return (mem_free, free[pool_name("cpu", node)])
