@@ -98,6 +98,7 @@ class GreedyTable:
                 self._min_sum.append(self._min_sum[-1] + u[0])
             return
         self._small = None
+        self._by_largest = self._by_smallest = None  # rows by their largest / smallest gain, when asked
         self._lists = lists = []
         self._min_sum = min_sum = [0]
         self._pos_count = pos_count = [0]  # positive gains of the first t rows
@@ -198,11 +199,15 @@ class GreedyTable:
         elif budget <= end - budget:
             if budget > _MERGE_LIMIT:
                 return None
-            extra = _largest(lists, budget)
+            if self._by_largest is None:
+                self._by_largest = _by_first(self._lists, itemgetter(0))
+            extra = _largest(self._lists, budget, t, self._by_largest)
         else:
             if end - budget > _MERGE_LIMIT:
                 return None
-            extra = _largest_but(lists, end - budget)
+            if self._by_smallest is None:
+                self._by_smallest = _by_first(self._lists, lambda desc: -desc[-1])
+            extra = _largest_but(self._lists, end - budget, t, self._by_smallest)
         if extra is None:
             return None
         durs = [dl[x] for (_, dl, _), x in zip(lists, extra)]
@@ -251,12 +256,39 @@ class GreedyTable:
         return Arrangement(self.best(t), self.units(t))
 
 
-def _largest(lists, k: int) -> list[int] | None:
-    """Per row, how many of its gains are among the ``k`` largest of all rows' positive gains;
-    None when the k-th and the (k+1)-th largest are equal (the set is not unique)."""
-    heap = [(-desc[0], i) for i, (_, _, desc) in enumerate(lists) if desc]
+def _by_first(lists, first) -> list[int]:
+    """The rows that have positive gains, by ``first(desc)`` descending (ties in row order)."""
+    rows = [i for i, (_, _, desc) in enumerate(lists) if desc]
+    rows.sort(key=lambda i: first(lists[i][2]), reverse=True)
+    return rows
+
+
+def _contributors(order: list[int], value, t: int, k: int) -> list[int]:
+    """The rows below ``t`` whose ``value`` is among the ``k`` largest of those rows', ties included
+    (``order``: rows by ``value`` descending). Only they can hold one of the k largest gains: a row
+    outside has its best below k rows' best, each of which is a gain at least that large."""
+    picked: list[int] = []
+    edge = None
+    for i in order:
+        if i >= t:
+            continue
+        v = value(i)
+        if edge is not None and v < edge:
+            break
+        picked.append(i)
+        if len(picked) == k:
+            edge = v
+    return picked
+
+
+def _largest(lists, k: int, t: int, order: list[int]) -> list[int] | None:
+    """Per row of the first ``t``, how many of its gains are among the ``k`` largest of all their
+    positive gains; None when the k-th and the (k+1)-th largest are equal (the set is not unique).
+    ``order``: :func:`_by_first` of the rows by their largest gain."""
+    rows = _contributors(order, lambda i: lists[i][2][0], t, k)
+    heap = [(-lists[i][2][0], i) for i in rows]
     heapq.heapify(heap)
-    taken = [0] * len(lists)
+    taken = [0] * t
     last = 0.0
     for _ in range(k):
         neg, i = heapq.heappop(heap)
@@ -265,17 +297,20 @@ def _largest(lists, k: int) -> list[int] | None:
         desc = lists[i][2]
         if j < len(desc):
             heapq.heappush(heap, (-desc[j], i))
+    # the (k+1)-th largest: the heap's top (a row outside ``rows`` has its best below the k-th)
     if heap and heap[0][0] == last:
         return None
     return taken
 
 
-def _largest_but(lists, m: int) -> list[int] | None:
-    """Per row, how many of its positive gains remain when the ``m`` smallest of all rows' are
-    left out; None when the m-th and the (m+1)-th smallest are equal."""
-    heap = [(desc[-1], i) for i, (_, _, desc) in enumerate(lists) if desc]
+def _largest_but(lists, m: int, t: int, order: list[int]) -> list[int] | None:
+    """Per row of the first ``t``, how many of its positive gains remain when the ``m`` smallest of
+    all of theirs are left out; None when the m-th and the (m+1)-th smallest are equal.
+    ``order``: the rows by their smallest positive gain, ascending."""
+    rows = _contributors(order, lambda i: -lists[i][2][-1], t, m)
+    heap = [(lists[i][2][-1], i) for i in rows]
     heapq.heapify(heap)
-    left = [len(desc) for _, _, desc in lists]
+    left = [len(desc) for _, _, desc in lists[:t]]
     last = 0.0
     for _ in range(m):
         g, i = heapq.heappop(heap)
