@@ -270,3 +270,22 @@ def test_new_dispatch_builds_the_same_frozen_dispatch():
     assert fast.dop == 4
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.node = "n2"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_needs_match_their_definition(seed):
+    """The single-demand fast path of Needs gives the fields the general definition gives."""
+    rng = random.Random(900 + seed)
+    pools = ["cpu@n0", "gpu@n0", "api:search", "api:llm"]
+    for i in range(300):
+        a = _action(rng, i, pools, ["t0", "t1"])
+        if rng.random() < 0.2:  # a multi-demand action of every kind
+            a = Action.build(f"m{i}", {"cpu": 2, "api:llm": 1, "gpu": [1, 2]}, action_class="m")
+        nd = needs.Needs(a)
+        types = tuple(a.demands)
+        assert nd.local == tuple(t for t in types if t in ("cpu", "gpu"))
+        assert nd.api == tuple(t for t in types if t not in ("cpu", "gpu"))
+        assert nd.not_gpu == tuple(t for t in types if t != "gpu")
+        assert (nd.has_cpu, nd.has_gpu, nd.scalable) == ("cpu" in types, "gpu" in types, a.scalable)
+        assert nd.mins == {t: d.min for t, d in a.demands.items()}
+        assert nd.shape == tuple((t, d.lo, d.hi, d.picks) for t, d in sorted(a.demands.items()))

@@ -18,17 +18,27 @@ class Needs:
 
     def __init__(self, a: Action):
         self.action = a
-        types = tuple(a.demands)
+        demands = a.demands
+        self.has_cpu = "cpu" in demands
+        self.has_gpu = "gpu" in demands
+        self.scalable = a.scalable
+        self._on: dict = {}  # node -> (local pool names, every demand's pool name)
+        if len(demands) == 1:  # most actions: the same fields as below, without the generators
+            ((t, d),) = demands.items()
+            local = t == "cpu" or t == "gpu"
+            self.local = (t,) if local else ()
+            self.api = () if local else (t,)
+            self.not_gpu = () if t == "gpu" else (t,)
+            self.mins = {t: d.min}
+            self.shape = ((t, d.lo, d.hi, d.picks),)
+            return
+        types = tuple(demands)
         self.local = tuple(t for t in types if t in ("cpu", "gpu"))  # pools chosen per node
         self.api = tuple(t for t in types if t not in ("cpu", "gpu"))
         self.not_gpu = tuple(t for t in types if t != "gpu")
-        self.has_cpu = "cpu" in a.demands
-        self.has_gpu = "gpu" in a.demands
-        self.scalable = a.scalable
-        self.mins = {t: d.min for t, d in a.demands.items()}  # copied: a round raises the key's units
+        self.mins = {t: d.min for t, d in demands.items()}  # copied: a round raises the key's units
         # equal iff the demands are equal, and cheap to hash (a Demand hashes in Python)
-        self.shape = tuple((t, d.lo, d.hi, d.picks) for t, d in sorted(a.demands.items()))
-        self._on: dict = {}  # node -> (local pool names, every demand's pool name)
+        self.shape = tuple((t, d.lo, d.hi, d.picks) for t, d in sorted(demands.items()))
 
     def on(self, node: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
         """``(pool names of the node-local demands, {rtype: pool name})`` on ``node``.

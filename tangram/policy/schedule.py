@@ -244,8 +244,7 @@ class _Free(dict):
 
     __slots__ = ("_pools",)
 
-    def __init__(self, pools):
-        super().__init__()
+    def __init__(self, pools):  # an empty dict already: dict.__init__ would only add arguments
         self._pools = pools
 
     def __missing__(self, name: str) -> int:
