@@ -112,6 +112,9 @@ class GreedyTable:
             lists.append(entry)
             min_sum.append(min_sum[-1] + entry[0])
             pos_count.append(pos_count[-1] + len(entry[2]))
+        self._min_units = [u0 for u0, _, _ in lists]  # each row at its minimum (sliced copies per prefix)
+        self._at_min = [dl[0] for _, dl, _ in lists]
+        self._all = None  # each row with all its positive gains, when a prefix takes them all
 
     def _arrays(self) -> None:
         self._arrays_built = True
@@ -189,30 +192,46 @@ class GreedyTable:
         all but the last ``end - budget`` of them). The chosen durations are summed by numpy
         itself, so the float is the arrays' own.
         """
-        lists = self._lists[:t]
+        lists = self._lists
         budget = self._capacity - self._min_sum[t]
         end = self._pos_count[t]
         if budget <= 0 or not end:
-            extra = [0] * t
-        elif end <= budget:
-            extra = [len(desc) for _, _, desc in lists]  # every positive gain is taken
+            durs, units = self._at_min[:t], self._min_units[:t]
+        elif end <= budget:  # every positive gain is taken
+            durs, units = self._at_all(t)
         elif budget <= end - budget:
             if budget > _MERGE_LIMIT:
                 return None
             if self._by_largest is None:
-                self._by_largest = _by_first(self._lists, itemgetter(0))
-            extra = _largest(self._lists, budget, t, self._by_largest)
+                self._by_largest = _by_first(lists, itemgetter(0))
+            taken = _largest(lists, budget, t, self._by_largest)
+            if taken is None:
+                return None
+            durs, units = self._at_min[:t], self._min_units[:t]
+            for i, x in taken.items():  # the few rows given more than their minimum
+                durs[i] = lists[i][1][x]
+                units[i] += x
         else:
             if end - budget > _MERGE_LIMIT:
                 return None
             if self._by_smallest is None:
-                self._by_smallest = _by_first(self._lists, lambda desc: -desc[-1])
-            extra = _largest_but(self._lists, end - budget, t, self._by_smallest)
-        if extra is None:
-            return None
-        durs = [dl[x] for (_, dl, _), x in zip(lists, extra)]
-        units = tuple([u0 + x for (u0, _, _), x in zip(lists, extra)])
-        return float(np.array(durs).sum()), units, durs
+                self._by_smallest = _by_first(lists, lambda desc: -desc[-1])
+            left_out = _largest_but(lists, end - budget, t, self._by_smallest)
+            if left_out is None:
+                return None
+            durs, units = self._at_all(t)
+            for i, x in left_out.items():  # the few rows given fewer than all their positive gains
+                x = len(lists[i][2]) - x
+                durs[i] = lists[i][1][x]
+                units[i] = lists[i][0] + x
+        return float(np.array(durs).sum()), tuple(units), durs
+
+    def _at_all(self, t: int) -> tuple[list[float], list[int]]:
+        """Copies of the first ``t`` rows' durations and units with every positive gain taken."""
+        if self._all is None:
+            self._all = ([dl[len(desc)] for _, dl, desc in self._lists],
+                         [u0 + len(desc) for u0, _, desc in self._lists])
+        return self._all[0][:t], self._all[1][:t]
 
     def _solve_small(self, t: int):
         """:meth:`_solve` on lists; None when the budget ends inside a run of equal gains."""
@@ -281,19 +300,20 @@ def _contributors(order: list[int], value, t: int, k: int) -> list[int]:
     return picked
 
 
-def _largest(lists, k: int, t: int, order: list[int]) -> list[int] | None:
-    """Per row of the first ``t``, how many of its gains are among the ``k`` largest of all their
-    positive gains; None when the k-th and the (k+1)-th largest are equal (the set is not unique).
+def _largest(lists, k: int, t: int, order: list[int]) -> dict[int, int] | None:
+    """Per row of the first ``t`` (those with any), how many of its gains are among the ``k`` largest
+    of all their positive gains; None when the k-th and the (k+1)-th largest are equal (the set is
+    not unique).
     ``order``: :func:`_by_first` of the rows by their largest gain."""
     rows = _contributors(order, lambda i: lists[i][2][0], t, k)
     heap = [(-lists[i][2][0], i) for i in rows]
     heapq.heapify(heap)
-    taken = [0] * t
+    taken: dict[int, int] = {}
     last = 0.0
     for _ in range(k):
         neg, i = heapq.heappop(heap)
         last = neg
-        j = taken[i] = taken[i] + 1
+        j = taken[i] = taken.get(i, 0) + 1
         desc = lists[i][2]
         if j < len(desc):
             heapq.heappush(heap, (-desc[j], i))
@@ -303,21 +323,22 @@ def _largest(lists, k: int, t: int, order: list[int]) -> list[int] | None:
     return taken
 
 
-def _largest_but(lists, m: int, t: int, order: list[int]) -> list[int] | None:
-    """Per row of the first ``t``, how many of its positive gains remain when the ``m`` smallest of
-    all of theirs are left out; None when the m-th and the (m+1)-th smallest are equal.
+def _largest_but(lists, m: int, t: int, order: list[int]) -> dict[int, int] | None:
+    """Per row of the first ``t`` (those with any), how many of its positive gains are among the ``m``
+    smallest of all of theirs (left out); None when the m-th and the (m+1)-th smallest are equal.
     ``order``: the rows by their smallest positive gain, ascending."""
     rows = _contributors(order, lambda i: -lists[i][2][-1], t, m)
     heap = [(lists[i][2][-1], i) for i in rows]
     heapq.heapify(heap)
-    left = [len(desc) for _, _, desc in lists[:t]]
+    out: dict[int, int] = {}
     last = 0.0
     for _ in range(m):
         g, i = heapq.heappop(heap)
         last = g
-        j = left[i] = left[i] - 1
-        if j:
-            heapq.heappush(heap, (lists[i][2][j - 1], i))
+        j = out[i] = out.get(i, 0) + 1
+        left = len(lists[i][2]) - j
+        if left:
+            heapq.heappush(heap, (lists[i][2][left - 1], i))
     if heap and heap[0][0] == last:
         return None
-    return left
+    return out

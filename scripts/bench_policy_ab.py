@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""The policy of this checkout against the policy of an earlier commit, side by side in one process.
+
+On a shared machine whose speed changes between runs, only times taken in the
+same process, round by round, compare two versions. This script loads
+``tangram/policy`` of ``--base`` (a git revision) beside the working tree's as a
+package of its own (``_base_policy``; the rest of ``tangram`` is shared), then:
+
+* rounds (default): for each size of ``scripts/bench_scheduler.py``, both plans
+  of the same engine snapshot, alternating which goes first, CPU time of each;
+  the dispatches must be equal (it stops if they are not: a speed-up must not
+  change a decision);
+* ``--simulate W B``: a simulator run of workload ``W`` at batch ``B`` whose every
+  round is planned by both (the run follows this checkout's plan, and the two
+  plans must be equal), CPU time of each summed.
+
+Prints one JSON object: per size (or for the run) the median per-round ratio
+new / base with p10-p90, or the ratio of the summed times. The base's ACT
+estimate runs the installed compiled walk when its ``walk.py`` is unchanged
+(``estimate_compiled`` says which each side ran).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+BASE = "_base_policy"
+
+
+def load_base(rev: str, into: Path):
+    """``tangram/policy`` at ``rev`` as the package ``_base_policy`` (imports of it rewritten)."""
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "tangram/policy"], check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    pkg = into / BASE
+    (into / "tangram" / "policy").rename(pkg)
+    # its walk: the installed compiled module when the base's source is the same, else the base's source
+    same_walk = (pkg / "walk.py").read_bytes() == (ROOT / "tangram/policy/walk.py").read_bytes()
+    for f in pkg.glob("*.py"):
+        text = f.read_text()
+        text = re.sub(r"\btangram\.policy\.(?!walk\b)", f"{BASE}.", text)
+        text = text.replace("from tangram.policy import", f"from {BASE} import")
+        f.write_text(text)
+    if not same_walk:
+        est = pkg / "estimate.py"
+        est.write_text(est.read_text().replace("_hot = walk_module()", f"_hot = walk_module('{BASE}.walk')"))
+    sys.path.insert(0, str(into))
+    import importlib
+    return importlib.import_module(f"{BASE}.schedule"), importlib.import_module(f"{BASE}.estimate")
+
+
+def _same(pa, pb) -> bool:
+    key = lambda p: [(d.action.id, d.node, dict(d.units), d.estimated_s, d.place_mem_mb) for d in p.dispatches]
+    return key(pa) == key(pb) and dict(pa.unfit) == dict(pb.unfit)
+
+
+def _ratios(base: list[float], new: list[float]) -> dict:
+    rs = sorted(n / b for b, n in zip(base, new) if b > 0)
+    return {"median": round(statistics.median(rs), 3), "p10": round(rs[len(rs) // 10], 3),
+            "p90": round(rs[9 * len(rs) // 10], 3)}
+
+
+def rounds(base_plan, new_plan, repeats: int, seed: int) -> list[dict]:
+    from bench_scheduler import Size
+    specs = [dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=False),
+             dict(cores=1024, nodes=1, candidates=256, queued=8000, options=32, blocked=False),
+             dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=True),
+             dict(cores=256, nodes=1, candidates=64, queued=20000, options=32, blocked=True)]
+    out = []
+    for spec in specs:
+        eng = Size(seed=seed, **spec).engine
+        times: dict[str, list[float]] = {"base": [], "new": []}
+        for i in range(repeats + 1):
+            snap = eng.snapshot()
+            plans = {}
+            for tag, plan in ((("base", base_plan), ("new", new_plan)) if i % 2 else
+                              (("new", new_plan), ("base", base_plan))):
+                c0 = time.thread_time()
+                plans[tag] = plan(snap)
+                if i:  # the first pair warms both
+                    times[tag].append((time.thread_time() - c0) * 1e3)
+            if not _same(plans["base"], plans["new"]):
+                raise SystemExit(f"the two policies planned differently at {spec}")
+        out.append({"cores": spec["cores"], "queued": spec["queued"], "blocked_on_memory": spec["blocked"],
+                    "base_round_cpu_median_ms": round(statistics.median(times["base"]), 4),
+                    "new_round_cpu_median_ms": round(statistics.median(times["new"]), 4),
+                    "ratio": _ratios(times["base"], times["new"])})
+    return out
+
+
+def simulate(base_plan, new_plan, workload: str, batch: int, seed: int) -> dict:
+    import tangram.simulator.policies as policies
+    from tangram.simulator.sim import simulate as run
+    from tangram.simulator.workload import load_workload
+    spent = {"base": 0.0, "new": 0.0}
+    calls = [0]
+
+    def both(snap):
+        calls[0] += 1
+        plans = {}
+        for tag, plan in ((("base", base_plan), ("new", new_plan)) if calls[0] % 2 else
+                          (("new", new_plan), ("base", base_plan))):
+            c0 = time.thread_time()
+            plans[tag] = plan(snap)
+            spent[tag] += time.thread_time() - c0
+        if not _same(plans["base"], plans["new"]):
+            raise SystemExit(f"the two policies planned differently in round {calls[0]}")
+        return plans["new"]
+
+    init = policies.PolicySpec.__init__
+
+    def with_both(self, *a, **kw):
+        init(self, *a, **kw)
+        if self.plan is policies.elastic_plan:
+            object.__setattr__(self, "plan", both)
+
+    policies.PolicySpec.__init__ = with_both
+    try:
+        run(load_workload(workload).with_batch(batch), "tangram", seed=seed)
+    finally:
+        policies.PolicySpec.__init__ = init
+    return {"workload": workload, "batch": batch, "rounds": calls[0], "base_policy_cpu_s": round(spent["base"], 3),
+            "new_policy_cpu_s": round(spent["new"], 3), "ratio": round(spent["new"] / spent["base"], 3)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="git revision whose tangram/policy is compared")
+    ap.add_argument("--repeats", type=int, default=300, help="rounds per size")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--simulate", nargs=2, metavar=("WORKLOAD", "BATCH"),
+                    help="compare inside a simulator run instead of on the benchmark's sizes")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        base_schedule, base_estimate = load_base(args.base, Path(tmp))
+        import tangram.policy.estimate as estimate
+        from tangram.policy.schedule import plan as new_plan
+        out = {"base": args.base, "estimate_compiled": {"base": bool(base_estimate._hot.COMPILED),
+                                                        "new": bool(estimate._hot.COMPILED)}}
+        if args.simulate:
+            out["simulate"] = simulate(base_schedule.plan, new_plan, args.simulate[0], int(args.simulate[1]),
+                                       args.seed)
+        else:
+            out["sizes"] = rounds(base_schedule.plan, new_plan, args.repeats, args.seed)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
