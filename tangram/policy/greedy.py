@@ -203,8 +203,8 @@ class GreedyTable:
             if budget > _MERGE_LIMIT:
                 return None
             if self._by_largest is None:
-                self._by_largest = _by_first(lists, itemgetter(0))
-            taken = _largest(lists, budget, t, self._by_largest)
+                self._by_largest = _by_first(lists, _largest_first)
+            taken = _popped(lists, budget, t, self._by_largest, _largest_first)
             if taken is None:
                 return None
             durs, units = self._at_min[:t], self._min_units[:t]
@@ -215,8 +215,8 @@ class GreedyTable:
             if end - budget > _MERGE_LIMIT:
                 return None
             if self._by_smallest is None:
-                self._by_smallest = _by_first(lists, lambda desc: -desc[-1])
-            left_out = _largest_but(lists, end - budget, t, self._by_smallest)
+                self._by_smallest = _by_first(lists, _smallest_first)
+            left_out = _popped(lists, end - budget, t, self._by_smallest, _smallest_first)
             if left_out is None:
                 return None
             durs, units = self._at_all(t)
@@ -275,17 +275,18 @@ class GreedyTable:
         return Arrangement(self.best(t), self.units(t))
 
 
-def _by_first(lists, first) -> list[int]:
-    """The rows that have positive gains, by ``first(desc)`` descending (ties in row order)."""
+def _by_first(lists, nth) -> list[int]:
+    """The rows that have positive gains, by ``-nth(desc, 0)`` descending (the order :func:`_popped`
+    reads them in; ties in row order)."""
     rows = [i for i, (_, _, desc) in enumerate(lists) if desc]
-    rows.sort(key=lambda i: first(lists[i][2]), reverse=True)
+    rows.sort(key=lambda i: -nth(lists[i][2], 0), reverse=True)
     return rows
 
 
 def _contributors(order: list[int], value, t: int, k: int) -> list[int]:
     """The rows below ``t`` whose ``value`` is among the ``k`` largest of those rows', ties included
-    (``order``: rows by ``value`` descending). Only they can hold one of the k largest gains: a row
-    outside has its best below k rows' best, each of which is a gain at least that large."""
+    (``order``: rows by ``value`` descending). Only they can hold one of the k gains a merge pops
+    first: a row outside has its first below k rows' first, each a gain popped before it."""
     picked: list[int] = []
     edge = None
     for i in order:
@@ -300,45 +301,31 @@ def _contributors(order: list[int], value, t: int, k: int) -> list[int]:
     return picked
 
 
-def _largest(lists, k: int, t: int, order: list[int]) -> dict[int, int] | None:
-    """Per row of the first ``t`` (those with any), how many of its gains are among the ``k`` largest
-    of all their positive gains; None when the k-th and the (k+1)-th largest are equal (the set is
-    not unique).
-    ``order``: :func:`_by_first` of the rows by their largest gain."""
-    rows = _contributors(order, lambda i: lists[i][2][0], t, k)
-    heap = [(-lists[i][2][0], i) for i in rows]
-    heapq.heapify(heap)
-    taken: dict[int, int] = {}
-    last = 0.0
-    for _ in range(k):
-        neg, i = heapq.heappop(heap)
-        last = neg
-        j = taken[i] = taken.get(i, 0) + 1
-        desc = lists[i][2]
-        if j < len(desc):
-            heapq.heappush(heap, (-desc[j], i))
-    # the (k+1)-th largest: the heap's top (a row outside ``rows`` has its best below the k-th)
-    if heap and heap[0][0] == last:
-        return None
-    return taken
+def _largest_first(desc: list[float], j: int) -> float:
+    return -desc[j]  # a row's gains as a merge for the largest pops them: its j-th largest
 
 
-def _largest_but(lists, m: int, t: int, order: list[int]) -> dict[int, int] | None:
-    """Per row of the first ``t`` (those with any), how many of its positive gains are among the ``m``
-    smallest of all of theirs (left out); None when the m-th and the (m+1)-th smallest are equal.
-    ``order``: the rows by their smallest positive gain, ascending."""
-    rows = _contributors(order, lambda i: -lists[i][2][-1], t, m)
-    heap = [(lists[i][2][-1], i) for i in rows]
+def _smallest_first(desc: list[float], j: int) -> float:
+    return desc[-1 - j]  # ... for the smallest: its j-th smallest
+
+
+def _popped(lists, n: int, t: int, order: list[int], nth) -> dict[int, int] | None:
+    """Per row of the first ``t`` (those with any), how many of its positive gains a heap merge of
+    the rows pops first among ``n``: the ``n`` largest gains (``nth`` :func:`_largest_first`) or
+    the ``n`` smallest (:func:`_smallest_first`); None when the n-th and the (n+1)-th are equal
+    (the set is not unique). ``order``: the rows by ``-nth(desc, 0)``, descending."""
+    rows = _contributors(order, lambda i: -nth(lists[i][2], 0), t, n)
+    heap = [(nth(lists[i][2], 0), i) for i in rows]
     heapq.heapify(heap)
     out: dict[int, int] = {}
     last = 0.0
-    for _ in range(m):
-        g, i = heapq.heappop(heap)
-        last = g
+    for _ in range(n):
+        last, i = heapq.heappop(heap)
         j = out[i] = out.get(i, 0) + 1
-        left = len(lists[i][2]) - j
-        if left:
-            heapq.heappush(heap, (lists[i][2][left - 1], i))
+        desc = lists[i][2]
+        if j < len(desc):
+            heapq.heappush(heap, (nth(desc, j), i))
+    # the (n+1)-th: the heap's top (a row outside ``rows`` has its first below the n-th)
     if heap and heap[0][0] == last:
         return None
     return out
