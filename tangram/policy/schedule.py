@@ -150,10 +150,14 @@ def _select_candidates(snap: Snapshot):
     params = snap.params
     needs_memo = _NEEDS
     only_node = snap.nodes[0] if len(snap.nodes) == 1 and snap.nodes[0] is not None else None
+    placement, hostable = snap.placement, snap.hostable
     for a in waiting_iter:
         nd = needs_memo.get(id(a))  # needs(a), its memo read inline (once per waiting action read)
         if nd is None or nd.action is not a:
             nd = _needs(a)
+        traj = a.trajectory
+        # the node its trajectory is bound to, by an earlier round or this one (CPU actions only)
+        bound = (placement.get(traj) or placed.get(traj)) if (traj is not None and nd.has_cpu) else None
         if closed and not nd.has_cpu and all(t in closed for t in nd.not_gpu) and (
                 not nd.has_gpu or all(g in closed for g in gpu_pools)):
             # fast path, same outcome as _place: an action (API and/or GPU) behind blocked heads
@@ -161,29 +165,36 @@ def _select_candidates(snap: Snapshot):
             # made every round O(queue) calls of _place)
             wait_behind(a, [*(gpu_pools if nd.has_gpu else ()), *nd.not_gpu])
             continue
-        if closed and nd.has_cpu and a.trajectory is not None:
+        if closed and bound is not None:
             # fast path: a trajectory pinned to a node whose pools are all shut this round
-            home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
-            if home is not None:
-                at_home = nd.on(home)[1].values()  # pool_name(t, home) of every demand
-                if closed.issuperset(at_home):
-                    wait_behind(a, list(at_home))
-                    continue
-        if unplaced_waiting and nd.has_cpu and a.trajectory in unplaced_waiting:
+            at_home = nd.on(bound)[1].values()  # pool_name(t, bound) of every demand
+            if closed.issuperset(at_home):
+                wait_behind(a, list(at_home))
+                continue
+        if unplaced_waiting and nd.has_cpu and traj in unplaced_waiting:
             # placing it elsewhere would bind the earlier action there too: its reservation would
             # move (a round later something else starts) or it would be bound to a node that cannot run it
-            wait_behind(a, unplaced_waiting[a.trajectory])
+            wait_behind(a, unplaced_waiting[traj])
             continue
         shape = None
         if failed_shapes:
-            shape = _shape(a, nd, snap, placed)
+            # _shape(a, nd, snap, placed), inlined with the bound node read above
+            if not nd.has_cpu:
+                shape = (None, 0, nd.shape)
+            elif bound is None and hostable and traj in hostable:
+                shape = (None, a.mem_mb, nd.shape, hostable[traj])
+            else:
+                shape = (bound, a.mem_mb if bound is None else 0, nd.shape)
             needed = failed_shapes.get(shape)
             if needed is not None:
                 # fast path: one of the same shape could not start this round, and free
                 # units only shrink (a queue of unplaced trajectories waiting for memory)
-                wait_behind(a, needed)
-                if shape[0] is None and nd.has_cpu and a.trajectory is not None:
-                    unplaced_waiting.setdefault(a.trajectory, needed)
+                for pname in needed:  # wait_behind(a, needed), inlined
+                    waiting = lookahead.setdefault(pname, [])
+                    if len(waiting) < limit:
+                        waiting.append(a)
+                if bound is None and nd.has_cpu and traj is not None:
+                    unplaced_waiting.setdefault(traj, needed)
                 continue
         units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, nd, snap, placed)
         home = None
