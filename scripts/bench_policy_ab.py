@@ -55,6 +55,8 @@ def load_base(rev: str, into: Path):
     if not same_walk:
         est = pkg / "estimate.py"
         est.write_text(est.read_text().replace("_hot = walk_module()", f"_hot = walk_module('{BASE}.walk')"))
+    for name in [m for m in sys.modules if m == BASE or m.startswith(BASE + ".")]:
+        del sys.modules[name]  # an earlier call's base
     sys.path.insert(0, str(into))
     import importlib
     return importlib.import_module(f"{BASE}.schedule"), importlib.import_module(f"{BASE}.estimate")
@@ -71,12 +73,14 @@ def _ratios(base: list[float], new: list[float]) -> dict:
             "p90": round(rs[9 * len(rs) // 10], 3)}
 
 
-def rounds(base_plan, new_plan, repeats: int, seed: int) -> list[dict]:
+def rounds(base_plan, new_plan, repeats: int, seed: int, smoke: bool = False) -> list[dict]:
     from bench_scheduler import Size
     specs = [dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=False),
              dict(cores=1024, nodes=1, candidates=256, queued=8000, options=32, blocked=False),
              dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=True),
              dict(cores=256, nodes=1, candidates=64, queued=20000, options=32, blocked=True)]
+    if smoke:
+        specs = [{**s, "queued": s["queued"] // 10} for s in specs]
     out = []
     for spec in specs:
         eng = Size(seed=seed, **spec).engine
@@ -141,6 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--simulate", nargs=2, metavar=("WORKLOAD", "BATCH"),
                     help="compare inside a simulator run instead of on the benchmark's sizes")
+    ap.add_argument("--smoke", action="store_true", help="queues 10x shorter: checks the script runs")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         base_schedule, base_estimate = load_base(args.base, Path(tmp))
@@ -152,7 +157,7 @@ def main(argv=None) -> int:
             out["simulate"] = simulate(base_schedule.plan, new_plan, args.simulate[0], int(args.simulate[1]),
                                        args.seed)
         else:
-            out["sizes"] = rounds(base_schedule.plan, new_plan, args.repeats, args.seed)
+            out["sizes"] = rounds(base_schedule.plan, new_plan, args.repeats, args.seed, args.smoke)
     print(json.dumps(out))
     return 0
 

@@ -5,6 +5,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -106,3 +108,37 @@ def test_load_sweep_table_says_when_a_baseline_won_by_failing_calls():
     table = rp.sweep_markdown({"workloads": {"w": {"rows": [row]}}})
     assert "mean_act vs api-naive (1.25x, it failed 1,037 calls)" in table
     assert "mean_act vs static-services (1.11x)" in table
+
+
+def test_bench_policy_ab_plans_both_policies_on_the_same_snapshots(capsys):
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout: the base policy comes from `git archive`")
+    ab = load("bench_policy_ab")
+    assert ab.main(["--base", "HEAD", "--smoke", "--repeats", "3"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["base"] == "HEAD" and set(out["estimate_compiled"]) == {"base", "new"}
+    assert [(s["cores"], s["queued"], s["blocked_on_memory"]) for s in out["sizes"]] == [
+        (256, 200, False), (1024, 800, False), (256, 200, True), (256, 2000, True)]
+    for s in out["sizes"]:
+        assert s["base_round_cpu_median_ms"] > 0 and s["new_round_cpu_median_ms"] > 0
+        assert s["ratio"]["p10"] <= s["ratio"]["median"] <= s["ratio"]["p90"]
+    assert ab.main(["--base", "HEAD", "--simulate", "ai-coding", "4"]) == 0
+    sim = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["simulate"]
+    assert sim["rounds"] > 0 and sim["base_policy_cpu_s"] > 0 and sim["new_policy_cpu_s"] > 0
+
+
+def test_bench_policy_ab_stops_when_the_plans_differ():
+    import dataclasses
+
+    from tangram.policy.schedule import plan
+
+    ab = load("bench_policy_ab")
+
+    def one_core_more(snap):  # a "faster" policy that changed a decision
+        p = plan(snap)
+        d = p.dispatches[0]
+        moved = dataclasses.replace(d, units={**d.units, "cpu": d.units["cpu"] + 1})
+        return dataclasses.replace(p, dispatches=(moved, *p.dispatches[1:]))
+
+    with pytest.raises(SystemExit, match="planned differently"):
+        ab.rounds(plan, one_core_more, repeats=2, seed=0, smoke=True)
