@@ -63,12 +63,18 @@ def load_base(rev: str, into: Path):
 
 
 def _same(pa, pb) -> bool:
-    key = lambda p: [(d.action.id, d.node, dict(d.units), d.estimated_s, d.place_mem_mb) for d in p.dispatches]
-    return key(pa) == key(pb) and dict(pa.unfit) == dict(pb.unfit)
+    """Every field of the two plans: dispatches (action, node, units, pools, memory placed,
+    estimate), what could not start, and the held groups with the classes their inputs read."""
+    def key(p):
+        return ([(d.action.id, d.node, dict(d.units), dict(d.pools), d.place_mem_mb, d.estimated_s)
+                 for d in p.dispatches], list(p.unfit.items()), dict(p.holdouts), p.holdout_classes)
+    return key(pa) == key(pb)
 
 
-def _ratios(base: list[float], new: list[float]) -> dict:
+def _ratios(base: list[float], new: list[float]) -> dict | None:
     rs = sorted(n / b for b, n in zip(base, new) if b > 0)
+    if not rs:
+        return None  # no round took measurable time on the base's side
     return {"median": round(statistics.median(rs), 3), "p10": round(rs[len(rs) // 10], 3),
             "p90": round(rs[9 * len(rs) // 10], 3)}
 
@@ -135,7 +141,8 @@ def simulate(base_plan, new_plan, workload: str, batch: int, seed: int) -> dict:
     finally:
         policies.PolicySpec.__init__ = init
     return {"workload": workload, "batch": batch, "rounds": calls[0], "base_policy_cpu_s": round(spent["base"], 3),
-            "new_policy_cpu_s": round(spent["new"], 3), "ratio": round(spent["new"] / spent["base"], 3)}
+            "new_policy_cpu_s": round(spent["new"], 3),
+            "ratio": round(spent["new"] / spent["base"], 3) if spent["base"] > 0 else None}
 
 
 def main(argv=None) -> int:

@@ -289,3 +289,12 @@ def test_needs_match_their_definition(seed):
         assert (nd.has_cpu, nd.has_gpu, nd.scalable) == ("cpu" in types, "gpu" in types, a.scalable)
         assert nd.mins == {t: d.min for t, d in a.demands.items()}
         assert nd.shape == tuple((t, d.lo, d.hi, d.picks) for t, d in sorted(a.demands.items()))
+
+
+def test_a_snapshot_with_its_nodes_in_a_list_plans_as_with_a_tuple():
+    for seed in range(20):
+        snap = _snapshot(seed)
+        want, got = plan(snap), plan(replace(snap, nodes=list(snap.nodes)))
+        assert [(d.action.id, d.node, dict(d.units)) for d in got.dispatches] == [
+            (d.action.id, d.node, dict(d.units)) for d in want.dispatches]
+        assert dict(got.unfit) == dict(want.unfit)

@@ -187,3 +187,15 @@ def test_the_merge_hands_over_on_a_tie_at_the_budgets_edge():
     assert table._solve_merge(10) is None
     table = GreedyTable(rows, 10 + 8 * 3 + 2)  # every positive gain
     assert table._solve_merge(10)[1] == (4,) * 8 + (2, 2)
+
+
+def test_twin_rows_hand_over_before_the_merge():
+    """Rows that all share their first gain tie at any budget's edge below their count: the
+    merge says so at once (the arrays decide which twin gets the unit) and the answer is theirs."""
+    units = np.arange(1, 33, dtype=np.int64)
+    row = (units, Elasticity.amdahl(0.1).durations(60.0, units))
+    rows = [row] * 64
+    for budget in (5, 30, 45):
+        table = GreedyTable(rows, 64 + budget)
+        assert table._solve_merge(64) is None
+        assert table.units_and_durations(64) == GreedyTable(rows, 64 + budget)._solve_arrays(64)[1:]

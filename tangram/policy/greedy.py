@@ -316,6 +316,8 @@ def _popped(lists, n: int, t: int, order: list[int], nth) -> dict[int, int] | No
     the ``n`` smallest (:func:`_smallest_first`); None when the n-th and the (n+1)-th are equal
     (the set is not unique). ``order``: the rows by ``-nth(desc, 0)``, descending."""
     rows = _contributors(order, lambda i: -nth(lists[i][2], 0), t, n)
+    if len(rows) > n and nth(lists[rows[0]][2], 0) == nth(lists[rows[n]][2], 0):
+        return None  # n + 1 rows share the first gain of all: the n-th and (n+1)-th are equal (twins)
     heap = [(nth(lists[i][2], 0), i) for i in rows]
     heapq.heapify(heap)
     out: dict[int, int] = {}

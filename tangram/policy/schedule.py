@@ -144,7 +144,8 @@ def _select_candidates(snap: Snapshot):
             if len(waiting) < limit:
                 waiting.append(a)
 
-    gpu_pools = [g for g in _gpu_pool_names(snap.nodes) if g in pools]
+    nodes = snap.nodes if type(snap.nodes) is tuple else tuple(snap.nodes)  # a memo key
+    gpu_pools = [g for g in _gpu_pool_names(nodes) if g in pools]
     affinity = Affinity({g: pools[g] for g in gpu_pools})  # resident instances live on GPU pools only
     waiting_iter = affinity_order(snap, affinity, gpu_pools, closed)
     params = snap.params
