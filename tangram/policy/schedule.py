@@ -22,7 +22,7 @@ from tangram.policy.needs import Needs
 from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
 from tangram.policy.rows import run_estimate
-from tangram.policy.snapshot import Plan, PolicyParams, Snapshot, new_dispatch, pool_name
+from tangram.policy.snapshot import Plan, Snapshot, new_dispatch, pool_name
 
 
 
