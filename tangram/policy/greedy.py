@@ -14,8 +14,6 @@ from __future__ import annotations
 import heapq
 import operator
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 
 import numpy as np
 
@@ -46,14 +44,23 @@ def greedy_exact(units: np.ndarray, durs: np.ndarray) -> bool:
     return bool(np.all(gains[1:] <= gains[:-1] + 1e-12 * np.abs(durs[:-2])))
 
 
-# Below this many rows the greedy runs on Python lists: numpy's per-call cost is
-# most of a small table's time, and for fewer than 8 numbers numpy's sum is the
-# plain left-to-right sum, so both give the same floats.
-_SMALL_TABLE = 7
-# Larger tables select on lists too while the budget, or what it leaves out, is
-# at most this many gains (a heap merge of the rows: one pop per gain); beyond
-# it one argpartition over the arrays is cheaper.
+# The lists select while the budget, or what it leaves out, is at most this many gains (a heap
+# merge of the rows: one pop per gain); beyond it one argpartition over the arrays is cheaper.
 _MERGE_LIMIT = 48
+# numpy sums fewer than this many float64 left to right, more pairwise (8 accumulators)
+_PAIRWISE_FROM = 8
+
+
+def _numpy_sum(values: list[float]) -> float:
+    """``float(np.array(values).sum())``, bit for bit: a short list is summed left to right here
+    (numpy's own order; Python's ``sum`` compensates rounding from 3.12 on, so it may differ), a
+    longer one by numpy, whose fixed cost per call is most of a small table's time."""
+    if len(values) < _PAIRWISE_FROM:
+        total = 0.0
+        for v in values:
+            total += v
+        return total
+    return float(np.array(values).sum())
 
 
 class RowArrays(tuple):
@@ -90,14 +97,6 @@ class GreedyTable:
         self._cache: dict[int, tuple[float, tuple[int, ...], list[float]]] = {}
         self._rows = rows
         self._arrays_built = False
-        if len(rows) <= _SMALL_TABLE:
-            self._small = [(u.tolist(), d.tolist()) for u, d in rows]
-            self._lists = None
-            self._min_sum = [0]
-            for u, _ in self._small:
-                self._min_sum.append(self._min_sum[-1] + u[0])
-            return
-        self._small = None
         self._by_largest = self._by_smallest = None  # rows by their largest / smallest gain, when asked
         self._lists = lists = []
         self._min_sum = min_sum = [0]
@@ -154,13 +153,9 @@ class GreedyTable:
         if not self.feasible(t):
             raise ValueError(f"prefix {t} has no feasible arrangement")
         out = None
-        if self._small is not None:
-            out = self._solve_small(t)
-            if out is None:  # a tie at the budget's edge: numpy's choice among the tied gains decides
-                self._small = None
-        elif self._lists is not None:
+        if self._lists is not None:
             out = self._solve_merge(t)
-        if out is None:
+        if out is None:  # e.g. a tie at the budget's edge: numpy's choice among the tied gains decides
             out = self._solve_arrays(t)
         self._cache[t] = out
         return out
@@ -224,7 +219,7 @@ class GreedyTable:
                 x = len(lists[i][2]) - x
                 durs[i] = lists[i][1][x]
                 units[i] = lists[i][0] + x
-        return float(np.array(durs).sum()), tuple(units), durs
+        return _numpy_sum(durs), tuple(units), durs
 
     def _at_all(self, t: int) -> tuple[list[float], list[int]]:
         """Copies of the first ``t`` rows' durations and units with every positive gain taken."""
@@ -232,32 +227,6 @@ class GreedyTable:
             self._all = ([dl[len(desc)] for _, dl, desc in self._lists],
                          [u0 + len(desc) for u0, _, desc in self._lists])
         return self._all[0][:t], self._all[1][:t]
-
-    def _solve_small(self, t: int):
-        """:meth:`_solve` on lists; None when the budget ends inside a run of equal gains."""
-        budget = self._capacity - self._min_sum[t]
-        rows = self._small[:t]
-        extra = [0] * t
-        if budget > 0:
-            # a gain d[j] - d[j+1] of finite floats is > 0 exactly when d[j] > d[j+1]
-            extra = [sum(map(operator.gt, d, d[1:])) for _, d in rows]
-            if sum(extra) <= budget:  # every positive gain is taken
-                budget = 0
-            else:
-                extra = [0] * t
-        if budget > 0:
-            gains = []  # (gain, row): the positive gains within each row, as the arrays keep them
-            for i, (_, d) in enumerate(rows):
-                gains += zip(map(operator.sub, d, d[1:]), repeat(i))
-            gains = [gi for gi in gains if gi[0] > 0]
-            gains.sort(key=itemgetter(0), reverse=True)
-            if gains[budget - 1][0] == gains[budget][0]:
-                return None
-            for _, i in gains[:budget]:
-                extra[i] += 1
-        durs = [d[x] for (_, d), x in zip(rows, extra)]
-        units = tuple(u[0] + x for (u, _), x in zip(rows, extra))
-        return float(sum(durs)), units, durs
 
     def best(self, t: int) -> float:
         return self._solve(t)[0] if self.feasible(t) else float("inf")
