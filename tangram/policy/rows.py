@@ -68,20 +68,7 @@ def duration(a: Action, units: int, snap: Snapshot) -> float:
 def run_estimate(a: Action, units: Mapping[str, int], hits, snap: Snapshot) -> float:
     """How long ``a`` runs at ``units`` (a dispatch's ``estimated_s``), a GPU miss's restore included
     (``hits``: the GPU DoPs at which an idle instance of its service is its own)."""
-    key = a.key
-    if key is not None and a.t1_s is not None and a.elasticity is not None:  # duration(), inlined
-        r = _ROWS.get(id(a))
-        if r is None or r.action is not a:
-            r = _build_row(a)
-        u = units.get(key, 0)
-        if u == 0 or u == r.u0:
-            d = r.d0
-        else:
-            d = r.at.get(u)
-            if d is None:
-                d = r.at[u] = a.duration(u)
-    else:
-        d = duration(a, units.get(key, 0) if key else 0, snap)
+    d = duration(a, units.get(a.key, 0) if a.key else 0, snap)
     gpu = units.get("gpu")
     if gpu is not None and a.restore_s and gpu not in hits:
         d += a.restore_s.get(gpu, 0.0)

@@ -179,13 +179,7 @@ def _select_candidates(snap: Snapshot):
             continue
         shape = None
         if failed_shapes:
-            # _shape(a, nd, snap, placed), inlined with the bound node read above
-            if not nd.has_cpu:
-                shape = (None, 0, nd.shape)
-            elif bound is None and hostable and traj in hostable:
-                shape = (None, a.mem_mb, nd.shape, hostable[traj])
-            else:
-                shape = (bound, a.mem_mb if bound is None else 0, nd.shape)
+            shape = _shape(a, nd, bound, hostable)
             needed = failed_shapes.get(shape)
             if needed is not None:
                 # fast path: one of the same shape could not start this round, and free
@@ -209,7 +203,7 @@ def _select_candidates(snap: Snapshot):
         else:
             node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity)
         if node is _NO_NODE:
-            shape = shape or _shape(a, nd, snap, placed)
+            shape = shape or _shape(a, nd, bound, hostable)
             failed_shapes[shape] = needed
             if shape[0] is None and nd.has_cpu and a.trajectory is not None:  # an unplaced trajectory's
                 unplaced_waiting.setdefault(a.trajectory, needed)
@@ -277,17 +271,15 @@ def _gpu_pool_names(nodes: tuple) -> tuple[str, ...]:
     return hit
 
 
-def _shape(a: Action, nd: Needs, snap: Snapshot, placed) -> tuple:
-    """What decides whether ``a`` fits: its demands, its home node, or the memory it must place
-    (and the nodes it may be placed on, Snapshot.hostable)."""
-    home, mem = None, 0
-    if nd.has_cpu:
-        if a.trajectory is not None:
-            home = snap.placement.get(a.trajectory) or placed.get(a.trajectory)
-        mem = a.mem_mb if home is None else 0
-        if home is None and snap.hostable and a.trajectory in snap.hostable:
-            return home, mem, nd.shape, snap.hostable[a.trajectory]
-    return home, mem, nd.shape
+def _shape(a: Action, nd: Needs, bound: str | None, hostable) -> tuple:
+    """What decides whether ``a`` fits: its demands, its home node (``bound``: the node its
+    trajectory is bound to, for a CPU action), or the memory it must place (and the nodes it may
+    be placed on, Snapshot.hostable)."""
+    if not nd.has_cpu:
+        return None, 0, nd.shape
+    if bound is None and hostable and a.trajectory in hostable:
+        return None, a.mem_mb, nd.shape, hostable[a.trajectory]
+    return bound, a.mem_mb if bound is None else 0, nd.shape
 
 
 def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int, snap: Snapshot, placed) -> None:
