@@ -119,3 +119,54 @@ def one_node_snapshot(waiting, *, cores=16, running=(), upcoming=None, params=No
     return Snapshot(pools=pools, nodes=("n0",), waiting=tuple(waiting),
                     running={"cpu@n0": tuple(running)} if running else {},
                     upcoming=upcoming or {}, params=params or PolicyParams())
+
+
+def _process_table() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, state, command line), read from /proc (Linux, as the suite)."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace").replace("\0", " ")
+        except OSError:  # it exited while we read
+            continue
+        table[int(name)] = (int(fields[1]), fields[0], cmdline)
+    return table
+
+
+def processes_using(path: str) -> set[int]:
+    """Live processes whose command line names ``path``, with all their descendants
+    (Ray's workers name no temp dir but are the raylet's children)."""
+    table = _process_table()
+    found = {pid for pid, (_, state, cmd) in table.items() if path in cmd and state != "Z" and pid != os.getpid()}
+    todo = list(found)
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, state, _) in table.items():
+            if ppid == parent and state != "Z" and pid not in found:
+                found.add(pid)
+                todo.append(pid)
+    return found
+
+
+def stop_ray_and_remove(path: str, shutdown, *, timeout_s: float = 30.0) -> None:
+    """Shut Ray down and remove its temp root only once every process that used it has
+    exited: removed earlier, an exiting worker writes its session folder again."""
+    import shutil
+    import time
+
+    users = processes_using(path)
+    shutdown()
+    deadline = time.monotonic() + timeout_s
+    table = _process_table()
+    while any(pid in table and table[pid][1] != "Z" for pid in users) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        table = _process_table()
+    left = sorted(pid for pid in users if pid in table and table[pid][1] != "Z")
+    shutil.rmtree(path, ignore_errors=True)
+    assert not left, f"Ray processes still running {timeout_s:.0f} s after shutdown: {left}"
+    assert not os.path.exists(path), f"{path} written again after its removal"
