@@ -142,3 +142,19 @@ def test_bench_policy_ab_stops_when_the_plans_differ():
 
     with pytest.raises(SystemExit, match="planned differently"):
         ab.rounds(plan, one_core_more, repeats=2, seed=0, smoke=True)
+
+
+def test_decision_digest_follows_every_decision(capsys):
+    """Same run, same digest; another seed (other durations, so other decisions), another digest;
+    and a policy that decides otherwise on the same workload, another digest."""
+    dd = load("decision_digest")
+    assert dd.main(["--json", "mopd/16", "mopd/16/tangram:fcfs"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert dd.main(["--json", "mopd/16"]) == 0
+    assert json.loads(capsys.readouterr().out)["mopd/16"] == first["mopd/16"]
+    assert dd.main(["--json", "--seed", "1", "mopd/16"]) == 0
+    assert json.loads(capsys.readouterr().out)["mopd/16"] != first["mopd/16"]
+    assert dd.main(["--json", "mopd/16/serverless"]) == 0
+    assert json.loads(capsys.readouterr().out)["mopd/16/serverless"] != first["mopd/16"]
+    with pytest.raises(SystemExit, match="workload/batch"):
+        dd.main(["mopd"])
