@@ -198,13 +198,31 @@ def lane_uses(lane: LaneKey, pools: set[str]) -> bool:
     """
     home, mem, demands = lane[:3]
     for pname in pools:
-        rtype, _, node = pname.partition("@")
-        if not node:
-            if any(t == rtype for t, _ in demands):
-                return True
-        elif rtype == "mem":
+        parts = _SPLIT.get(pname)
+        if parts is None:
+            parts = _split(pname)
+        rtype, node = parts
+        if node and rtype == "mem":
             if mem:
                 return True
-        elif any(t == rtype for t, _ in demands) and (home is None or rtype != "cpu" or home == node):
-            return True
+            continue
+        for t, _ in demands:
+            if t == rtype:
+                if not node or home is None or rtype != "cpu" or home == node:
+                    return True
+                break
     return False
+
+
+# pool name -> (resource type, node or ""): the engine asks lane_uses about every waiting lane and
+# the pools a release touched, many times per round, of a cluster's few pool names
+_SPLIT: dict[str, tuple[str, str]] = {}
+_SPLIT_MAX = 1 << 14  # nodes come and go in a long-lived service: start over rather than grow
+
+
+def _split(pname: str) -> tuple[str, str]:
+    if len(_SPLIT) >= _SPLIT_MAX:
+        _SPLIT.clear()
+    rtype, _, node = pname.partition("@")
+    parts = _SPLIT[pname] = (rtype, node)
+    return parts
