@@ -153,6 +153,18 @@ def processes_using(path: str) -> set[int]:
     return found
 
 
+def ray_shutdown(cluster=None):
+    """What stops a test's Ray: the driver's connection, then the cluster's processes if it made one."""
+    def stop() -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    return stop
+
+
 def stop_ray_and_remove(path: str, shutdown, *, timeout_s: float = 30.0) -> None:
     """Shut Ray down and remove its temp root only once every process that used it has
     exited: removed earlier, an exiting worker writes its session folder again."""

@@ -13,7 +13,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from tangram.executors.base import FAILED, SUCCEEDED  # noqa: E402
-from tests.helpers import stop_ray_and_remove  # noqa: E402
+from tests.helpers import ray_shutdown, stop_ray_and_remove  # noqa: E402
 from tangram.scaleout.cluster import ClusterRuntime  # noqa: E402
 from tangram.service.build import build_runtime  # noqa: E402
 from tangram.service.config import parse_config  # noqa: E402
@@ -44,12 +44,7 @@ def ray_cluster(monkeypatch):
         worker = cluster.add_node(**args)
         yield cluster, worker
     finally:
-        def shutdown():
-            if ray.is_initialized():
-                ray.shutdown()
-            if cluster is not None:
-                cluster.shutdown()
-        stop_ray_and_remove(tmp, shutdown)
+        stop_ray_and_remove(tmp, ray_shutdown(cluster))
 
 
 async def _until(pred, timeout_s: float = 60.0):

@@ -29,7 +29,7 @@ pytest.importorskip("verl", reason="verl not installed: pip install -r scripts/t
 from integrations.verl import config as tconfig  # noqa: E402
 from integrations.verl import metrics as tmetrics  # noqa: E402
 from integrations.verl.session import PENDING_DELETES, REGISTRY, TangramServiceError, close_clients  # noqa: E402
-from tests.helpers import stop_ray_and_remove  # noqa: E402
+from tests.helpers import ray_shutdown, stop_ray_and_remove  # noqa: E402
 from integrations.verl.testing import (ScriptedLLM, calc_setup_command, make_model_dir, reward_loop_workers,  # noqa: E402
                                        rollout_rows, serve, tool_call, verl_config)
 from tangram.client import TangramClient  # noqa: E402
@@ -167,7 +167,7 @@ def transfer_queue():
         try:
             tq.close()
         finally:
-            stop_ray_and_remove(tmp, ray.shutdown)
+            stop_ray_and_remove(tmp, ray_shutdown())
 
 
 async def run_v1(tq, cfg, rows):

@@ -18,7 +18,7 @@ pytest.importorskip("verl", reason="verl not installed: pip install -r scripts/t
 ray = pytest.importorskip("ray")
 
 from integrations.verl.testing import make_model_dir, serve  # noqa: E402
-from tests.helpers import stop_ray_and_remove  # noqa: E402
+from tests.helpers import ray_shutdown, stop_ray_and_remove  # noqa: E402
 
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(300)]
 
@@ -125,9 +125,4 @@ def test_readme_launch_composes_with_verl_and_reaches_ray_start_workers(tmp_path
             assert got == {"manager": "TangramRewardManager", "hook": "log_with_tangram", "enabled": "1",
                            "environments": 0}
         finally:
-            def shutdown():
-                if ray.is_initialized():
-                    ray.shutdown()
-                if cluster is not None:
-                    cluster.shutdown()
-            stop_ray_and_remove(tmp, shutdown)
+            stop_ray_and_remove(tmp, ray_shutdown(cluster))
