@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests of the core under another Python than the default one, and the same decisions there.
 #
-#     bash scripts/check_python.sh VERSION      e.g. 3.10 (the oldest pyproject.toml promises), 3.13
+#     bash scripts/check_python.sh VERSION      e.g. 3.10 (the oldest pyproject.toml promises), 3.12
 #
 #   1. a venv of its own (.venv-pyXY/, git-ignored) with the dependencies pyproject.toml lists
 #      (core + the dev extra); the optional ones (torch, docker, ...) are deliberately not there:
