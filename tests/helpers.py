@@ -121,8 +121,9 @@ def one_node_snapshot(waiting, *, cores=16, running=(), upcoming=None, params=No
                     upcoming=upcoming or {}, params=params or PolicyParams())
 
 
-def _process_table() -> dict[int, tuple[int, str, str]]:
-    """pid -> (parent pid, state, command line), read from /proc (Linux, as the suite)."""
+def _process_table() -> dict[int, tuple[int, str, str, int]]:
+    """pid -> (parent pid, state, command line, start time in clock ticks), read from /proc
+    (Linux, as the suite); the start time tells a pid's reuse by another process apart."""
     table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -134,23 +135,29 @@ def _process_table() -> dict[int, tuple[int, str, str]]:
                 cmdline = f.read().decode(errors="replace").replace("\0", " ")
         except OSError:  # it exited while we read
             continue
-        table[int(name)] = (int(fields[1]), fields[0], cmdline)
+        table[int(name)] = (int(fields[1]), fields[0], cmdline, int(fields[19]))
     return table
 
 
-def processes_using(path: str) -> set[int]:
-    """Live processes whose command line names ``path``, with all their descendants
-    (Ray's workers name no temp dir but are the raylet's children)."""
+def processes_using(path: str) -> set[tuple[int, int]]:
+    """``(pid, start time)`` of the live processes whose command line names ``path``, with all
+    their descendants (Ray's workers name no temp dir but are the raylet's children)."""
     table = _process_table()
-    found = {pid for pid, (_, state, cmd) in table.items() if path in cmd and state != "Z" and pid != os.getpid()}
+    found = {pid for pid, (_, state, cmd, _) in table.items() if path in cmd and state != "Z" and pid != os.getpid()}
     todo = list(found)
     while todo:
         parent = todo.pop()
-        for pid, (ppid, state, _) in table.items():
+        for pid, (ppid, state, _, _) in table.items():
             if ppid == parent and state != "Z" and pid not in found:
                 found.add(pid)
                 todo.append(pid)
-    return found
+    return {(pid, table[pid][3]) for pid in found}
+
+
+def _still_running(users: set[tuple[int, int]]) -> list[int]:
+    table = _process_table()
+    return sorted(pid for pid, started in users
+                  if (t := table.get(pid)) is not None and t[1] != "Z" and t[3] == started)
 
 
 def ray_shutdown(cluster=None):
@@ -166,19 +173,19 @@ def ray_shutdown(cluster=None):
 
 
 def stop_ray_and_remove(path: str, shutdown, *, timeout_s: float = 30.0) -> None:
-    """Shut Ray down and remove its temp root only once every process that used it has
-    exited: removed earlier, an exiting worker writes its session folder again."""
+    """Shut Ray down and remove its temp root only once every process that used it has exited:
+    an exiting process can still write into it (a Ray session folder was once left behind after
+    CI, its fixture having removed the root right after ``ray.shutdown()``)."""
     import shutil
     import time
 
     users = processes_using(path)
-    shutdown()
-    deadline = time.monotonic() + timeout_s
-    table = _process_table()
-    while any(pid in table and table[pid][1] != "Z" for pid in users) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        table = _process_table()
-    left = sorted(pid for pid in users if pid in table and table[pid][1] != "Z")
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        shutdown()
+    finally:
+        deadline = time.monotonic() + timeout_s
+        while (left := _still_running(users)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(path, ignore_errors=True)
     assert not left, f"Ray processes still running {timeout_s:.0f} s after shutdown: {left}"
     assert not os.path.exists(path), f"{path} written again after its removal"

@@ -28,7 +28,7 @@ def test_waits_for_every_user_of_the_root_before_removing_it(tmp_path):
     os.makedirs(root)
     parent = subprocess.Popen([sys.executable, "-c", SCRIPT, root], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
-    assert {parent.pid, child} <= processes_using(root)
+    assert {parent.pid, child} <= {pid for pid, _ in processes_using(root)}
 
     stop_ray_and_remove(root, lambda: (parent.kill(), parent.wait()))
 
@@ -54,3 +54,15 @@ def test_a_process_that_outlives_the_timeout_is_reported(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_shutdown_that_fails_still_removes_the_root(tmp_path):
+    root = tmp_path / "failed"
+    (root / "session").mkdir(parents=True)
+
+    def shutdown():
+        raise RuntimeError("ray.shutdown failed")
+
+    with pytest.raises(RuntimeError, match="ray.shutdown failed"):
+        stop_ray_and_remove(str(root), shutdown)
+    assert not root.exists()
