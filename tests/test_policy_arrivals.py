@@ -128,3 +128,72 @@ def test_expect_arrivals_is_validated():
         parse_config({"scheduler": {"expect_arrivals": 1}, "cpu_nodes": [{"name": "n0", "cores": 2, "memory_mb": 1024}]})
     assert e.value.field == "scheduler.expect_arrivals"
     assert isinstance(e.value, FieldError)
+
+
+def _random_group(rng):
+    """Elastic rewards (Amdahl or measured, not necessarily convex, tables), shells about to arrive."""
+    from tests.test_policy_fastpaths import _elasticity
+    from tangram.core.model import Action
+
+    cores = rng.choice([8, 16, 32, 64])
+    rewards = []
+    for i in range(rng.randint(1, 4)):
+        lo = rng.randint(1, 3)
+        rewards.append(Action.build(f"R{i}", {"cpu": {"min": lo, "max": lo + rng.randint(1, cores)}},
+                                    t1_s=rng.uniform(1.0, 120.0), elasticity=_elasticity(rng),
+                                    action_class="reward"))
+    shells = [make_action(f"w{i}", cpu=1, t1=rng.uniform(0.2, 5.0), cls="shell") for i in range(rng.randint(0, 3))]
+    upcoming = {"n0": tuple((rng.choice([0.0, rng.uniform(0.0, 20.0)]), _shell(i)) for i in range(rng.randint(1, 24)))}
+    running = tuple((rng.uniform(0.0, 30.0), rng.randint(1, 4)) for _ in range(rng.randint(0, 6)))
+    used = min(sum(u for _, u in running), cores)
+    snap = _snap(rewards + shells, cores=cores, running=running, upcoming=upcoming)
+    pool = snap.pools["cpu@n0"]
+    pools = {**snap.pools, "cpu@n0": type(pool)(pool.name, pool.rtype, pool.node, cores, rng.randint(0, cores - used))}
+    return type(snap)(**{**{f: getattr(snap, f) for f in snap.__dataclass_fields__}, "pools": pools}), rewards
+
+
+def test_a_smaller_capacity_never_arranges_a_group_better():
+    """What the headroom search skips on (elastic._below_any_headroom): the whole group's optimum on
+    part of the capacity is no lower than on all of it, convex rows (greedy) or not (the DP)."""
+    import random
+
+    from tangram.policy.arrange import UnitsOperator, prefix_table_rows
+    from tangram.policy.elastic import _below_any_headroom
+    from tangram.policy.rows import group_rows
+
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(600):
+        snap, rewards = _random_group(rng)
+        pool = snap.pools["cpu@n0"]
+        cap = pool.capacity
+        rows_all, convex_all = group_rows(rewards, cap, snap.params, pool)
+        whole = prefix_table_rows(rows_all, UnitsOperator(cap), len(rewards), convex_all, clipped=True)
+        bound = _below_any_headroom(whole, len(rewards))
+        for h in range(1, cap):
+            rows_h, convex_h = group_rows(rewards, cap - h, snap.params, pool)
+            table = prefix_table_rows(rows_h, UnitsOperator(cap - h), len(rewards), convex_h, clipped=True)
+            assert table.best(len(rewards)) >= bound
+            checked += table.feasible(len(rewards))
+    assert checked > 1000  # most of them were arrangements, not infeasible tables
+
+
+def test_skipping_headroom_below_the_bound_plans_the_same(monkeypatch):
+    """Whole rounds with arrivals expected: the same plans with the skip and without it."""
+    import random
+
+    from tangram.policy import elastic
+
+    rng = random.Random(5)
+    snaps = [_random_group(rng)[0] for _ in range(400)]
+    searched = []  # headroom sizes searched (an eviction search with a bound)
+    evict = elastic._evict
+    monkeypatch.setattr(elastic, "_evict", lambda *a, **k: (searched.append(k.get("unless_above")), evict(*a, **k))[1])
+    with_skip = [plan(s) for s in snaps]
+    skipping = sum(u is not None for u in searched)
+    searched.clear()
+    monkeypatch.setattr(elastic, "_below_any_headroom", lambda table, n: float("-inf"))
+    without = [plan(s) for s in snaps]
+    assert [(p.dispatches, dict(p.unfit)) for p in with_skip] == [(p.dispatches, dict(p.unfit)) for p in without]
+    assert sum(bool(p.dispatches) for p in with_skip) > 100
+    assert skipping < sum(u is not None for u in searched)  # the bound did skip some

@@ -138,21 +138,27 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
 
     expected = _arrivals(snap, pool)
     arrivals = _Arrivals(expected) if expected else ()  # prepared once for every estimate below
-    best = _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group)
+    tables: list = []
+    best = _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, tables=tables)
     need = arrivals.units_before[-1] if arrivals else 0
     if arrivals and best is not None and (best[1] < n or capacity - sum(best[2]) < need):
         # Headroom: the group may leave part of the pool to the actions the node's
         # trajectories in generation are about to submit; the estimate says how much.
         # (When the whole group starts and leaves room for them all, less for it cannot help.)
         floor = _estimate_floor(tail, arrivals)  # under any estimate of this group's
+        whole = _below_any_headroom(tables[0], n)
         for h in sorted({need, need // 2, need // 4}, reverse=True):
             if not 0 < h < capacity:
                 continue
-            rows_h, convex_h = _group_rows(actions, capacity - h, snap.params, pool, hits)
             # the whole group on less: headroom is the alternative to evicting (waiting); one whose
             # arrangement alone, plus the floor, is no better than the best so far is not estimated
+            # (nor built, when the arrangement on all of the capacity already is not)
+            unless_above = best[0] - _EPS - floor
+            if whole >= unless_above:
+                continue
+            rows_h, convex_h = _group_rows(actions, capacity - h, snap.params, pool, hits)
             b = _evict(snap, rows_h, UnitsOperator(capacity - h), convex_h, n, capacity, seed, waiters, arrivals,
-                       group, lowest=n, unless_above=best[0] - _EPS - floor)
+                       group, lowest=n, unless_above=unless_above)
             if b is not None and (best is None or b[0] < best[0] - _EPS):
                 best = b
     if best is None:  # cannot happen when minimums fit; keep minimums
@@ -168,12 +174,20 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
     return inputs or _holdout_inputs(snap, pool, capacity, group, others, waiting_after), _keyed(others)
 
 
+def _below_any_headroom(table, n: int) -> float:
+    """A lower bound of the whole group's arrangement on any part of the capacity, from its table
+    on all of it: on less it has a subset of the same allocations (its rows cut to fewer units),
+    so its optimum is no lower. Lowered by a relative 1e-9: two tables may round a sum apart."""
+    return table.best(n) * (1.0 - 1e-9)
+
+
 def _keyed(others) -> list:
     """The other candidates elastic on another pool, with the units of it the decision read."""
     return [(c, c.units[c.action.key]) for c in others if c.action.key is not None and c.action.key in c.units]
 
 
-def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0, unless_above=None):
+def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, group, lowest=0, unless_above=None,
+           tables=None):
     """Greedy eviction over the DPArrange prefix table of ``rows`` under ``operator``: the best
     ``(objective, prefix kept, its units)`` among the prefixes of ``lowest`` or more, or None.
     ``capacity`` is the pool's part the estimate counts as free (the operator's may be
@@ -181,6 +195,8 @@ def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, g
     an estimate, when the arrangement's own objective is that or more."""
     exact_from = max(1, n - _EVICTION_WINDOW)
     table = prefix_table_rows(rows, operator, max(exact_from, lowest), convex, clipped=True)
+    if tables is not None:
+        tables.append(table)
     if unless_above is not None:
         assert lowest == n, "a bound on the whole group's objective only"
         if not table.feasible(n) or table.best(n) >= unless_above:
