@@ -184,10 +184,7 @@ def _select_candidates(snap: Snapshot):
             if needed is not None:
                 # fast path: one of the same shape could not start this round, and free
                 # units only shrink (a queue of unplaced trajectories waiting for memory)
-                for pname in needed:  # wait_behind(a, needed), inlined
-                    waiting = lookahead.setdefault(pname, [])
-                    if len(waiting) < limit:
-                        waiting.append(a)
+                wait_behind(a, needed)
                 if bound is None and nd.has_cpu and traj is not None:
                     unplaced_waiting.setdefault(traj, needed)
                 continue
