@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tangram.core.model import Action, Elasticity
+from tangram.core.pools import pool_name
 from tangram.policy import estimate, needs, rows
 from tangram.policy.schedule import plan
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
@@ -289,6 +290,29 @@ def test_needs_match_their_definition(seed):
         assert (nd.has_cpu, nd.has_gpu, nd.scalable) == ("cpu" in types, "gpu" in types, a.scalable)
         assert nd.mins == {t: d.min for t, d in a.demands.items()}
         assert nd.shape == tuple((t, d.lo, d.hi, d.picks) for t, d in sorted(a.demands.items()))
+
+        for node in ("n0", "n1", None):
+            local, by_type = nd.on(node)
+            assert by_type == {t: pool_name(t, node) for t in types}
+            assert list(by_type) == list(types)  # the order Dispatch.pools reads
+            assert local == tuple(pool_name(t, node) for t in nd.local)
+
+
+def test_needs_on_is_shared_by_actions_of_the_same_types_and_bounded():
+    """Actions with the same resource types share one answer per node (built once), other types or
+    nodes get their own, and the memo is cleared past its bound without changing an answer."""
+    needs._ON.clear()
+    a = Action.build("a", {"cpu": 2, "api:llm": 1}, action_class="x")
+    b = Action.build("b", {"cpu": {"min": 1, "max": 8}, "api:llm": 3}, action_class="y")
+    c = Action.build("c", {"api:llm": 1, "cpu": 2}, action_class="x")  # other order: its own
+    na, nb, nc = needs.Needs(a), needs.Needs(b), needs.Needs(c)
+    assert na.on("n0") is nb.on("n0")
+    assert na.on("n1") is not na.on("n0") and na.on("n1")[1] == {"cpu": "cpu@n1", "api:llm": "api:llm"}
+    assert nc.on("n0") is not na.on("n0") and list(nc.on("n0")[1]) == ["api:llm", "cpu"]
+    for i in range(65536):
+        needs._ON[((f"t{i}",), "n0")] = ((), {})
+    before = na.on("n2")  # past the bound: the memo starts over
+    assert len(needs._ON) == 1 and before == (("cpu@n2",), {"cpu": "cpu@n2", "api:llm": "api:llm"})
 
 
 def test_a_snapshot_with_its_nodes_in_a_list_plans_as_with_a_tuple():

@@ -270,3 +270,55 @@ def test_arrival_margin_frees_quota_sooner_and_stays_within_the_providers_limit(
         parse_cluster({"cpu_nodes": 1, "cores_per_node": 4,
                        "api": {"s": {"quota": 5, "period_s": 1, "arrival_margin_s": -1}}}, "cluster")
     assert ei.value.field == "cluster.api.s.arrival_margin_s"
+
+
+def _gen2_collections_while(block) -> int:
+    """Full collections Python ran while ``block()`` ran."""
+    import gc
+
+    seen = []
+
+    def on_gc(phase, info):
+        if phase == "stop" and info["generation"] == 2:
+            seen.append(info)
+
+    gc.callbacks.append(on_gc)
+    try:
+        block()
+    finally:
+        gc.callbacks.remove(on_gc)
+    return len(seen)
+
+
+def test_full_collections_are_deferred_within_the_block_and_thresholds_come_back():
+    import gc
+
+    from tangram.simulator.collections_deferred import full_collections_deferred
+
+    # long-lived containers, half as many as the process tracks (Python runs a full collection once
+    # they have grown by a quarter): what makes full collections run
+    n = max(300_000, len(gc.get_objects()) // 2)
+
+    def grow():
+        keep = [[i] for i in range(n)]
+        return len(keep)
+
+    before = gc.get_threshold()
+    if not gc.isenabled() or before[0] == 0:
+        pytest.fail("this test needs Python's automatic collection on, as a default process has it")
+    assert _gen2_collections_while(grow) > 0  # the premise: Python runs them for this much
+    with full_collections_deferred():
+        assert _gen2_collections_while(grow) == 0
+        assert gc.get_threshold()[:2] == before[:2]  # the young generations as before
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), full_collections_deferred():
+        raise RuntimeError("a simulation that fails")
+    assert gc.get_threshold() == before
+
+
+def test_a_simulation_restores_the_collector_thresholds():
+    import gc
+
+    before = gc.get_threshold()
+    res = Simulation(small_coding(), "tangram", seed=0).run()
+    assert res.summary["actions"] > 0 and gc.get_threshold() == before
