@@ -14,7 +14,8 @@ from tangram.core.pools import pool_name
 class Needs:
     """One action's demands, split the way :func:`tangram.policy.schedule._place` reads them."""
 
-    __slots__ = ("action", "local", "api", "not_gpu", "has_cpu", "has_gpu", "scalable", "mins", "shape", "types")
+    __slots__ = ("action", "local", "api", "not_gpu", "has_cpu", "has_gpu", "scalable", "mins", "shape", "types",
+                 "_on")
 
     def __init__(self, a: Action):
         self.action = a
@@ -23,6 +24,7 @@ class Needs:
         self.has_gpu = "gpu" in demands
         self.scalable = a.scalable
         self.types = tuple(demands)  # with the node, all that on() reads
+        self._on: dict = {}  # node -> on(node), this action's own: a round asks several times
         if len(demands) == 1:  # most actions: the same fields as below, without the generators
             ((t, d),) = demands.items()
             local = t == "cpu" or t == "gpu"
@@ -47,13 +49,16 @@ class Needs:
         the same order) on ``node``, in every round: read only (the policy hands
         it out behind a read-only proxy).
         """
-        key = (self.types, node)
-        hit = _ON.get(key)
+        hit = self._on.get(node)
         if hit is None:
-            if len(_ON) >= 65536:
-                _ON.clear()
-            pools = {t: pool_name(t, node) for t in self.types}
-            hit = _ON[key] = (tuple(pools[t] for t in self.local), pools)
+            key = (self.types, node)
+            hit = _ON.get(key)
+            if hit is None:
+                if len(_ON) >= 65536:
+                    _ON.clear()
+                pools = {t: pool_name(t, node) for t in self.types}
+                hit = _ON[key] = (tuple(pools[t] for t in self.local), pools)
+            self._on[node] = hit
         return hit
 
 
