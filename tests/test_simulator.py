@@ -322,3 +322,22 @@ def test_a_simulation_restores_the_collector_thresholds():
     before = gc.get_threshold()
     res = Simulation(small_coding(), "tangram", seed=0).run()
     assert res.summary["actions"] > 0 and gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("workload", ["ai-coding", "cpu-contended", "deepsearch", "mopd", "mopd-skewed", "mopd+search"])
+def test_a_trajectory_is_its_generation_and_its_actions(workload):
+    """Every second of a one-step trajectory is generation or one of its actions (queued or
+    running): the actions' ACTs sum to the trajectories' completion times less their generation.
+    So on these closed loops mean ACT = (sum of trajectory completion times - generation) / actions
+    (docs/results/README.md reads the API workloads' mean ACT this way)."""
+    wl = load_workload(workload).with_batch(16)
+    assert wl.steps == 1
+    for policy in ("tangram", wl.baselines.compare[0]):
+        res = Simulation(wl, policy, seed=3).run()
+        trajs = {id(r.traj): r.traj for r in res.records}
+        assert len(trajs) == 16 * len(wl.jobs)  # mopd+search: two jobs of 16
+        generation = sum(i.gen_s for t in trajs.values() for i in t.items)
+        acts = sum(r.end - r.submit for r in res.records)
+        assert acts > 0
+        assert acts == pytest.approx(sum(t.end for t in trajs.values()) - generation, rel=1e-9)
+        assert res.summary["mean_act_s"] == pytest.approx(acts / len(res.records), rel=1e-9)
