@@ -314,6 +314,45 @@ def test_full_collections_are_deferred_within_the_block_and_thresholds_come_back
     with pytest.raises(RuntimeError), full_collections_deferred():
         raise RuntimeError("a simulation that fails")
     assert gc.get_threshold() == before
+    with full_collections_deferred():  # nested: the inner block's end keeps the outer's deferral
+        with full_collections_deferred():
+            pass
+        assert gc.get_threshold()[2] > before[2]
+    assert gc.get_threshold() == before
+
+
+def test_full_collections_deferred_in_overlapping_threads_give_the_thresholds_back():
+    """Two threads whose blocks overlap, the first to enter leaving first: the thresholds come
+    back when the second leaves, not to the deferred ones the second saw on entering."""
+    import gc
+    import threading
+
+    from tangram.simulator.collections_deferred import full_collections_deferred
+
+    before = gc.get_threshold()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with full_collections_deferred():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with full_collections_deferred():
+            second_in.set()
+            first_out.wait(10)
+            seen["deferred after the first left"] = gc.get_threshold()[2] > before[2]
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == {"deferred after the first left": True}
+    assert gc.get_threshold() == before
 
 
 def test_a_simulation_restores_the_collector_thresholds():

@@ -13,20 +13,34 @@ after each of its many small simulations).
 from __future__ import annotations
 
 import gc
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
 # gen 1 collections between two full ones: far more than any simulation reaches (~250 at 100k actions)
 _NEVER = 1 << 30
 
+# the thresholds are the process's: blocks nested or overlapping in threads share one deferral,
+# taken by the first to enter and given back by the last to leave
+_lock = threading.Lock()
+_depth = 0
+_saved: tuple[int, ...] = ()
+
 
 @contextmanager
 def full_collections_deferred() -> Iterator[None]:
-    """Within the block, no full collection runs. The thresholds before it are restored on the way
-    out, an exception's included."""
-    before = gc.get_threshold()
-    gc.set_threshold(before[0], before[1], _NEVER)
+    """Within the block, no full collection runs. The thresholds before it are restored once the
+    last block open (nested, or in another thread) is left, an exception's included."""
+    global _depth, _saved
+    with _lock:
+        if _depth == 0:
+            _saved = gc.get_threshold()
+            gc.set_threshold(_saved[0], _saved[1], _NEVER)
+        _depth += 1
     try:
         yield
     finally:
-        gc.set_threshold(*before)
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                gc.set_threshold(*_saved)
