@@ -79,7 +79,7 @@ def plan(snap: Snapshot) -> Plan:
             c.action,
             c.node,
             MappingProxyType(c.units),  # the candidate's own dict: nothing else holds it
-            MappingProxyType(c.pools),  # shared by the action's rounds on this node, read only
+            MappingProxyType(c.pools),  # shared by every action of the same types on this node (Needs.on): read only
             c.place_mem,
             run_estimate(c.action, c.units, c.hits, snap),
         )
