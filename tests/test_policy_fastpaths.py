@@ -322,3 +322,62 @@ def test_a_snapshot_with_its_nodes_in_a_list_plans_as_with_a_tuple():
         assert [(d.action.id, d.node, dict(d.units)) for d in got.dispatches] == [
             (d.action.id, d.node, dict(d.units)) for d in want.dispatches]
         assert dict(got.unfit) == dict(want.unfit)
+
+
+# --------------------------------------------------------------------------- #
+# the memos hold waiting actions only (policy/memo.py)
+
+
+def _elastic(i: int) -> Action:
+    return Action.build(f"e{i}", {"cpu": {"min": 1, "max": 8}}, t1_s=4.0, elasticity=Elasticity.amdahl(0.1))
+
+
+def test_a_memo_entry_goes_when_its_action_is_freed():
+    a = _elastic(0)
+    key = id(a)
+    nd, r = needs.needs(a), rows.row(a)
+    assert needs.needs(a) is nd and rows.row(a) is r  # kept while the action lives
+    assert needs._NEEDS[key] is nd and rows._ROWS[key] is r
+    del a  # nothing else holds it: freed now, and its entries with it
+    assert key not in needs._NEEDS and key not in rows._ROWS
+
+
+def test_a_memo_entry_outlives_a_stale_reference_of_the_same_action():
+    """After the memo restarts, the action's first entry (still held somewhere) going away does not
+    take its new entry: only the reference an entry was made with removes it."""
+    a = _elastic(1)
+    first = needs.needs(a)
+    needs._NEEDS.clear()
+    second = needs.needs(a)
+    assert second is not first
+    needs._FORGET(first.ref)  # what the first entry's callback does when it fires
+    assert needs._NEEDS[id(a)] is second
+    key = id(a)
+    del a
+    assert key not in needs._NEEDS
+
+
+def test_an_engine_keeps_memo_entries_of_waiting_actions_only():
+    """A service keeps many finished records (and their actions) alive: the memos must not. An entry
+    is built when a round reads a waiting action and goes when it is dispatched."""
+    from tests.helpers import make_engine, make_node
+
+    needs._NEEDS.clear()
+    rows._ROWS.clear()
+    eng, clock = make_engine(make_node(cores=8))
+    actions = [_elastic(i) for i in range(40)]
+    started = []
+    for a in actions:
+        started += eng.submit(a)
+    assert started and eng.waiting  # 8 cores: some start, most wait
+    read_waiting = 0  # rounds after which a waiting action had its entries
+    while started or eng.waiting:
+        assert not any(id(s.record.action) in needs._NEEDS or id(s.record.action) in rows._ROWS for s in started)
+        read_waiting += any(id(a) in needs._NEEDS and id(a) in rows._ROWS for a in actions if a.id in eng.waiting)
+        clock.advance(1.0)
+        done, started = started, []
+        for s in done:
+            started += eng.complete(s.record.action.id)
+    assert read_waiting  # the memos did serve waiting actions
+    assert len(eng.finished) == len(actions)  # every action is still alive in its record
+    assert not any(id(a) in needs._NEEDS or id(a) in rows._ROWS for a in actions)

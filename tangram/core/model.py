@@ -242,8 +242,15 @@ class Profile:
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
+class _WeakReferable:
+    """A slot for weak references (``dataclass(weakref_slot=True)`` is Python 3.11+): what other
+    layers derive from a frozen action and keep (the policy's memos) goes when the action does."""
+
+    __slots__ = ("__weakref__",)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
-class Action:
+class Action(_WeakReferable):
     """One validated action. Build it with :meth:`Action.build`.
 
     ``demands`` maps resource type to :class:`Demand`; ``key`` is the single

@@ -2,23 +2,24 @@
 
 Every round asks the same questions of each waiting action: which pools it
 takes on a node, which API pools, its minimum units. The answers depend only
-on the frozen action, so they are kept in a bounded memo (like the rows of
-:mod:`tangram.policy.rows`) instead of being rebuilt by every round.
+on the frozen action, so they are kept in a memo (:mod:`tangram.policy.memo`,
+like the rows of :mod:`tangram.policy.rows`) instead of being rebuilt by every round.
 """
 from __future__ import annotations
 
 from tangram.core.model import Action
 from tangram.core.pools import pool_name
+from tangram.policy.memo import forgetter, remember
 
 
 class Needs:
     """One action's demands, split the way :func:`tangram.policy.schedule._place` reads them."""
 
-    __slots__ = ("action", "local", "api", "not_gpu", "has_cpu", "has_gpu", "scalable", "mins", "shape", "types",
+    __slots__ = ("ref", "local", "api", "not_gpu", "has_cpu", "has_gpu", "scalable", "mins", "shape", "types",
                  "_on")
 
     def __init__(self, a: Action):
-        self.action = a
+        self.ref = None  # to ``a``, weak (memo.remember)
         demands = a.demands
         self.has_cpu = "cpu" in demands
         self.has_gpu = "gpu" in demands
@@ -67,15 +68,13 @@ class Needs:
 _ON: dict[tuple, tuple[tuple[str, ...], dict[str, str]]] = {}
 
 
-_NEEDS: dict[int, Needs] = {}
+_NEEDS: dict[int, Needs] = {}  # id(action) -> its Needs, while the action lives (memo.remember)
+_FORGET = forgetter(_NEEDS)
 
 
 def needs(a: Action) -> Needs:
     """The memo entry of ``a``."""
     hit = _NEEDS.get(id(a))
-    if hit is not None and hit.action is a:
+    if hit is not None:
         return hit
-    if len(_NEEDS) >= 65536:
-        _NEEDS.clear()
-    entry = _NEEDS[id(a)] = Needs(a)
-    return entry
+    return remember(_NEEDS, a, Needs(a), _FORGET)

@@ -2,7 +2,7 @@
 
 The DP and the ACT estimate read an action's options and durations many
 times per round; they depend only on the frozen action, so they are built
-once per action and kept in a bounded memo.
+once per action and kept in a memo (:mod:`tangram.policy.memo`).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from tangram.core.model import Action
 from tangram.policy.greedy import RowArrays, greedy_exact
+from tangram.policy.memo import forgetter, remember
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
 
 # an extra unit must buy at least 5% of the speedup it would give perfectly parallel work
@@ -23,10 +24,10 @@ _MIN_MARGINAL_GAIN = 0.05
 class Row:
     """What the policy reads of one scalable action, built once per action."""
 
-    __slots__ = ("action", "units", "durs", "pair", "options", "convex", "top", "u0", "d0", "waiter", "at")
+    __slots__ = ("ref", "units", "durs", "pair", "options", "convex", "top", "u0", "d0", "waiter", "at")
 
     def __init__(self, a: Action, units: np.ndarray, durs: np.ndarray):
-        self.action = a
+        self.ref = None  # to ``a``, weak (memo.remember)
         self.units = units
         self.durs = durs
         self.pair = RowArrays((units, durs))
@@ -39,13 +40,14 @@ class Row:
         self.at: dict[int, float] = {}  # units -> a.duration(units), as the rounds asked for them
 
 
-_ROWS: dict[int, Row] = {}
+_ROWS: dict[int, Row] = {}  # id(action) -> its Row, while the action lives (memo.remember)
+_FORGET = forgetter(_ROWS)
 
 
 def row(a: Action) -> Row:
     """The memo entry of ``a`` (a scalable action)."""
     hit = _ROWS.get(id(a))
-    if hit is not None and hit.action is a:
+    if hit is not None:
         return hit
     return _build_row(a)
 
@@ -99,10 +101,7 @@ def _build_row(a: Action) -> Row:
             keep.append(i)
     if len(keep) < len(units):
         units, durs = units[keep], durs[keep]
-    if len(_ROWS) >= 65536:
-        _ROWS.clear()
-    entry = _ROWS[id(a)] = Row(a, units, durs)
-    return entry
+    return remember(_ROWS, a, Row(a, units, durs), _FORGET)
 
 
 def convex_row(a: Action) -> bool:
@@ -151,7 +150,7 @@ def group_rows(actions, cap: int, params: PolicyParams, pool: PoolState, hits=No
     memo = _ROWS
     for i, a in enumerate(actions):
         r = memo.get(id(a))  # row(a), its memo read inline
-        if r is None or r.action is not a:
+        if r is None:
             r = _build_row(a)
         if r.top <= cap and not (caps and a.action_class in caps) and not (
                 chunked and a.restore_s and a.service is not None):

@@ -18,10 +18,11 @@ from tangram.core.model import Action
 from tangram.policy.affinity import Affinity, affinity_order
 from tangram.policy.arrange import packable
 from tangram.policy.elastic import elastic_allocation
+from tangram.policy.memo import forget
 from tangram.policy.needs import Needs
 from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
-from tangram.policy.rows import run_estimate
+from tangram.policy.rows import _ROWS, run_estimate
 from tangram.policy.snapshot import Plan, Snapshot, new_dispatch, pool_name
 
 
@@ -73,8 +74,7 @@ def plan(snap: Snapshot) -> Plan:
             if c.place_mem:
                 unfit.pop(pool_name("mem", c.node), None)
                 _hand_on_placement(c, cands)
-    return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
-                dispatches=tuple([
+    dispatches = tuple([
         new_dispatch(
             c.action,
             c.node,
@@ -85,7 +85,12 @@ def plan(snap: Snapshot) -> Plan:
         )
         for c in cands
         if c is not None
-    ]))
+    ])
+    for d in dispatches:  # a started action is not planned again: its memo entries go (policy.memo)
+        forget(_NEEDS, d.action)
+        forget(_ROWS, d.action)
+    return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
+                dispatches=dispatches)
 
 
 def _hand_on_placement(evicted: _Candidate, cands: list) -> None:
@@ -154,7 +159,7 @@ def _select_candidates(snap: Snapshot):
     placement, hostable = snap.placement, snap.hostable
     for a in waiting_iter:
         nd = needs_memo.get(id(a))  # needs(a), its memo read inline (once per waiting action read)
-        if nd is None or nd.action is not a:
+        if nd is None:
             nd = _needs(a)
         traj = a.trajectory
         # the node its trajectory is bound to, by an earlier round or this one (CPU actions only)
