@@ -16,7 +16,7 @@ import pytest
 
 from tangram.core.model import Action, Elasticity
 from tangram.core.pools import pool_name
-from tangram.policy import estimate, needs, rows
+from tangram.policy import estimate, memo, needs, rows
 from tangram.policy.schedule import plan
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
 
@@ -342,19 +342,28 @@ def test_a_memo_entry_goes_when_its_action_is_freed():
     assert key not in needs._NEEDS and key not in rows._ROWS
 
 
-def test_a_memo_entry_outlives_a_stale_reference_of_the_same_action():
-    """After the memo restarts, the action's first entry (still held somewhere) going away does not
-    take its new entry: only the reference an entry was made with removes it."""
+def test_an_entry_goes_with_its_action_after_a_memo_restart():
+    """An entry from before the memo restarted, still held elsewhere, and the one after it: the
+    action's death removes its current entry either way."""
     a = _elastic(1)
     first = needs.needs(a)
-    needs._NEEDS.clear()
+    needs._NEEDS.clear()  # what the backstop bound does
     second = needs.needs(a)
-    assert second is not first
-    needs._FORGET(first.ref)  # what the first entry's callback does when it fires
-    assert needs._NEEDS[id(a)] is second
+    assert second is not first and needs._NEEDS[id(a)] is second
     key = id(a)
     del a
-    assert key not in needs._NEEDS
+    assert key not in needs._NEEDS and first.ref() is None and second.ref() is None
+
+
+def test_the_removal_callback_runs_no_python_code():
+    """Lookups trust that no entry outlives its action; the callback that removes it is the memo's own
+    dict.pop bound to the key, so no signal handler or exception can cut it short."""
+    from functools import partial
+
+    a = _elastic(3)
+    for memo, entry in ((needs._NEEDS, needs.needs(a)), (rows._ROWS, rows.row(a))):
+        callback = entry.ref.__callback__
+        assert isinstance(callback, partial) and callback.func == memo.pop and callback.args == (id(a),)
 
 
 def test_an_engine_keeps_memo_entries_of_waiting_actions_only():
@@ -381,3 +390,21 @@ def test_an_engine_keeps_memo_entries_of_waiting_actions_only():
     assert read_waiting  # the memos did serve waiting actions
     assert len(eng.finished) == len(actions)  # every action is still alive in its record
     assert not any(id(a) in needs._NEEDS or id(a) in rows._ROWS for a in actions)
+
+
+def test_an_action_leaving_the_queue_unstarted_takes_its_memo_entries():
+    """Cancelled while waiting (or failed there): its record is kept, its memo entries are not."""
+    from tests.helpers import make_engine, make_node
+
+    eng, clock = make_engine(make_node(cores=8))
+    actions = [_elastic(i) for i in range(6)]
+    for a in actions:
+        eng.submit(a)
+    waiting = [a for a in actions if a.id in eng.waiting]
+    assert waiting
+    for a in waiting:  # the policy's entries, as a round that read them would leave them
+        needs.needs(a), rows.row(a)
+    for a in waiting:
+        eng.cancel(a.id)
+    assert all(eng.record(a.id).state == "cancelled" for a in waiting)
+    assert not any(id(a) in needs._NEEDS or id(a) in rows._ROWS for a in waiting)

@@ -25,6 +25,7 @@ from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_pools
 from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
+from tangram.policy.memo import forget_action
 from tangram.policy.order import params_key
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
@@ -417,10 +418,10 @@ class Engine:
     def _unqueue(self, action_id: str) -> ActionRecord | None:
         rec = self.waiting.pop(action_id, None)
         if rec is not None:
+            forget_action(rec.action)  # what the policy derived from it goes with it (policy/memo.py)
             self._lanes.discard(action_id)
             t = rec.action.trajectory
-            ids = self._waiting_cpu_of.get(t) if t is not None else None
-            if ids is not None:
+            if t is not None and (ids := self._waiting_cpu_of.get(t)) is not None:
                 ids.discard(action_id)
                 if not ids:
                     del self._waiting_cpu_of[t]
@@ -488,8 +489,7 @@ class Engine:
 
     def record(self, action_id: str) -> ActionRecord:
         for table in (self.waiting, self.running, self.finished):
-            rec = table.get(action_id)
-            if rec is not None:
+            if (rec := table.get(action_id)) is not None:
                 return rec
         raise UnknownActionError(f"action {action_id!r} is unknown")
 

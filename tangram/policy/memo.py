@@ -1,62 +1,64 @@
-"""Memos of what the policy derives from one frozen action, whose entries go when the action does.
+"""Memos of what the policy derives from one frozen action, whose entries go when the action leaves.
 
 The policy reads the same derived data of a waiting action every round (its
 demands split per pool, its row of options and durations), so it keeps them in
-dicts keyed by ``id(action)``: a plain dict lookup is what the hot loops can
-afford. An entry leaves when its action is dispatched (:func:`forget`, called by
-``plan``: a started action is not planned again) or, whichever comes first, when
-the action is freed (a cancelled or timed-out one): each entry holds a weak
-reference to its action whose callback removes it. So a long-running service
-holds memos of waiting actions only, however many finished records it keeps,
-and an id reused by a later action never finds a stale entry. The size bound is
-a backstop for a queue of more waiting actions than it: past it the memo starts
-again, as a cache may.
+dicts keyed by ``id(action)``: a plain dict lookup, with no check of whose the
+entry is, is what the hot loops can afford. Two exits keep that sound and small:
+
+* an entry leaves when its action leaves the engine's queue, whatever the reason
+  (started, cancelled, failed: the engine calls :func:`forget_action`), so a
+  long-running service holds memos of waiting actions only, however many finished
+  records it keeps (an action queued again, a requeued 429, has them rebuilt);
+* an entry also leaves when its action is freed (one the policy read but the
+  engine never queued): it holds a weak reference whose callback removes it. The
+  callback is the memo's own ``dict.pop`` bound to the key, C code throughout, so
+  no signal or exception can interrupt it; CPython calls it before the action's
+  memory is freed, so no later action can find the entry under a reused id.
+
+The size bound is a backstop for more waiting actions than it: past it the memo
+starts again, as a cache may (an entry dropped so keeps its callback, which then
+pops whatever its action's key holds when the action dies: the dying action's).
 """
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Protocol, TypeVar
+from functools import partial
+from typing import Protocol, TypeVar
 
 from tangram.core.model import Action
 
 MEMO_BOUND = 65536  # entries per memo: a backstop, see above
 
 
-class _Ref(weakref.ref):
-    """A weak reference that knows its memo key (a slot: cheaper than ``weakref.KeyedRef``'s Python __new__)."""
-
-    __slots__ = ("key",)
-
-
 class Entry(Protocol):
-    ref: _Ref
+    ref: weakref.ref  # to its action
 
 
 E = TypeVar("E", bound=Entry)
 
-
-def forgetter(memo: dict[int, Entry]) -> Callable[[_Ref], None]:
-    """The callback that removes an entry of ``memo`` when its action is freed."""
-    def forget(ref: _Ref) -> None:
-        # only the entry this reference was made for: the memo may have restarted and a later
-        # entry be under the key (the same action, looked up again)
-        entry = memo.get(ref.key)
-        if entry is not None and entry.ref is ref:
-            memo.pop(ref.key, None)
-    return forget
+_MEMOS: list[dict] = []  # every registered memo, for forget_action
 
 
-def remember(memo: dict[int, E], a: Action, entry: E, forget: Callable[[_Ref], None]) -> E:
-    """Keep ``entry`` as ``a``'s in ``memo`` until ``a`` is freed (or the memo reaches its bound)."""
+def register(memo: dict[int, Entry]) -> dict[int, Entry]:
+    """``memo`` (``id(action)`` -> entry), registered for :func:`forget_action`."""
+    _MEMOS.append(memo)
+    return memo
+
+
+def remember(memo: dict[int, E], a: Action, entry: E) -> E:
+    """Keep ``entry`` as ``a``'s in ``memo`` until ``a`` leaves the queue or is freed."""
     if len(memo) >= MEMO_BOUND:
         memo.clear()
     key = id(a)
-    ref = entry.ref = _Ref(a, forget)
-    ref.key = key
+    entry.ref = weakref.ref(a, partial(memo.pop, key))  # called with the reference: pop(key, ref)
     memo[key] = entry
     return entry
 
 
-def forget(memo: dict[int, Entry], a: Action) -> None:
-    """Drop ``a``'s entry (its weak reference goes with it, callback and all)."""
-    memo.pop(id(a), None)
+def forget_action(a: Action) -> None:
+    """Drop ``a``'s entries from every memo (their weak references go with them, callbacks and all)."""
+    key = id(a)
+    for memo in _MEMOS:
+        entry = memo.get(key)
+        if entry is not None and entry.ref() is a:
+            del memo[key]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tangram.core.model import Action
 from tangram.core.pools import pool_name
-from tangram.policy.memo import forgetter, remember
+from tangram.policy.memo import register, remember
 
 
 class Needs:
@@ -68,8 +68,7 @@ class Needs:
 _ON: dict[tuple, tuple[tuple[str, ...], dict[str, str]]] = {}
 
 
-_NEEDS: dict[int, Needs] = {}  # id(action) -> its Needs, while the action lives (memo.remember)
-_FORGET = forgetter(_NEEDS)
+_NEEDS: dict[int, Needs] = register({})  # id(action) -> its Needs, while the action waits (policy.memo)
 
 
 def needs(a: Action) -> Needs:
@@ -77,4 +76,4 @@ def needs(a: Action) -> Needs:
     hit = _NEEDS.get(id(a))
     if hit is not None:
         return hit
-    return remember(_NEEDS, a, Needs(a), _FORGET)
+    return remember(_NEEDS, a, Needs(a))

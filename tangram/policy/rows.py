@@ -14,7 +14,7 @@ import numpy as np
 
 from tangram.core.model import Action
 from tangram.policy.greedy import RowArrays, greedy_exact
-from tangram.policy.memo import forgetter, remember
+from tangram.policy.memo import register, remember
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
 
 # an extra unit must buy at least 5% of the speedup it would give perfectly parallel work
@@ -40,8 +40,7 @@ class Row:
         self.at: dict[int, float] = {}  # units -> a.duration(units), as the rounds asked for them
 
 
-_ROWS: dict[int, Row] = {}  # id(action) -> its Row, while the action lives (memo.remember)
-_FORGET = forgetter(_ROWS)
+_ROWS: dict[int, Row] = register({})  # id(action) -> its Row, while the action waits (policy.memo)
 
 
 def row(a: Action) -> Row:
@@ -101,7 +100,7 @@ def _build_row(a: Action) -> Row:
             keep.append(i)
     if len(keep) < len(units):
         units, durs = units[keep], durs[keep]
-    return remember(_ROWS, a, Row(a, units, durs), _FORGET)
+    return remember(_ROWS, a, Row(a, units, durs))
 
 
 def convex_row(a: Action) -> bool:

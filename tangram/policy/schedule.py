@@ -18,11 +18,10 @@ from tangram.core.model import Action
 from tangram.policy.affinity import Affinity, affinity_order
 from tangram.policy.arrange import packable
 from tangram.policy.elastic import elastic_allocation
-from tangram.policy.memo import forget
 from tangram.policy.needs import Needs
 from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
-from tangram.policy.rows import _ROWS, run_estimate
+from tangram.policy.rows import run_estimate
 from tangram.policy.snapshot import Plan, Snapshot, new_dispatch, pool_name
 
 
@@ -86,9 +85,6 @@ def plan(snap: Snapshot) -> Plan:
         for c in cands
         if c is not None
     ])
-    for d in dispatches:  # a started action is not planned again: its memo entries go (policy.memo)
-        forget(_NEEDS, d.action)
-        forget(_ROWS, d.action)
     return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
                 dispatches=dispatches)
 
