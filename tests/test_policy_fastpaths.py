@@ -380,13 +380,16 @@ def test_an_engine_keeps_memo_entries_of_waiting_actions_only():
         started += eng.submit(a)
     assert started and eng.waiting  # 8 cores: some start, most wait
     read_waiting = 0  # rounds after which a waiting action had its entries
-    while started or eng.waiting:
+    for _ in range(len(actions) + 1):  # bounded: an engine that left actions waiting fails, not hangs
+        if not (started or eng.waiting):
+            break
         assert not any(id(s.record.action) in needs._NEEDS or id(s.record.action) in rows._ROWS for s in started)
         read_waiting += any(id(a) in needs._NEEDS and id(a) in rows._ROWS for a in actions if a.id in eng.waiting)
         clock.advance(1.0)
         done, started = started, []
         for s in done:
             started += eng.complete(s.record.action.id)
+    assert not (started or eng.waiting)
     assert read_waiting  # the memos did serve waiting actions
     assert len(eng.finished) == len(actions)  # every action is still alive in its record
     assert not any(id(a) in needs._NEEDS or id(a) in rows._ROWS for a in actions)

@@ -25,7 +25,7 @@ from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_pools
 from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
-from tangram.policy.memo import forget_action
+from tangram.policy.memo import drop_entries_of
 from tangram.policy.order import params_key
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
@@ -418,7 +418,7 @@ class Engine:
     def _unqueue(self, action_id: str) -> ActionRecord | None:
         rec = self.waiting.pop(action_id, None)
         if rec is not None:
-            forget_action(rec.action)  # what the policy derived from it goes with it (policy/memo.py)
+            drop_entries_of(rec.action)  # what the policy derived from it goes with it (policy/memo.py)
             self._lanes.discard(action_id)
             t = rec.action.trajectory
             if t is not None and (ids := self._waiting_cpu_of.get(t)) is not None:

@@ -6,7 +6,7 @@ dicts keyed by ``id(action)``: a plain dict lookup, with no check of whose the
 entry is, is what the hot loops can afford. Two exits keep that sound and small:
 
 * an entry leaves when its action leaves the engine's queue, whatever the reason
-  (started, cancelled, failed: the engine calls :func:`forget_action`), so a
+  (started, cancelled, failed: the engine calls :func:`drop_entries_of`), so a
   long-running service holds memos of waiting actions only, however many finished
   records it keeps (an action queued again, a requeued 429, has them rebuilt);
 * an entry also leaves when its action is freed (one the policy read but the
@@ -36,11 +36,11 @@ class Entry(Protocol):
 
 E = TypeVar("E", bound=Entry)
 
-_MEMOS: list[dict] = []  # every registered memo, for forget_action
+_MEMOS: list[dict] = []  # every registered memo, for drop_entries_of
 
 
 def register(memo: dict[int, Entry]) -> dict[int, Entry]:
-    """``memo`` (``id(action)`` -> entry), registered for :func:`forget_action`."""
+    """``memo`` (``id(action)`` -> entry), registered for :func:`drop_entries_of`."""
     _MEMOS.append(memo)
     return memo
 
@@ -55,8 +55,10 @@ def remember(memo: dict[int, E], a: Action, entry: E) -> E:
     return entry
 
 
-def forget_action(a: Action) -> None:
-    """Drop ``a``'s entries from every memo (their weak references go with them, callbacks and all)."""
+def drop_entries_of(a: Action) -> None:
+    """Drop ``a``'s entries from every memo. Their weak references go with them, callbacks and all,
+    unless an entry is held elsewhere: its callback then pops ``a``'s key when ``a`` dies, which
+    holds ``a``'s own newer entry or nothing (no other live object has ``a``'s id)."""
     key = id(a)
     for memo in _MEMOS:
         entry = memo.get(key)

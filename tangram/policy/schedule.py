@@ -73,7 +73,8 @@ def plan(snap: Snapshot) -> Plan:
             if c.place_mem:
                 unfit.pop(pool_name("mem", c.node), None)
                 _hand_on_placement(c, cands)
-    dispatches = tuple([
+    return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
+                dispatches=tuple([
         new_dispatch(
             c.action,
             c.node,
@@ -84,9 +85,7 @@ def plan(snap: Snapshot) -> Plan:
         )
         for c in cands
         if c is not None
-    ])
-    return Plan(unfit=MappingProxyType(unfit), holdouts=MappingProxyType(holdouts), holdout_classes=holdout_classes,
-                dispatches=dispatches)
+    ]))
 
 
 def _hand_on_placement(evicted: _Candidate, cands: list) -> None:
