@@ -67,3 +67,17 @@ def test_the_generation_gap_is_republished_only_beyond_the_band():
     view = g.view(25.0, 4)
     assert view.inputs("n0")[0] == pytest.approx(2.6)  # what the policy sees
     assert view["n0"][0][0] == pytest.approx(1.6)
+
+
+def test_republishing_updates_one_read_only_view_in_place():
+    """A republication writes one entry of the view snapshots read, never a copy of every class: a
+    copy per new class made a client that names a class per action cost O(actions so far) per
+    completion (scripts/bench_many_classes.py measures it)."""
+    est = DurationEstimator(publish_band=0.0, publish_margin=0.0)
+    view = est.class_estimates()
+    for i in range(50):
+        assert est.observe(make_action(f"a{i}", cpu=1, cls=f"c{i}"), 1, 1.0 + i)
+        assert est.class_estimates() is view
+    assert len(view) == 50 and view["c49"] == 50.0
+    with pytest.raises(TypeError):
+        view["c0"] = 0.0  # read only: only the estimator publishes

@@ -158,3 +158,13 @@ def test_decision_digest_follows_every_decision(capsys):
     assert json.loads(capsys.readouterr().out)["mopd/16/serverless"] != first["mopd/16"]
     with pytest.raises(SystemExit, match="workload/batch"):
         dd.main(["mopd"])
+
+
+def test_bench_many_classes_reports_both_sides_per_size(capsys):
+    bench = load("bench_many_classes")
+    assert bench.main(["--sizes", "50", "200", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [s["actions"] for s in out["sizes"]] == [50, 200]
+    for s in out["sizes"]:
+        assert s["one_class_us_per_action"] > 0 and s["class_per_action_us_per_action"] > 0
+        assert abs(s["ratio"] - s["class_per_action_us_per_action"] / s["one_class_us_per_action"]) < 0.01

@@ -73,7 +73,10 @@ class DurationEstimator:
         self.refine_after = refine_after
         self._durations: dict[str, _Mean] = {}
         self._t1: dict[str, _Mean] = {}
-        self._frozen: Mapping[str, float] = MappingProxyType({})
+        # the published means, updated in place: a copy per republication cost O(classes) each, and
+        # a client that sent a new class per action made every completion O(actions so far)
+        self._published: dict[str, float] = {}
+        self._published_view: Mapping[str, float] = MappingProxyType(self._published)
 
     def observe(self, action: Action, units: int, exec_s: float) -> bool:
         """Count one run; returns whether the class estimates (:meth:`class_estimates`) moved."""
@@ -85,17 +88,18 @@ class DurationEstimator:
         if action.elasticity is not None and action.key is not None and units > 0:
             t1 = exec_s * action.elasticity.efficiency(units) * units
             self._t1.setdefault(cls, _Mean()).add(t1, self._min_weight)
-        published = self._frozen.get(cls)
+        published = self._published.get(cls)
         if published is not None and abs(mean.value - published) <= max(
                 self.publish_band * published, self.publish_margin * mean.standard_error(self._min_weight)):
             return False
-        self._frozen = MappingProxyType({**self._frozen, cls: mean.value})
+        self._published[cls] = mean.value
         return True
 
     def class_estimates(self) -> Mapping[str, float]:
-        """The published means, a read-only view for snapshots (rebuilt on a republication, shared
-        otherwise); :meth:`mean_duration` is the current mean."""
-        return self._frozen
+        """The published means, a read-only view that follows republications: a snapshot reads it
+        during its synchronous round, as it reads the engine's placement (nothing is observed
+        meanwhile); :meth:`mean_duration` is the current mean."""
+        return self._published_view
 
     def mean_duration(self, action_class: str) -> float | None:
         m = self._durations.get(action_class)
