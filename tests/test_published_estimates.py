@@ -16,6 +16,7 @@ def test_a_class_estimate_is_republished_only_beyond_the_band():
     view = est.class_estimates()
     assert not est.observe(a, 1, 11.0)  # mean 10.5: within 10% of 10
     assert est.class_estimates() is view and est.mean_duration("shell") == pytest.approx(10.5)
+    assert view["shell"] == 10.0  # what the policy reads did not move
     assert est.observe(a, 1, 14.0)  # mean 11.67: beyond
     assert est.class_estimates()["shell"] == pytest.approx(35.0 / 3)
     assert not est.observe(a, 1, 0.0)  # no run to count

@@ -274,7 +274,7 @@ class Engine:
             running=RunningView(self._running_by_pool, now),
             running_services=RunningView(self._running_by_service, now),
             placement=MappingProxyType(self.placement),  # read only during the synchronous call
-            class_estimates=self.estimator.class_estimates(),
+            class_estimates=self.estimator.class_estimates(),  # read only during the synchronous call
             upcoming=self._generating.view(self.clock(), self.params.lookahead),
             params=self.params,
             holdouts=self._last.holdouts,

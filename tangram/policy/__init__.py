@@ -1,4 +1,4 @@
-"""Scheduling policy: pure functions over an immutable snapshot (DESIGN.md §4).
+"""Scheduling policy: pure functions over a read-only snapshot (DESIGN.md §4).
 
 Public, stable API: :func:`arrange`, :class:`UnitsOperator`,
 :class:`ChunkOperator`, :class:`Arrangement`.

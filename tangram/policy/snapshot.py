@@ -73,7 +73,9 @@ class PolicyParams:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything the policy may look at, frozen at one instant."""
+    """Everything the policy may look at, at one instant. The engine hands some maps (placement,
+    hostable, class estimates) as read-only views of its own state, whole only during the
+    synchronous call: a policy reads them then and keeps no reference past it."""
 
     pools: Mapping[str, PoolState]
     nodes: tuple[str, ...]
@@ -89,7 +91,8 @@ class Snapshot:
     # service -> (seconds left, DoP) of its running GPU actions: when its busy resident instances free
     # (GPU affinity weighs waiting for one against a restore); lazy like ``running``
     running_services: Mapping[str, Sequence[tuple[float, int]]] = field(default_factory=lambda: _EMPTY)
-    class_estimates: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # running average duration per class
+    # running average duration per class (the engine's: a live read-only view, see above)
+    class_estimates: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     # node -> (seconds until expected, last action) of its trajectories in generation (placed, nothing
     # queued or running), soonest first: their next actions will ask the node for units (lazy, engine-built)
     upcoming: Mapping[str, Sequence[tuple[float, Action]]] = field(default_factory=lambda: _EMPTY)
