@@ -70,13 +70,9 @@ def arrivals(snap: Snapshot, pool: PoolState) -> list:
     rtype = pool.rtype
     for r, a in expected:
         d = a.demands.get(rtype)
-        if d is None:
+        if d is None or (a.key == rtype and a.scalable):
             continue
-        if a.key is None:  # most: a fixed action, whose duration is its T1 or its class's (rows.duration)
-            t1 = a.t1_s
-            out.append((r, d.lo, t1 if t1 is not None else _duration(a, d.lo, snap)))
-        elif not (a.key == rtype and a.scalable):
-            out.append((r, d.lo, _duration(a, d.lo, snap)))
+        out.append((r, d.min, _duration(a, d.min, snap)))
     return out
 
 
