@@ -72,6 +72,6 @@ def test_nothing_of_ended_trajectories_is_left(seed):
     assert _left(eng._last, {"unfit"}) == {}
     gen = eng._generating
     assert _left(gen, {"_fixed"}) == {} and not any(gen._fixed.values())  # _fixed: one (empty) entry per node
-    assert eng._lanes.__len__() == 0
+    assert len(eng._lanes) == 0
     assert not any(id(r.action) in needs._NEEDS or id(r.action) in rows._ROWS for r in eng.finished.values())
     assert len(eng.finished) >= n_traj

@@ -10,15 +10,17 @@ import heapq
 import math
 import random
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
 
 from tangram.core.model import Action, Elasticity
 from tangram.core.pools import pool_name
-from tangram.policy import estimate, memo, needs, rows
+from tangram.policy import estimate, needs, rows
 from tangram.policy.schedule import plan
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
+from tests.helpers import make_engine, make_node
 
 CHUNKS = [(8,), (4, 4), (4, 2, 1, 1), (2, 2, 1), (1,), (), (4,), (2, 1)]
 
@@ -358,19 +360,15 @@ def test_an_entry_goes_with_its_action_after_a_memo_restart():
 def test_the_removal_callback_runs_no_python_code():
     """Lookups trust that no entry outlives its action; the callback that removes it is the memo's own
     dict.pop bound to the key, so no signal handler or exception can cut it short."""
-    from functools import partial
-
     a = _elastic(3)
-    for memo, entry in ((needs._NEEDS, needs.needs(a)), (rows._ROWS, rows.row(a))):
+    for table, entry in ((needs._NEEDS, needs.needs(a)), (rows._ROWS, rows.row(a))):
         callback = entry.ref.__callback__
-        assert isinstance(callback, partial) and callback.func == memo.pop and callback.args == (id(a),)
+        assert isinstance(callback, partial) and callback.func == table.pop and callback.args == (id(a),)
 
 
 def test_an_engine_keeps_memo_entries_of_waiting_actions_only():
     """A service keeps many finished records (and their actions) alive: the memos must not. An entry
     is built when a round reads a waiting action and goes when it is dispatched."""
-    from tests.helpers import make_engine, make_node
-
     needs._NEEDS.clear()
     rows._ROWS.clear()
     eng, clock = make_engine(make_node(cores=8))
@@ -397,8 +395,6 @@ def test_an_engine_keeps_memo_entries_of_waiting_actions_only():
 
 def test_an_action_leaving_the_queue_unstarted_takes_its_memo_entries():
     """Cancelled while waiting (or failed there): its record is kept, its memo entries are not."""
-    from tests.helpers import make_engine, make_node
-
     eng, clock = make_engine(make_node(cores=8))
     actions = [_elastic(i) for i in range(6)]
     for a in actions:
