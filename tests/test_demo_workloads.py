@@ -65,8 +65,19 @@ def test_mopd_demo_evicts_and_restores_real_teachers(tmp_path):
     t, s = pols["tangram"], pols["static"]
     # one device that holds one teacher at a time: the second teacher of a trajectory needs a restore
     assert (t["devices"], s["devices"]) == (1, 2)
-    assert t["restores"] >= 2 and 0 < t["restore_share"] < 1
+    assert t["restores"] >= 2 and t["restore_s"] > 0
+    assert t["restore_share"] == pytest.approx(t["runs"][0]["restore_share"]) and 0 < t["restore_share"] < 1
     assert s["restores"] == 0 and s["restore_share"] == 0  # a server per model, warmed before the run
     assert t["peak_device_mb"] <= doc["spec"]["device_mb"] < s["peak_device_mb"]
     if doc["device"] == "cpu":
         assert any("virtual devices on the CPU" in n for n in doc["notes"])
+
+
+def test_mopd_restore_share_is_of_restore_plus_run():
+    """A restore slower than the runs it serves is a share under 1 of the devices' busy time (as the simulator's)."""
+    from tangram.demo.mopd import MopdResult, TeacherSample, summarize
+
+    r = MopdResult(samples=[TeacherSample("smollm2", 4.0, 0.5, True, -1.0), TeacherSample("minilm", 4.0, 0.5, True, 0.5)],
+                   step_time_s=5.0, restores=2, restore_s=3.0)
+    assert summarize(r)["restore_share"] == pytest.approx(3.0 / (3.0 + 1.0))
+    assert summarize(MopdResult())["restore_share"] == 0.0

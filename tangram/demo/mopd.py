@@ -262,7 +262,9 @@ def summarize(r: MopdResult, run_no: int = 0) -> dict[str, Any]:
         "step_time_s": r.step_time_s,
         "restores": r.restores,
         "restore_s": r.restore_s,
-        "restore_share": r.restore_s / exec_total if exec_total > 0 else 0.0,
+        # of the devices' busy time (restore + run), as the simulator's restore_share_of_exec:
+        # ``exec_s`` is the model's run alone, and a restore can outlast a short run
+        "restore_share": r.restore_s / busy if (busy := r.restore_s + exec_total) > 0 else 0.0,
         "peak_device_mb": r.peak_device_mb,
         "failed": sum(not s.ok for s in r.samples),
     }
