@@ -297,3 +297,23 @@ def test_a_submission_joining_the_look_ahead_of_a_gpu_group_waiting_by_choice_ru
     started = eng.submit(Action.build("Y", {"gpu": 1, "cpu": 1}, t1_s=5.0))
     assert [s.action.id for s in started] == ["X"]
     assert _nothing_left_to_start(eng)
+
+
+def test_dropping_a_class_estimate_a_holdout_read_runs_its_round():
+    # as above, but the estimator keeps one class: "lint" ending drops "build", whose published
+    # estimate the hold-out read (the waiting "build" action is unobserved again): re-decide
+    eng, clock = make_engine(make_node("n0", cores=16), api={"llm": 1}, params=PolicyParams(order="fcfs"))
+    eng.estimator.max_classes = 1
+    eng.submit(make_action("busy", cpu=15, t1=0.5, trajectory="b"))
+    eng.submit(make_action("R0", cpu={"min": 1, "max": 16}, t1=32.0, serial=0.0, cls="reward", trajectory="r"))
+    eng.submit(make_action("u", cpu=2, cls="build", trajectory="x"))
+    eng.submit(make_action("call", api="llm", cls="build"))
+    clock.advance(0.25)
+    eng.complete("call")
+    assert "cpu@n0" in eng.snapshot().holdouts and "build" in eng.snapshot().class_estimates
+    eng.submit(make_action("call2", api="llm", cls="lint"))
+    rounds = eng.rounds
+    clock.advance(0.01)
+    eng.complete("call2")
+    assert eng.rounds == rounds + 1 and set(eng.snapshot().class_estimates) == {"lint"}
+    eng.check_invariants()

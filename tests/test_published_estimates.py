@@ -82,3 +82,20 @@ def test_republishing_updates_one_read_only_view_in_place():
     assert len(view) == 50 and view["c49"] == 50.0
     with pytest.raises(TypeError):
         view["c0"] = 0.0  # read only: only the estimator publishes
+
+
+def test_the_estimator_keeps_the_most_recently_observed_classes():
+    """A client naming a new class per action must not grow the estimator without bound: beyond
+    ``max_classes`` the least recently observed class is dropped, and reported as moved."""
+    est = DurationEstimator(max_classes=3)
+    obs = lambda cls, s: est.observe(make_action(f"{cls}-{s}", cpu=1, cls=cls), 1, s)  # noqa: E731
+    assert obs("a", 1.0) == ("a",) and obs("b", 2.0) == ("b",) and obs("c", 3.0) == ("c",)
+    assert obs("a", 1.0) == ()  # a seen again (same mean: not republished): now the most recent
+    assert obs("d", 4.0) == ("d", "b")  # b, the least recently observed, makes room
+    assert dict(est.class_estimates()) == {"c": 3.0, "a": 1.0, "d": 4.0} and est.classes() == 3
+    assert est.samples("b") == 0 and est.mean_duration("b") is None and est.samples("a") == 2
+    for i in range(1000):
+        obs(f"x{i}", 1.0)
+    assert est.classes() == len(est.class_estimates()) == 3 and len(est._t1) <= 3
+    with pytest.raises(ValueError, match="max_classes"):
+        DurationEstimator(max_classes=0)

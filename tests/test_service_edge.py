@@ -43,6 +43,26 @@ async def test_a_billion_core_range_is_capped_not_materialised():
         assert_whole(svc.runtime)
 
 
+async def test_a_class_per_action_keeps_bounded_per_class_state():
+    """``class`` comes from the client: one new class per action keeps the most recent classes' ACT
+    samples for /v1/stats (and counts the dropped ones), never one entry per action."""
+    from tangram.runtime.stats import MAX_CLASSES
+
+    n = MAX_CLASSES + 44
+    async with running_service() as svc, aiohttp.ClientSession() as s:
+        for first in range(0, n, 25):
+            got = await asyncio.gather(*(_post(s, f"{svc.url}/v1/actions", {"kind": "exec", "command": "true",
+                                                                         "class": f"c{i}"})
+                                         for i in range(first, min(n, first + 25))))
+            assert all(st == 200 and b["status"] == "succeeded" for st, b in got), got
+        async with s.get(f"{svc.url}/v1/stats") as r:
+            stats = await r.json()
+        assert len(stats["classes"]) == MAX_CLASSES and stats["classes_dropped"] == n - MAX_CLASSES
+        assert f"c{n - 1}" in stats["classes"] and "c0" not in stats["classes"]
+        assert svc.runtime.engine.estimator.classes() == n  # under its own bound (10,000)
+        assert_whole(svc.runtime)
+
+
 @pytest.mark.parametrize("body, status, field", [
     ({"kind": "exec", "command": "true", "class": "x" * (1 << 20)}, 413, "body"),  # past max_body_bytes
     ({"kind": "exec", "command": "true", "class": "x" * 10_000}, 400, "class"),

@@ -157,11 +157,11 @@ class Engine:
         if rec is None:
             raise UnknownActionError(f"action {action_id!r} is not running")
         self._finish(rec, status)
-        estimated = False  # whether the class estimate of its class moved
+        moved: tuple[str, ...] = ()  # the classes whose published estimates moved
         if status == "succeeded" and rec.exec_s is not None:
             units = rec.dispatch.units.get(rec.action.key, 0) if rec.action.key else 0
-            estimated = self.estimator.observe(rec.action, units, rec.exec_s - restore_s)
-        if estimated and rec.action.action_class in self._last.holdout_classes:
+            moved = self.estimator.observe(rec.action, units, rec.exec_s - restore_s)
+        if moved and not self._last.holdout_classes.isdisjoint(moved):
             return self.schedule()
         if self._release_wakes_nothing():
             self.rounds_skipped += 1

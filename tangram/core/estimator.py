@@ -20,6 +20,12 @@ published value and by more than ``publish_margin`` (2) standard errors of the m
 smaller moves are within the estimate's own noise (a class of cv 1.5 averaged over the
 EMA's ~40-sample window has a standard error of ~24%), and each republication
 re-decides the groups held out on it (docs/scheduling.md, "Holdouts").
+
+At most ``max_classes`` classes are kept, the least recently observed one dropped
+beyond that: a class name comes from the client, and one that names a new class per
+action must not grow the service's memory with every action. A dropped class is
+unobserved again (the policy's default estimate, its profile's ``T1``); the policy
+would not have had any better for a class that rare.
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 from tangram.core.model import Action
+
+MAX_CLASSES = 10_000  # classes a deployment names are dozens; this bounds a client naming one per action
 
 
 @dataclass(slots=True)
@@ -56,9 +64,12 @@ class DurationEstimator:
     """Class averages of observed execution time, and online ``T1`` refinement."""
 
     def __init__(self, *, min_weight: float = 0.05, refine_after: int = 3, publish_band: float = 0.1,
-                 refine_margin: float = 2.0, publish_margin: float = 2.0):
+                 refine_margin: float = 2.0, publish_margin: float = 2.0, max_classes: int = MAX_CLASSES):
         if refine_after < 1:
             raise ValueError(f"refine_after: must be >= 1, got {refine_after}")
+        if max_classes < 1:
+            raise ValueError(f"max_classes: must be >= 1, got {max_classes}")
+        self.max_classes = max_classes
         for name, margin in (("refine_margin", refine_margin), ("publish_margin", publish_margin)):
             if not margin >= 0.0 or math.isinf(margin):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {margin}")
@@ -71,19 +82,22 @@ class DurationEstimator:
         self.publish_band = publish_band
         self._min_weight = min_weight
         self.refine_after = refine_after
-        self._durations: dict[str, _Mean] = {}
+        self._durations: dict[str, _Mean] = {}  # least recently observed first (the next to drop)
         self._t1: dict[str, _Mean] = {}
         # the published means, updated in place: a copy per republication cost O(classes) each, and
         # a client that sent a new class per action made every completion O(actions so far)
         self._published: dict[str, float] = {}
         self._published_view: Mapping[str, float] = MappingProxyType(self._published)
 
-    def observe(self, action: Action, units: int, exec_s: float) -> bool:
-        """Count one run; returns whether the class estimates (:meth:`class_estimates`) moved."""
+    def observe(self, action: Action, units: int, exec_s: float) -> tuple[str, ...]:
+        """Count one run; returns the classes whose published estimates (:meth:`class_estimates`)
+        moved: the action's, and one dropped to make room for it (empty: none moved)."""
         if not exec_s > 0:
-            return False
+            return ()
         cls = action.action_class
-        mean = self._durations.setdefault(cls, _Mean())
+        mean = self._durations.pop(cls, None) or _Mean()
+        self._durations[cls] = mean  # now the most recently observed
+        dropped = self._drop_oldest() if len(self._durations) > self.max_classes else ()
         mean.add(exec_s, self._min_weight)
         if action.elasticity is not None and action.key is not None and units > 0:
             t1 = exec_s * action.elasticity.efficiency(units) * units
@@ -91,9 +105,20 @@ class DurationEstimator:
         published = self._published.get(cls)
         if published is not None and abs(mean.value - published) <= max(
                 self.publish_band * published, self.publish_margin * mean.standard_error(self._min_weight)):
-            return False
+            return dropped
         self._published[cls] = mean.value
-        return True
+        return (cls, *dropped)
+
+    def _drop_oldest(self) -> tuple[str, ...]:
+        """Forget the least recently observed class; returns it if it had a published estimate."""
+        old = next(iter(self._durations))
+        del self._durations[old]
+        self._t1.pop(old, None)
+        return (old,) if self._published.pop(old, None) is not None else ()
+
+    def classes(self) -> int:
+        """How many classes are kept (at most ``max_classes``)."""
+        return len(self._durations)
 
     def class_estimates(self) -> Mapping[str, float]:
         """The published means, a read-only view that follows republications: a snapshot reads it

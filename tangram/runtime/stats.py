@@ -9,21 +9,33 @@ from tangram.core.engine import Engine
 from tangram.executors.base import SUCCEEDED
 
 _RECENT = 10_000  # samples kept per class for percentiles
+# classes kept for percentiles, the least recently finished dropped beyond: a class name comes from the
+# client, and 10,000 samples of each of an unbounded number of classes is unbounded memory
+MAX_CLASSES = 256
 
 
 class RuntimeStats:
     """Counters and recent samples, fed once per finished action."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_classes: int = MAX_CLASSES) -> None:
         self.counts: dict[tuple[str, str], int] = {}  # (kind, status) -> n
-        self._act: dict[str, deque[float]] = {}
+        self.max_classes = max_classes
+        self.classes_dropped = 0
+        self._act: dict[str, deque[float]] = {}  # least recently finished first
         self._overhead: deque[float] = deque(maxlen=_RECENT)
 
     def record(self, kind: str, action_class: str, status: str, act_s: float, overhead_s: float) -> None:
         key = (kind, status)
         self.counts[key] = self.counts.get(key, 0) + 1
         if status == SUCCEEDED:
-            self._act.setdefault(action_class, deque(maxlen=_RECENT)).append(act_s)
+            samples = self._act.pop(action_class, None)
+            if samples is None:
+                samples = deque(maxlen=_RECENT)
+                if len(self._act) >= self.max_classes:
+                    del self._act[next(iter(self._act))]
+                    self.classes_dropped += 1
+            self._act[action_class] = samples  # now the most recently finished
+            samples.append(act_s)
             self._overhead.append(overhead_s)
 
     def report(self, eng: Engine, environments: int) -> dict[str, Any]:
@@ -61,6 +73,7 @@ class RuntimeStats:
             "environments": environments,
             "pools": out_pools,
             "classes": classes,
+            "classes_dropped": self.classes_dropped,  # beyond the max_classes most recently finished
             "overhead": {"p50_s": percentile(ov, 50), "p99_s": percentile(ov, 99), "samples": len(ov)},
             "actions": {f"{k}:{s}": n for (k, s), n in sorted(self.counts.items())},
         }
