@@ -96,7 +96,8 @@ class Scaleout:
         from tangram.scaleout.gate import DownNodes, gate_all
 
         down = DownNodes()
-        engine = Engine(gate_all(managers, down), params=params)
+        # finished records no longer than the runtime keeps their results (service.keep_results)
+        engine = Engine(gate_all(managers, down), params=params, keep_finished=kw.get("keep_results", 100_000))
         rt = ClusterRuntime(engine, down=down, give_up_s=self.options.give_up_s,
                             closers=[*kw.pop("closers", ()), *self._closers], **kw)
         o = self.options

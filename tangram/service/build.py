@@ -88,7 +88,8 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
                              model_executors=model_executors, models=models, profiles=profiles,
                              keep_results=cfg.service.keep_results)
-    engine = Engine(managers, params=params)
+    # the engine's finished records hold the actions (payloads) too: kept no longer than their results
+    engine = Engine(managers, params=params, keep_finished=cfg.service.keep_results)
     return Runtime(engine, env_executors=env_executors, http_executor=http_executor,
                    model_executors=model_executors, models=models, profiles=profiles,
                    keep_results=cfg.service.keep_results)
