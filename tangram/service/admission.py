@@ -21,9 +21,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+log = logging.getLogger("tangram.service")
 
 FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled"})
 
@@ -49,8 +52,12 @@ class _Held:
 class FairGate:
     """Between the wire and the runtime: bounds, per-job FIFOs, round-robin hand-over."""
 
-    def __init__(self, runtime: Any, *, max_total: int, max_per_job: int, window: int, poll_s: float = 0.02):
+    def __init__(self, runtime: Any, *, max_total: int, max_per_job: int, window: int, poll_s: float = 0.02,
+                 on_finished: Callable[[str, dict], None] | None = None):
         self.rt = runtime
+        # told the outcome of an action that ended here, never reaching the runtime (whose listeners
+        # record the others): the state store keeps it, else its row stayed unfinished for good
+        self.on_finished = on_finished
         self.max_total = int(max_total)
         self.max_per_job = int(max_per_job)
         self.window = max(1, int(window))
@@ -145,6 +152,9 @@ class FairGate:
             except Exception as exc:  # noqa: BLE001 - e.g. its environment was deleted meanwhile
                 if not held.submitted.done():
                     held.submitted.set_exception(exc)
+                    held.submitted.exception()  # a waiter still gets it; without one it is recorded below
+                self._ended(held.action.id, {"id": held.action.id, "status": "failed",
+                                             "error": f"not started: {exc}", "allocation": {}})
                 continue
             if not held.submitted.done():
                 held.submitted.set_result(None)
@@ -183,7 +193,15 @@ class FairGate:
                                       "allocation": {}}
         while len(self._cancelled) > self.max_total:
             self._cancelled.popitem(last=False)
+        self._ended(action_id, self._cancelled[action_id])
         return True
+
+    def _ended(self, action_id: str, outcome: dict) -> None:
+        if self.on_finished is not None:
+            try:
+                self.on_finished(action_id, outcome)
+            except Exception:  # noqa: BLE001 - as the runtime's listeners: never break the gate
+                log.exception("recording the outcome of %s failed", action_id)
 
     def cancelled_outcome(self, action_id: str) -> dict | None:
         return self._cancelled.get(action_id)

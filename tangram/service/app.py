@@ -100,7 +100,8 @@ def _runtime_ctx(factory: RuntimeFactory | None):
         # the engine sees enough waiting actions for its look-ahead; the rest wait here, fairly
         app[GATE_KEY] = FairGate(runtime, max_total=cfg.service.max_queued_total,
                                  max_per_job=cfg.service.max_queued_per_job,
-                                 window=cfg.service.engine_window or max(64, 4 * cfg.lookahead))
+                                 window=cfg.service.engine_window or max(64, 4 * cfg.lookahead),
+                                 on_finished=store.finish_action)
         try:
             yield
         finally:
