@@ -8,6 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from tangram.service.app import GATE_KEY
 from tests.service_helpers import assert_whole, config, running_service, settle
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,3 +89,58 @@ async def test_cancelling_a_held_action():
                 assert r.status in (200, 202)
         await settle(svc.runtime)
         assert_whole(svc.runtime)
+
+
+async def test_a_shutdown_stores_held_actions_as_cancelled(tmp_path):
+    """Held actions at shutdown are cancelled and stored so, as the running ones: never handed to the
+    closing runtime while aiohttp waits for the open handlers (they were stored failed, 'not started:
+    the runtime is closed', so a client retrying its Idempotency-Key got a failure for work never run)."""
+    cfg = config(cpu_nodes=ONE_CORE, service={"engine_window": 1, "state_dir": str(tmp_path)})
+
+    async def post(s, url, key):
+        async with s.post(f"{url}/v1/actions?wait=true", headers={"X-Tangram-Job": "a", "Idempotency-Key": key},
+                          json={"kind": "exec", "command": "sleep 30"}) as r:
+            return r.status, await r.json(content_type=None)
+
+    async with aiohttp.ClientSession() as s:
+        async with running_service(cfg) as svc:
+            waiting = [asyncio.ensure_future(post(s, svc.url, f"k{i}")) for i in range(5)]
+            while svc.app[GATE_KEY].stats()["held"] < 3:  # one running, one in the engine's window
+                await asyncio.sleep(0.01)
+        await asyncio.gather(*waiting, return_exceptions=True)  # answered, or dropped with the service
+    async with running_service(cfg) as svc, aiohttp.ClientSession() as s:  # the same state, restarted
+        for i in range(5):
+            st, body = await post(s, svc.url, f"k{i}")  # a resubmission: the stored answer
+            assert st == 200 and body["status"] == "cancelled" and not body.get("retryable"), body
+
+
+async def test_a_hand_over_refused_for_now_is_stored_retryable():
+    """A held action the runtime refuses with 'not now' (its node is down) is stored failed and retryable,
+    with the reason; any other refusal failed; a recorder that raises never stops the gate."""
+    from types import SimpleNamespace
+
+    from tangram.core.errors import UnavailableError
+    from tangram.runtime.actions import UnknownEnvironmentError
+    from tangram.service.admission import FairGate
+
+    refusals = iter([UnavailableError("environment", "its node is down", 5), UnknownEnvironmentError("e1")])
+
+    def submit(action, received_at):
+        raise next(refusals)
+
+    rt = SimpleNamespace(engine=SimpleNamespace(waiting={"x": None}), submit=submit)  # the window is full
+    stored: dict[str, dict] = {}
+
+    def record(aid, outcome):
+        stored[aid] = outcome
+        raise OSError("disk full")  # logged; the gate goes on
+
+    gate = FairGate(rt, max_total=10, max_per_job=10, window=1, on_finished=record)
+    for aid in ("a1", "a2"):
+        assert gate.offer("j", SimpleNamespace(id=aid), 0.0) == aid and gate.held_state(aid) == "waiting"
+    rt.engine.waiting.clear()  # room: the gate hands them over
+    gate.pump()
+    assert stored["a1"]["status"] == "failed" and stored["a1"]["retryable"] is True
+    assert "its node is down" in stored["a1"]["error"]
+    assert stored["a2"]["status"] == "failed" and "retryable" not in stored["a2"]
+    assert not gate._held and not gate._by_id

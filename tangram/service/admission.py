@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tangram.core.errors import UnavailableError
+
 log = logging.getLogger("tangram.service")
 
 FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled"})
@@ -68,6 +70,7 @@ class FairGate:
         self._rr = itertools.count()
         self._cancelled: collections.OrderedDict[str, dict] = collections.OrderedDict()  # bounded
         self._task: asyncio.Task | None = None
+        self._closed = False
         self.refused = {429: 0, 503: 0}
 
     # ------------------------------------------------------------------ #
@@ -106,6 +109,8 @@ class FairGate:
 
     def offer(self, job: str, action: Any, received_at: float) -> str:
         """Accept ``action`` (submitted now, or held for its turn) or raise :class:`Refused`."""
+        if self._closed:  # shutting down: a request still arriving on an open connection
+            raise Refused(503, "the service is stopping", 1)
         if self.count(job) >= self.max_per_job:
             self.refused[429] += 1
             raise Refused(429, f"job {job!r} has {self.max_per_job} unfinished actions (service.max_queued_per_job)",
@@ -153,8 +158,11 @@ class FairGate:
                 if not held.submitted.done():
                     held.submitted.set_exception(exc)
                     held.submitted.exception()  # a waiter still gets it; without one it is recorded below
-                self._ended(held.action.id, {"id": held.action.id, "status": "failed",
-                                             "error": f"not started: {exc}", "allocation": {}})
+                outcome = {"id": held.action.id, "status": "failed", "error": f"not started: {exc}",
+                           "allocation": {}}
+                if isinstance(exc, UnavailableError):
+                    outcome["retryable"] = True  # not now (its node is down): resubmit
+                self._ended(held.action.id, outcome)
                 continue
             if not held.submitted.done():
                 held.submitted.set_result(None)
@@ -189,11 +197,11 @@ class FairGate:
                 del self._held[held.job]
         if not held.submitted.done():
             held.submitted.cancel()
-        self._cancelled[action_id] = {"id": action_id, "status": "cancelled", "error": "cancelled before it started",
-                                      "allocation": {}}
+        outcome = {"id": action_id, "status": "cancelled", "error": "cancelled before it started", "allocation": {}}
+        self._cancelled[action_id] = outcome
         while len(self._cancelled) > self.max_total:
             self._cancelled.popitem(last=False)
-        self._ended(action_id, self._cancelled[action_id])
+        self._ended(action_id, outcome)
         return True
 
     def _ended(self, action_id: str, outcome: dict) -> None:
@@ -211,6 +219,7 @@ class FairGate:
                 "max_total": self.max_total, "max_per_job": self.max_per_job, "refused": dict(self.refused)}
 
     async def close(self) -> None:
+        self._closed = True
         for aid in list(self._by_id):
             self.cancel_held(aid)
         if self._task is not None:

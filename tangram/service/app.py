@@ -117,7 +117,10 @@ def _runtime_ctx(factory: RuntimeFactory | None):
 async def _cancel_in_flight(app: web.Application) -> None:
     """On shutdown, before aiohttp waits for open handlers: cancel every action (killing its work),
     so waiting clients get a ``cancelled`` result at once instead of a dropped connection later."""
-    runtime = app.get(RUNTIME_KEY)
+    gate, runtime = app.get(GATE_KEY), app.get(RUNTIME_KEY)
+    if gate is not None:
+        # first: held actions are cancelled (and stored so), not handed to a closed runtime meanwhile
+        await gate.close()
     if runtime is not None:
         await runtime.close()  # idempotent: the cleanup context closes it again
 
