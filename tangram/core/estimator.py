@@ -97,7 +97,7 @@ class DurationEstimator:
         cls = action.action_class
         mean = self._durations.pop(cls, None) or _Mean()
         self._durations[cls] = mean  # now the most recently observed
-        dropped = self._drop_oldest() if len(self._durations) > self.max_classes else ()
+        dropped = self._drop_oldest() if len(self._durations) > max(self.max_classes, 1) else ()
         mean.add(exec_s, self._min_weight)
         if action.elasticity is not None and action.key is not None and units > 0:
             t1 = exec_s * action.elasticity.efficiency(units) * units

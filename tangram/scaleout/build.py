@@ -90,15 +90,15 @@ class Scaleout:
         self._closers.append(self.hosts.close)
         return manager, runners, models
 
-    def runtime(self, managers: list[Any], *, params: Any, **kw: Any) -> Any:
+    def runtime(self, managers: list[Any], *, params: Any, keep_results: int, **kw: Any) -> Any:
         from tangram.core.engine import Engine
         from tangram.scaleout.cluster import ClusterRuntime
         from tangram.scaleout.gate import DownNodes, gate_all
 
         down = DownNodes()
         # finished records no longer than the runtime keeps their results (service.keep_results)
-        engine = Engine(gate_all(managers, down), params=params, keep_finished=kw.get("keep_results", 100_000))
-        rt = ClusterRuntime(engine, down=down, give_up_s=self.options.give_up_s,
+        engine = Engine(gate_all(managers, down), params=params, keep_finished=keep_results)
+        rt = ClusterRuntime(engine, down=down, give_up_s=self.options.give_up_s, keep_results=keep_results,
                             closers=[*kw.pop("closers", ()), *self._closers], **kw)
         o = self.options
         rt.start_health(self.probes, interval_s=o.health_interval_s, timeout_s=o.health_timeout_s,
