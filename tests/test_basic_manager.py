@@ -255,6 +255,23 @@ def test_fixed_window_moves_onto_the_upstream_boundary():
     m.check_invariants()
 
 
+def test_sliding_units_another_client_spent_come_back_a_period_later():
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 4, "period_s": 1.0}}, clock=clock)
+    m.allocate("api:svc", 1, "a")
+    m.release("api:svc", "a")
+    # the upstream counted the whole quota: 3 calls are someone else's
+    m.observe_response("api:svc", 200, {"X-RateLimit-Remaining": "0"})
+    assert next(iter(m.pool_states())).free == 0
+    m.check_invariants()
+    assert m.next_wakeup(clock()) == pytest.approx(1.0)
+    clock.t = 1.0
+    assert next(iter(m.pool_states())).free == 4  # was 1, for good: their 3 units never came back
+    (p,) = m._pools.values()
+    assert (p.consumed, p.grants, p.expiry) == (0, {}, [])
+    m.check_invariants()
+
+
 def test_free_is_min_of_slots_and_quota():
     clock = Clock()
     m = BasicManager({"svc": {"concurrency": 2, "quota": 5, "period_s": 1.0}}, clock=clock)

@@ -298,7 +298,17 @@ class BasicManager(ResourceManager):
                 # the upstream's window ends at now + reset; keep what we counted (never refill on a move)
                 p.window_start = now + reset - period
         if lim.quota is not None and remaining is not None and (lim.window == FIXED or remaining == 0):
-            p.consumed = max(p.consumed, lim.quota - max(0, min(remaining, lim.quota)))
+            extra = lim.quota - max(0, min(remaining, lim.quota)) - p.consumed
+            if extra > 0 and lim.window == SLIDING:
+                # the other client's calls are counted as a grant that arrived now: it leaves the window
+                # a period later, as ours do (units counted without a grant never came back: the pool
+                # kept losing quota for good, down to none with no wake-up)
+                self._seq += 1
+                g = _Grant(now, extra)
+                g.released = now
+                p.grants[self._seq] = g
+                p.schedule_expiry(self._seq, g)
+            p.consumed += max(extra, 0)
             if lim.window == SLIDING and p.consumed == lim.quota and reset is not None:
                 p.blocked_until = max(p.blocked_until, now + reset)
         if status != 429:
