@@ -10,7 +10,8 @@ service (its nodes, pools, config: the same size after the run as after a warm-u
 documented cap, which the run passes many times over. The SQLite state is checked the same way, and
 again after a restart on it.
 
-Not covered here: http and model actions (no upstream, no GPU), Docker and several nodes, a crash.
+Not covered here: http and model actions (tests/test_runtime_cleanup_api.py), Docker and several nodes,
+a crash.
 """
 from __future__ import annotations
 
@@ -314,13 +315,14 @@ def _rows(db: sqlite3.Connection) -> dict[str, Any]:
     return out
 
 
-def _check_containers(svc, warm: dict[str, int]) -> dict[str, int]:
+def _check_containers(svc, warm: dict[str, int], per_service: dict[str, str] = PER_SERVICE,
+                      bounded: dict[str, int] | None = None) -> dict[str, int]:
     """Every container is empty, per service (no larger than after the warm-up) or within its cap."""
-    bounded = _bounded(svc.runtime)
+    bounded = _bounded(svc.runtime) if bounded is None else bounded
     left = {p: n for p, n in _census(svc.app, bounded).items() if n}
-    unnamed = {p: n for p, n in left.items() if not _named(p, PER_SERVICE) and not _named(p, bounded)}
+    unnamed = {p: n for p, n in left.items() if not _named(p, per_service) and not _named(p, bounded)}
     assert unnamed == {}, "per-action, per-trajectory or per-request state left behind"
-    grown = {p: (warm.get(p, 0), n) for p, n in left.items() if _named(p, PER_SERVICE) and n > warm.get(p, 0)}
+    grown = {p: (warm.get(p, 0), n) for p, n in left.items() if _named(p, per_service) and n > warm.get(p, 0)}
     assert grown == {}, "per-service containers grew with the work"
     over = {p: (n, bounded[_named(p, bounded)]) for p, n in left.items()
             if _named(p, bounded) and n > bounded[_named(p, bounded)]}
