@@ -22,7 +22,7 @@ from tangram.core import feasibility, skips
 from tangram.core.generating import Generating
 from tangram.core.last_round import LastRound
 from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_pools
-from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started
+from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started, check_grants
 from tangram.core.running import RunningView
 from tangram.managers.base import ResourceManager
 from tangram.policy.memo import drop_entries_of
@@ -476,13 +476,7 @@ class Engine:
         return feasibility.cap_to_capacity(action, self.pool_states() if pools is None else pools)
 
     def check_invariants(self) -> None:
-        for m in self.managers:
-            m.check_invariants()
-        held = {(p, h) for m in self.managers for p, hs in m.held().items() for h in hs}
-        expected = {(p, rid) for rid, rec in self.running.items() for p in rec.grants}
-        expected |= {(mp, h) for h, (mp, _) in self._placed_mem.items()}
-        if held and held != expected:
-            raise AssertionError(f"grants out of sync: leaked {sorted(held - expected)}, missing {sorted(expected - held)}")
+        check_grants(self.managers, self.running, self._placed_mem)
 
     # ------------------------------------------------------------------ #
     # introspection

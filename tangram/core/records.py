@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
 from tangram.core.grants import Grant
 from tangram.core.model import Action
@@ -60,3 +60,16 @@ class Started:
     @property
     def action(self) -> Action:
         return self.record.action
+
+
+def check_grants(managers: Iterable[Any], running: Mapping[str, ActionRecord],
+                 placed_mem: Mapping[str, tuple[str, int]]) -> None:
+    """Each manager's books balance, and together they hold exactly the running actions' grants and
+    the placed trajectories' memory (AssertionError naming what leaked or went missing)."""
+    for m in managers:
+        m.check_invariants()
+    held = {(p, h) for m in managers for p, hs in m.held().items() for h in hs}
+    expected = {(p, rid) for rid, rec in running.items() for p in rec.grants}
+    expected |= {(mp, h) for h, (mp, _) in placed_mem.items()}
+    if held and held != expected:
+        raise AssertionError(f"grants out of sync: leaked {sorted(held - expected)}, missing {sorted(expected - held)}")
