@@ -161,3 +161,16 @@ def test_a_range_past_every_node_is_capped_to_the_largest_pool_at_submit():
     with pytest.raises(UnschedulableError) as e:
         eng.submit(make_action("never", cpu=10 ** 9))
     assert e.value.field == "resources.cpu"
+
+
+def test_check_invariants_names_a_leaked_and_a_missing_grant():
+    eng, _ = make_engine(make_node("n0", cores=4))
+    eng.submit(make_action("a", cpu=2))
+    eng.check_invariants()  # balanced
+    rec = eng.running.pop("a")  # the engine forgot it, the manager still holds its grant
+    with pytest.raises(AssertionError, match=r"leaked \[\('cpu@n0', 'a'\)\]"):
+        eng.check_invariants()
+    eng.running["a"] = rec
+    eng.running["ghost"] = type(rec)(rec.action, 0.0, grants={"cpu@n0": rec.grants["cpu@n0"]})  # never granted
+    with pytest.raises(AssertionError, match=r"missing \[\('cpu@n0', 'ghost'\)\]"):
+        eng.check_invariants()
