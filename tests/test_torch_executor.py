@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import pytest
@@ -291,6 +292,36 @@ async def test_cancel_stops_between_batches_and_drops_the_restore():
     assert time.perf_counter() - t0 < 2.0
     assert ex._busy == {}  # the worker has stopped before the cancel returned
     assert ex.resident() == []  # no result, no confirmation: the half-used restore is dropped
+
+
+async def test_a_second_cancel_still_waits_for_the_worker():
+    """Cancelled again while the worker still restores (a second DELETE, the shutdown, the dispatcher's
+    safety net): execute returns only once the worker stopped, as the caller frees its grant on the
+    devices then (a next action there failed 'one action per GPU')."""
+    go = threading.Event()
+
+    def stuck():  # the master copy takes a while to build (a first restore from disk)
+        go.wait(30)
+        return Scorer()
+
+    register_model("stuck", stuck)
+    try:
+        ex = TorchGpuExecutor(num_virtual_devices=1)
+        task = asyncio.create_task(ex.execute(decision("stuck@dop1", Chunk(0, 1)),
+                                              {"model": "stuck", "op": "score", "inputs": [[1.0, 2.0, 3.0]]}))
+        while not ex._busy:
+            await asyncio.sleep(0.01)
+        for _ in range(2):
+            task.cancel()
+            await asyncio.sleep(0.05)
+        assert not task.done() and ex._busy  # still waiting for the worker
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ex._busy == {} and ex.resident() == []
+    finally:
+        go.set()
+        unregister_model("stuck")
 
 
 async def test_timeout_returns_timeout_and_frees_the_devices():

@@ -229,20 +229,25 @@ class TorchGpuExecutor:
             res = await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except asyncio.TimeoutError:
             cancel.set()
-            res = await asyncio.shield(fut)  # run() already dropped an unconfirmable restore
+            cancelled = await _join(fut)
+            res = fut.result()  # run() already dropped an unconfirmable restore
+            if cancelled:
+                self._drop_unconfirmed(decision, res)
+                raise asyncio.CancelledError from None
             if res.status == CANCELLED:
                 res.status, res.error = TIMEOUT, f"timed out after {timeout_s}s"
             return res
         except asyncio.CancelledError:
             cancel.set()
-            try:
-                res = await asyncio.shield(fut)
-            except BaseException:
-                res = None
-            if res is not None and res.restored and decision.service is not None:
-                self.evict(decision.service, decision.chunk.start)  # no result, no confirmation
+            await _join(fut)
+            res = None if fut.cancelled() or fut.exception() is not None else fut.result()
+            self._drop_unconfirmed(decision, res)
             raise
         return res
+
+    def _drop_unconfirmed(self, decision: CacheDecision, res: ExecResult | None) -> None:
+        if res is not None and res.restored and decision.service is not None:
+            self.evict(decision.service, decision.chunk.start)  # no result, no confirmation
 
     def infer(self, decision: CacheDecision, payload: Mapping[str, Any], *,
               cancel: threading.Event | None = None) -> list:
@@ -336,6 +341,19 @@ class TorchGpuExecutor:
         torch = _torch()
         if any(d.type == "cuda" for d in self.devices):
             torch.cuda.empty_cache()
+
+
+async def _join(fut: asyncio.Future) -> bool:
+    """Wait until the worker returned, even through further cancels (a second DELETE, the shutdown, the
+    dispatcher's safety net): its devices are in use until then, and the caller's grant on them is freed
+    once this returns (a next action there failed 'one action per GPU'). True if cancelled meanwhile."""
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.wait((fut,))  # never cancels fut
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def _materialize(master: _Master, device) -> Any:
