@@ -10,10 +10,9 @@ manager keeps no holder, in-flight grant, counted grant or expiry once a quota p
 manager no holder, lease or busy device, its service cache and the executor's device copies only the
 resident services, the same ones, within what the devices hold.
 
-Not covered here: a restore that raises (a model fails here in inference, after its restore), scale-out
-GPU hosts (Ray), the simulated GPU executor, a restart on this state (tests/test_runtime_cleanup.py does
-one), the idle connections aiohttp keeps to the upstream (only that no call the service gave up on stays
-open there).
+A restore that raises and a restart with http and model work in flight: tests/test_runtime_cleanup_gpu.py.
+Not covered: scale-out GPU hosts (Ray), the simulated GPU executor, the idle connections aiohttp keeps to
+the upstream (only that no call the service gave up on stays open there).
 """
 from __future__ import annotations
 
