@@ -76,7 +76,7 @@ class _Flaky:
         self.rate = 0.0  # past the plan, the chance a copy fails
         self.rng = random.Random(5)
         self.failed = 0  # copies that raised
-        self.slow_s = 0.5  # how long a "slow-fail" copy takes
+        self.slow_s = 1.0  # how long a "slow-fail" copy takes (a DELETE must land meanwhile on a loaded machine)
 
     def copy(self) -> None:
         with self.lock:
@@ -201,7 +201,7 @@ async def test_a_restore_that_raises_leaves_nothing_behind(tmp_path):
             assert (await c.wait_final(got["id"]))["status"] == "cancelled"
             # DELETEd twice while the copy is under way: the second DELETE must not end the action (and free
             # its devices) before the worker on them stopped
-            FLAKY.plan, FLAKY.slow_s = ["slow-fail"], 1.0
+            FLAKY.plan = ["slow-fail"]
             got = await c.post(_model("flaky", OK_ROW, 2), job="flaky", wait=False)
             await _until_status(c, got["id"], "running")
             first = asyncio.ensure_future(c.cancel(got["id"]))
