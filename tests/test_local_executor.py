@@ -267,6 +267,23 @@ async def test_cancel_kills_before_returning(either):
         assert [n for n in os.listdir(f"/sys/fs/cgroup/cpuset/{ex.cgroup_parent}") if n.startswith(ex._tag)] == []
 
 
+async def test_a_second_cancel_during_the_kill_grace_still_kills_before_returning(either):
+    """Cancelled again while waiting out the SIGTERM grace (a second DELETE, the shutdown): SIGKILL at
+    once, and the task still ends only after the tree is gone, since its cores are freed then."""
+    ex = either
+    ex.kill_grace_s = 30.0  # the second cancel lands inside it however loaded the machine
+    cmd = f"trap '' TERM; sleep 307.{TAG} & echo $! > bg.pid; while :; do sleep 0.05{TAG}; done"
+    task = asyncio.ensure_future(ex.exec("traj", cmd, Placement("c", "local", dop=1, cores=(CORES[0],))))
+    await _wait_file(os.path.join(ex.env_dir("traj"), "bg.pid"))
+    task.cancel()
+    await asyncio.sleep(0.05)  # inside the grace: the leader ignored SIGTERM
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert find_pids(f"sleep 307.{TAG}") == [] and find_pids(f"sleep 0.05{TAG}") == []  # the child, the leader
+
+
 # ---------------------------------------------------------------------- #
 # engine + CPU manager + local executor: nothing leaks on errors, timeouts, cancels, crashes
 
