@@ -130,6 +130,24 @@ async def test_docker_cancel_really_stops_inside_container(docker_ex):
     assert (await _sh(docker_ex, LIVE)).strip() == "0"
 
 
+async def test_docker_second_cancel_during_the_grace_still_kills_before_returning(docker_ex):
+    """Cancelled again while waiting out the SIGTERM grace (a second DELETE, the shutdown): SIGKILL at
+    once, and the task still ends only once nothing of the command runs, since its cores are freed then."""
+    docker_ex.kill_grace_s = 30.0  # the second cancel lands inside it however loaded the machine
+    task = asyncio.ensure_future(docker_ex.exec("traj", "trap '' TERM; while :; do sleep 0.0502; done",
+                                                Placement("c", "local", dop=1, cores=(CORES[0],))))
+    probe = "ps -eo pid,stat,args | awk '$2 !~ /^Z/' | grep -cE 'sleep 0.050[2]' || true"
+    while (await _sh(docker_ex, probe)).strip() == "0":  # running (the test's timeout bounds this)
+        await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.sleep(0.3)  # SIGTERM sent and ignored: the grace runs
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await _sh(docker_ex, probe)).strip() == "0"
+
+
 async def test_docker_background_leftovers_killed_after_normal_exit(docker_ex):
     r = await docker_ex.exec("traj", "sleep 304 & echo done", Placement("b", "local", dop=1))
     assert (r.status, r.stdout) == (SUCCEEDED, "done\n")

@@ -372,8 +372,14 @@ class DockerExecutor(EnvironmentExecutor):
             status, error = TIMEOUT, f"killed after {timeout_s:g} s"
             await self._kill_inside(cid, token, run)
         except asyncio.CancelledError:
-            # the kill runs to its end even if we are cancelled again
-            await asyncio.shield(asyncio.ensure_future(self._kill_inside(cid, token, run)))
+            # return once the kill ended even if cancelled again (cores are freed then); again: SIGKILL now
+            kill = asyncio.ensure_future(self._kill_inside(cid, token, run))
+            while not kill.done():
+                try:
+                    await asyncio.wait((kill,))
+                except asyncio.CancelledError:
+                    self._ctl(self._signal, cid, token, "KILL").add_done_callback(_quiet)
+            _quiet(kill)
             raise
         except Exception as e:  # the exec could not run (container stopped, OOM-killed) or the engine died
             return ExecResult(status=FAILED, error=f"docker exec in {cid[:12]}: {_why(e)}", isolation=isolation,
@@ -463,6 +469,10 @@ class DockerExecutor(EnvironmentExecutor):
             except Exception:
                 return
         log.error("docker executor: exec in %s did not end after SIGKILL", cid[:12])
+
+
+def _quiet(f: asyncio.Future) -> None:  # a kill's own failure is logged, never left unretrieved
+    f.cancelled() or f.exception() is None or log.warning("docker executor: a kill failed: %r", f.exception())
 
 
 def _send_and_close(sock: Any, data: bytes) -> None:
