@@ -8,9 +8,10 @@ returning, so the caller can give the units back safely.
 """
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tangram.core.grants import Grant
 
@@ -97,3 +98,18 @@ class EnvironmentExecutor(ABC):
 
     def detach(self) -> None:
         """Forget every environment without removing it (a shutdown that keeps them for the next start)."""
+
+
+async def wait_through_cancels(fut: asyncio.Future, on_cancel: Callable[[], Any] | None = None) -> bool:
+    """Wait until ``fut`` (the work that still holds the action's units: a kill, a worker thread) is done,
+    whatever cancels arrive meanwhile (a second DELETE, the shutdown): the caller gives the units back
+    once this returns. ``on_cancel`` runs at each (e.g. escalate a kill); True if cancelled meanwhile."""
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.wait((fut,))  # never cancels fut
+        except asyncio.CancelledError:
+            cancelled = True
+            if on_cancel is not None:
+                on_cancel()
+    return cancelled

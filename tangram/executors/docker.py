@@ -59,6 +59,7 @@ from tangram.executors.base import (
     EnvironmentExecutor,
     ExecResult,
     Placement,
+    wait_through_cancels,
 )
 from tangram.executors.docker_image import SANDBOX_IMAGE, SANDBOX_LABEL, ensure_image, sandbox_run_kwargs, update_cpus
 from tangram.executors.docker_scripts import KILL_ALL, KILLER, REAPER, WRAPPER
@@ -374,11 +375,8 @@ class DockerExecutor(EnvironmentExecutor):
         except asyncio.CancelledError:
             # return once the kill ended even if cancelled again (cores are freed then); again: SIGKILL now
             kill = asyncio.ensure_future(self._kill_inside(cid, token, run))
-            while not kill.done():
-                try:
-                    await asyncio.wait((kill,))
-                except asyncio.CancelledError:
-                    self._ctl(self._signal, cid, token, "KILL").add_done_callback(_quiet)
+            again = lambda: self._ctl(self._signal, cid, token, "KILL").add_done_callback(_quiet)  # noqa: E731
+            await wait_through_cancels(kill, again)
             _quiet(kill)
             raise
         except Exception as e:  # the exec could not run (container stopped, OOM-killed) or the engine died

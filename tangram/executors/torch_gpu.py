@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from tangram.core.grants import CacheDecision, parse_service
-from tangram.executors.base import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, ExecResult
+from tangram.executors.base import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, ExecResult, wait_through_cancels
 from tangram.executors.torch_models import (  # noqa: F401 - re-exported: the models this executor serves
     OPS,
     ActionCancelled,
@@ -229,7 +229,8 @@ class TorchGpuExecutor:
             res = await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except asyncio.TimeoutError:
             cancel.set()
-            cancelled = await _join(fut)
+            # the worker holds the devices until it returns (a next action there failed 'one action per GPU')
+            cancelled = await wait_through_cancels(fut)
             res = fut.result()  # run() already dropped an unconfirmable restore
             if cancelled:
                 self._drop_unconfirmed(decision, res)
@@ -239,7 +240,7 @@ class TorchGpuExecutor:
             return res
         except asyncio.CancelledError:
             cancel.set()
-            await _join(fut)
+            await wait_through_cancels(fut)
             res = None if fut.cancelled() or fut.exception() is not None else fut.result()
             self._drop_unconfirmed(decision, res)
             raise
@@ -341,19 +342,6 @@ class TorchGpuExecutor:
         torch = _torch()
         if any(d.type == "cuda" for d in self.devices):
             torch.cuda.empty_cache()
-
-
-async def _join(fut: asyncio.Future) -> bool:
-    """Wait until the worker returned, even through further cancels (a second DELETE, the shutdown, the
-    dispatcher's safety net): its devices are in use until then, and the caller's grant on them is freed
-    once this returns (a next action there failed 'one action per GPU'). True if cancelled meanwhile."""
-    cancelled = False
-    while not fut.done():
-        try:
-            await asyncio.wait((fut,))  # never cancels fut
-        except asyncio.CancelledError:
-            cancelled = True
-    return cancelled
 
 
 def _materialize(master: _Master, device) -> Any:
