@@ -284,6 +284,16 @@ async def _workload(c: Client, svc, rng: random.Random) -> list[str]:
     return reap
 
 
+async def _until(cond, what: str, timeout_s: float = 60.0) -> None:
+    """Wait (generously: no timed assert) until ``cond()``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"never {what}")
+        await asyncio.sleep(0.01)
+
+
 async def _quiet(svc, *, disconnected: bool = True, timeout_s: float = 60.0) -> None:
     """Wait (generously: no timed assert) until nothing runs, waits, is held or cleaned up; with
     ``disconnected``, also until every connection closed and its requests ended (a client keeps its

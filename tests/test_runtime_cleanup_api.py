@@ -41,6 +41,7 @@ from tests.test_runtime_cleanup import (
     _check_containers,
     _module_containers,
     _quiet,
+    _until,
     _rows,
 )
 
@@ -294,11 +295,8 @@ async def test_nothing_of_ended_http_and_model_actions_is_left(tmp_path):
             await _quiet(svc, disconnected=False)
             assert svc.app[WAITERS_KEY] == {}
         await _quiet(svc)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        while up.slow and loop.time() < deadline:  # the upstream sees every abandoned call's connection close
-            await asyncio.sleep(0.02)
-        assert up.slow == 0, "calls still open at the upstream"
+        await _until(lambda: up.slow == 0, "calls closed at the upstream (every abandoned call's connection)",
+                     timeout_s=20)
         for seen in (c.seen, cm.seen):
             assert all(seen[w] for w in ("succeeded", "failed", "timeout", "hung up")), (dict(c.seen), dict(cm.seen))
             assert seen["DELETE"] + seen["cancelled held"], (dict(c.seen), dict(cm.seen))

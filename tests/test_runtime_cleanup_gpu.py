@@ -43,6 +43,7 @@ from tests.test_runtime_cleanup import (
     _census,
     _check_containers,
     _quiet,
+    _until,
     _rows,
 )
 from tests.test_runtime_cleanup_api import (
@@ -133,16 +134,6 @@ def _check_device_memory(rt) -> None:
         state = next(p for p in gpu.pool_states() if p.name == pool)
         assert (state.free, set(state.resident)) == (GPUS, {s for s, _ in host._replicas}), state
         cache.check()
-
-
-async def _until(cond, what: str, timeout_s: float = 60.0) -> None:
-    """Wait (generously: no timed assert) until ``cond()``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"never {what}")
-        await asyncio.sleep(0.01)
 
 
 async def _until_status(c: Client, aid: str, status: str) -> None:
