@@ -22,10 +22,22 @@ ACT estimate's hot loops ran compiled (``tangram/policy/walk.py``, built by
 ``setup.py``). ``--against-source`` also times every size's round with the
 plain-Python loops, interleaved round by round in this process, and reports
 the per-round ratio compiled / source (``against_source``).
+
+Garbage collection: the objects that exist once the script has imported what it
+needs are frozen, as ``tangram serve`` freezes its own once it listens
+(``tangram/service/gc_pauses.py``); the queues built after are collected as usual.
+A full collection that falls inside a round is part of that round's time
+(``round_p99_ms``), but it scans the queues of all four sizes this process holds
+(~11 objects per queued action, 32,000 actions), more than one service's engine
+would: each size reports how many of its rounds held one
+(``rounds_with_full_collection``) and its p99 without their pauses
+(``round_p99_without_gc_ms``), and ``gc`` the collections of the whole
+measurement.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -43,7 +55,38 @@ from tangram.managers.base import CountingManager  # noqa: E402
 from tangram.policy.schedule import plan  # noqa: E402
 from tangram.policy.snapshot import Plan, PolicyParams  # noqa: E402
 
+from tangram.service.gc_pauses import freeze_startup_objects  # noqa: E402
+
 TRAJ_MEM_MB = 8192  # one sandbox's memory, as in the cpu-contended workload
+
+
+class _FullCollections:
+    """The process's full (oldest-generation) collections: their pauses, as they happen."""
+
+    def __init__(self) -> None:
+        self.pauses_ms: list[float] = []
+        self.total_ms = 0.0
+        self._t0 = 0.0
+
+    def __enter__(self) -> "_FullCollections":
+        gc.callbacks.append(self._on)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._on)  # a test runs main() in its own process: leave it as found
+
+    def _on(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            ms = (time.perf_counter() - self._t0) * 1e3
+            self.pauses_ms.append(ms)
+            self.total_ms += ms
+
+
+FULL = _FullCollections()
 
 
 def _hold(_snap) -> Plan:
@@ -95,6 +138,7 @@ class Size:
         eng.policy = plan
         self.rounds: list[float] = []
         self.round_cpu: list[float] = []
+        self.round_gc: list[float] = []  # ms of full collections inside each round
         self.events: list[float] = []
         self.scheduled = 0
 
@@ -106,10 +150,12 @@ class Size:
 
     def measure_round(self) -> None:
         eng = self.engine
+        g0 = FULL.total_ms
         c0, t0 = time.thread_time(), time.perf_counter()
         p = eng.policy(eng.snapshot())
         t1, c1 = time.perf_counter(), time.thread_time()
         self.rounds.append((t1 - t0) * 1e3)
+        self.round_gc.append(FULL.total_ms - g0)
         self.round_cpu.append((c1 - c0) * 1e3)
         self.scheduled = len(p.dispatches)
 
@@ -138,6 +184,7 @@ class Size:
 
     def result(self) -> dict:
         r, e, c = sorted(self.rounds), sorted(self.events), sorted(self.round_cpu)
+        without_gc = sorted(t - g for t, g in zip(self.rounds, self.round_gc))
         return {
             **self.spec,
             "round_median_ms": round(statistics.median(r), 4),
@@ -145,6 +192,8 @@ class Size:
             "round_min_ms": round(r[0], 4),
             "round_cpu_median_ms": round(statistics.median(c), 4),
             "round_cpu_p99_ms": round(_p99(c), 4),
+            "rounds_with_full_collection": sum(1 for g in self.round_gc if g > 0),
+            "round_p99_without_gc_ms": round(_p99(without_gc), 4),
             "scheduled": self.scheduled,
             "event_median_ms": round(statistics.median(e), 4) if e else None,
             "event_p99_ms": round(_p99(e), 4) if e else None,
@@ -212,11 +261,39 @@ def main(argv=None) -> int:
     ]
     if args.smoke:
         specs = [{**s, "queued": s["queued"] // 10} for s in specs]
+    frozen = freeze_startup_objects()  # as `tangram serve` does once built: the imports, not the queues
+    try:
+        with FULL:
+            out = _measure(args, specs, frozen)
+    finally:
+        gc.unfreeze()  # a test runs main() in its own process: leave it as found
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for r in out["sizes"]:
+            print(f"{r['cores']:>5} cores, {r['candidates']:>4} candidates, {r['queued']:>6} queued"
+                  f"{' (blocked on memory)' if r['blocked_on_memory'] else '':<21}: round median "
+                  f"{r['round_median_ms']:.3f} ms, p99 {r['round_p99_ms']:.3f} ms "
+                  f"(CPU {r['round_cpu_median_ms']:.3f} ms), {r['scheduled']} scheduled; "
+                  f"event median {r['event_median_ms']:.3f} ms, p99 {r['event_p99_ms']:.3f} ms")
+        print("growth:", json.dumps(out["growth"]))
+        print("full collections:", json.dumps(out["gc"]))
+        print("estimate compiled:", out["estimate_compiled"])
+        for r in out.get("against_source", ()):
+            print(f"{r['cores']:>5} cores, {r['queued']:>6} queued: round CPU {r['round_cpu_median_ms']:.3f} ms "
+                  f"against {r['source_round_cpu_median_ms']:.3f} ms with the plain-Python estimate "
+                  f"(per-round ratio {json.dumps(r['ratio'])})")
+    return 0
+
+
+def _measure(args, specs: list[dict], frozen: int) -> dict:
     sizes = [Size(seed=args.seed, **s) for s in specs]
     for s in sizes:
         s.measure_round()  # warm caches
         s.rounds.clear()
         s.round_cpu.clear()
+        s.round_gc.clear()
+    full_before = len(FULL.pauses_ms)
     for _ in range(args.repeats):  # interleaved: the sizes share the machine's noise
         for s in sizes:
             s.measure_round()
@@ -228,6 +305,7 @@ def main(argv=None) -> int:
         for s in sizes:
             s.measure_event()
     results = [s.result() for s in sizes]
+    full = sorted(FULL.pauses_ms[full_before:])
     base, big, blk2k, blk20k = sizes
     out = {
         "round_median_ms": results[0]["round_median_ms"],
@@ -236,6 +314,12 @@ def main(argv=None) -> int:
         "target_median_ms": 0.5,
         "estimate_compiled": bool(estimate._hot.COMPILED),
         "sizes": results,
+        "gc": {  # the process's full collections while measuring (all sizes' queues in one heap)
+            "frozen_at_start": frozen,
+            "full_collections": len(full),
+            "full_pause_median_ms": round(statistics.median(full), 3) if full else None,
+            "full_pause_max_ms": round(full[-1], 3) if full else None,
+        },
         "growth": {
             "cores_4x": _ratios(base.rounds, big.rounds),  # target <= 4
             "queued_10x_blocked": _ratios(blk2k.rounds, blk20k.rounds),  # target <= 2
@@ -246,22 +330,7 @@ def main(argv=None) -> int:
     }
     if against is not None:
         out["against_source"] = against
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for r in results:
-            print(f"{r['cores']:>5} cores, {r['candidates']:>4} candidates, {r['queued']:>6} queued"
-                  f"{' (blocked on memory)' if r['blocked_on_memory'] else '':<21}: round median "
-                  f"{r['round_median_ms']:.3f} ms, p99 {r['round_p99_ms']:.3f} ms "
-                  f"(CPU {r['round_cpu_median_ms']:.3f} ms), {r['scheduled']} scheduled; "
-                  f"event median {r['event_median_ms']:.3f} ms, p99 {r['event_p99_ms']:.3f} ms")
-        print("growth:", json.dumps(out["growth"]))
-        print("estimate compiled:", out["estimate_compiled"])
-        for r in out.get("against_source", ()):
-            print(f"{r['cores']:>5} cores, {r['queued']:>6} queued: round CPU {r['round_cpu_median_ms']:.3f} ms "
-                  f"against {r['source_round_cpu_median_ms']:.3f} ms with the plain-Python estimate "
-                  f"(per-round ratio {json.dumps(r['ratio'])})")
-    return 0
+    return out
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ PER_SERVICE = {
                                        "assert_whole)",
     "app.runtime.engine._owner": "pool -> its manager",
     "app.runtime.engine._generating._fixed": "one (empty) entry per node",
+    "app.metrics.gc_pauses*": "garbage-collection pauses: a count per bucket and a sum per generation",
 }
 
 

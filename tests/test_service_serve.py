@@ -49,9 +49,23 @@ async def test_serve_subprocess_with_token(tmp_path):
             assert s["pools"]["cpu@here"]["capacity"] == 1 and s["pools"]["mem@here"]["free"] == 128
             await c.delete_environment(env)
             assert (await c.stats())["pools"]["mem@here"]["free"] == 256
+            # the startup objects are frozen (no collection scans them again) and every pause is counted
+            metrics = await (await c._sess().get(f"{url}/metrics")).text()
+        frozen = _sample(metrics, "tangram_gc_frozen_objects")
+        assert frozen > 10_000, frozen  # the imports alone: aiohttp, yaml, prometheus_client, the service
+        assert "startup objects: garbage collections skip them" in srv.output()
+        assert _sample(metrics, 'tangram_gc_pause_seconds_count{generation="0"}') > 0  # 20+ actions allocate
     finally:
         rc = srv.stop(grace_s=20)
     assert rc == 0, srv.output()
+
+
+def _sample(text: str, name: str) -> float:
+    """The value of one sample (its name with labels) of a Prometheus text exposition."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
 
 
 def test_serve_reports_config_errors(tmp_path):

@@ -95,7 +95,11 @@ def _run(args) -> int:
         from tangram.service.app import create_app, start_site
 
         app = create_app(cfg)
+        from tangram.service.gc_pauses import freeze_startup_objects
+
         runner, port = await start_site(app, svc.host, svc.port)
+        # built and listening: what exists now lives as long as the process; no collection scans it again
+        frozen = freeze_startup_objects()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -106,6 +110,7 @@ def _run(args) -> int:
             print(f"tangram serve: bearer token in {svc.token_file}", flush=True)
         print(f"tangram serve: state in {svc.state_dir or 'memory only (nothing survives a restart)'}", flush=True)
         log = logging.getLogger("tangram.service")
+        log.info("froze %d startup objects: garbage collections skip them (docs/service.md)", frozen)
         if not svc.token:
             log.warning("--no-auth: no bearer token - anyone who can reach %s:%d can run commands here",
                         svc.host, port)

@@ -357,8 +357,10 @@ class Action(_WeakReferable):
             mem_mb=mem_mb,
             timeout_s=None if timeout_s is None else float(timeout_s),
             service=service,
-            payload=MappingProxyType(dict(payload or {})),
-            restore_s=MappingProxyType(restore),
+            # most actions have neither: one shared empty view (two fewer objects per queued action to
+            # allocate and for every full garbage collection to scan)
+            payload=MappingProxyType(dict(payload)) if payload else _EMPTY,
+            restore_s=MappingProxyType(restore) if restore else _EMPTY,
         )
 
     @property

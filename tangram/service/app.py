@@ -93,7 +93,11 @@ def _runtime_ctx(factory: RuntimeFactory | None):
             runtime = await made if inspect.isawaitable(made) else made
         app[RUNTIME_KEY] = runtime
         app[METRICS_KEY] = ServiceMetrics(runtime)
-        await reconcile(store, runtime)
+        try:
+            await reconcile(store, runtime)
+        except BaseException:
+            app[METRICS_KEY].close()  # the process's collection callback goes with the failed start
+            raise
         runtime.listeners.append(lambda job, outcome: store.finish_action(job.action.id, outcome.as_dict()))
         reap = (asyncio.get_running_loop().create_task(reaper(store, runtime, cfg.service.env_ttl_s))
                 if cfg.service.env_ttl_s > 0 else None)
@@ -110,6 +114,7 @@ def _runtime_ctx(factory: RuntimeFactory | None):
             await app[GATE_KEY].close()
             await runtime.close()
             store.close()
+            app[METRICS_KEY].close()
 
     return ctx
 

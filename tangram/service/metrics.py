@@ -6,6 +6,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from tangram.service.gc_pauses import GcPauses
+
 _ACT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
@@ -47,7 +49,12 @@ class ServiceMetrics:
         self.overhead = Histogram("tangram_action_overhead_seconds", "System time around the executor's run",
                                   buckets=_OVERHEAD_BUCKETS, registry=self.registry)
         self.registry.register(_PoolCollector(runtime))
+        self.gc_pauses = GcPauses()
+        self.registry.register(self.gc_pauses)
         runtime.listeners.append(self.observe)
+
+    def close(self) -> None:
+        self.gc_pauses.close()  # its callback is the process's: an app's end takes its own out
 
     def observe(self, job: Any, outcome: Any) -> None:
         t = outcome.timing
