@@ -11,7 +11,10 @@ subprocess and drives it with :class:`tangram.client.TangramClient`:
 2. the same command spawned directly with ``asyncio.create_subprocess_exec``
    (``bash -c true``, pipes, as the local executor does) for reference;
 3. 10,000 actions submitted with ``wait=false``, then polled: all complete,
-   none lost;
+   none lost. They are more than the service queues (``service.max_queued_per_job``
+   1,024, ``max_queued_total`` 4,096): the client waits on its refusals
+   (``admission_wait_s``), as the verl integration does, and the count of
+   refusals waited on is reported (``admission_waits``);
 4. the service's peak RSS (VmHWM).
 """
 from __future__ import annotations
@@ -114,6 +117,7 @@ async def direct_level(concurrency: int, total: int) -> dict:
 
 async def queued(c: TangramClient, n: int) -> dict:
     sem = asyncio.Semaphore(64)
+    waits0 = c.admission_waits
     before = (await c.stats())["actions"]
     done0 = sum(before.values())
 
@@ -141,7 +145,8 @@ async def queued(c: TangramClient, n: int) -> dict:
     whole = all(p["free"] == p["capacity"] for p in s["pools"].values())
     return {"actions": n, "unique_ids": len(set(ids)), "statuses": statuses,
             "lost": n - statuses.get("succeeded", 0), "submit_s": submitted, "wall_s": wall,
-            "actions_per_s": n / wall, "peak_queue_length": peak_queue, "pools_whole_after": whole}
+            "actions_per_s": n / wall, "peak_queue_length": peak_queue, "pools_whole_after": whole,
+            "admission_waits": c.admission_waits - waits0}
 
 
 async def main(args) -> dict:
@@ -149,7 +154,7 @@ async def main(args) -> dict:
     url = srv.url
     out: dict = {"cores": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
     try:
-        async with TangramClient(url, timeout_s=600) as c:
+        async with TangramClient(url, timeout_s=600, admission_wait_s=600) as c:
             out["exec"] = []
             for clients, total in ((1, args.n1), (64, args.n64), (512, args.n512)):
                 out["exec"].append(await exec_level(c, clients, total))
@@ -179,6 +184,7 @@ if __name__ == "__main__":
         for r in res["direct"]:
             print(f"direct x{r['concurrency']:>2}: {r['actions_per_s']:7.0f} spawns/s  latency p50 {r['latency_p50_ms']:.2f} ms")
         q = res["queued"]
-        print(f"queued {q['actions']}: lost {q['lost']}, {q['actions_per_s']:.0f} actions/s, peak queue {q['peak_queue_length']}")
+        print(f"queued {q['actions']}: lost {q['lost']}, {q['actions_per_s']:.0f} actions/s, peak queue {q['peak_queue_length']}, "
+              f"{q['admission_waits']} refusals waited on")
         print(f"service peak RSS {res['service_peak_rss_mb']:.0f} MiB")
     _ = statistics  # (kept for ad-hoc use)

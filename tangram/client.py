@@ -11,6 +11,17 @@ DELETE), and on any request when the connection could not even be opened
 retried: the action may already be running, and running it twice is worse
 than reporting the error.
 
+A request the service *refused for now* (``429`` or ``503`` with a
+``Retry-After`` header: its admission control, a node that is down; the
+service did nothing) is tried again after that many seconds (jittered, so that
+many waiting clients do not come back at once) for up to ``admission_wait_s``
+in all, 0 by default: raise at once. A client that sends more actions than the
+service queues (a rollout of thousands of trajectories) sets it to wait
+instead of failing (the verl integration does); the error, once the wait is
+spent, carries ``retry_after_s``. The time spent so is counted per client
+(``admission_waits``, ``admission_wait_s``) and per result
+(``ActionResult.admission_wait_s``).
+
 The token is ``token``, else the contents of ``token_file``, else the
 ``TANGRAM_TOKEN`` environment variable, else the file named by
 ``TANGRAM_TOKEN_FILE``, else ``~/.config/tangram/token`` when it exists
@@ -25,13 +36,18 @@ The token is ``token``, else the contents of ``token_file``, else the
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import os
+import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import aiohttp
 
 _IDEMPOTENT = frozenset({"GET", "DELETE", "HEAD"})
+_REFUSED_FOR_NOW = frozenset({429, 503})  # with Retry-After: the service did nothing, come back then
+_RETRY_AFTER_MAX_S = 300.0  # a longer Retry-After is waited for this long, then asked again
 
 
 DEFAULT_TOKEN_FILE = "~/.config/tangram/token"  # where `tangram serve` writes one when none is configured
@@ -62,16 +78,36 @@ def resolve_token(token: str | None = None, token_file: str | os.PathLike | None
     return value
 
 
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds from now (RFC 9110: delay-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None or when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
 class TangramHTTPError(Exception):
     """The service answered with an error status (or could not be reached / did not answer in time: status 0)."""
 
     def __init__(self, status: int, message: str, field: str | None = None, body: Any = None, *,
-                 timed_out: bool = False):
+                 timed_out: bool = False, retry_after_s: float | None = None):
         self.status = status
         self.message = message
         self.field = field
         self.body = body
         self.timed_out = timed_out
+        self.retry_after_s = retry_after_s  # the service's Retry-After: refused for now, not for good
         where = f" [{field}]" if field else ""
         super().__init__(f"HTTP {status}{where}: {message}")
 
@@ -98,6 +134,9 @@ class ActionResult:
     error: str | None = None
     allocation: dict[str, Any] = field(default_factory=dict)
     timing: Timing | None = None
+    # seconds this client waited, before the service took the action, because it refused it for now
+    # (its queues were full): not part of the service's timing, which starts once it takes the action
+    admission_wait_s: float = 0.0
 
     @property
     def finished(self) -> bool:
@@ -130,6 +169,7 @@ class TangramClient:
         retries: int = 3,
         retry_backoff_s: float = 0.2,
         max_connections: int = 0,
+        admission_wait_s: float = 0.0,
     ):
         self.base_url = base_url.rstrip("/")
         token = resolve_token(token, token_file)
@@ -139,6 +179,11 @@ class TangramClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
         self._retries = retries
         self._backoff = retry_backoff_s
+        if not admission_wait_s >= 0:
+            raise ValueError(f"admission_wait_s must be >= 0, got {admission_wait_s!r}")
+        self._admission_wait_s = float(admission_wait_s)
+        self.admission_waits = 0  # requests refused for now and tried again
+        self.admission_wait_s = 0.0  # seconds spent waiting so
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -175,27 +220,41 @@ class TangramClient:
 
     async def _request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, str] | None = None,
                        timeout_s: float | None = None, expect: tuple[int, ...] = (200,)) -> Any:
+        return (await self._request_waited(method, path, json=json, params=params, timeout_s=timeout_s,
+                                           expect=expect))[0]
+
+    async def _request_waited(self, method: str, path: str, *, json: Any = None,
+                              params: Mapping[str, str] | None = None, timeout_s: float | None = None,
+                              expect: tuple[int, ...] = (200,)) -> tuple[Any, float]:
+        """The answer's body, and the seconds spent waiting on refusals for now (admission_wait_s)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._timeout.sock_connect) \
             if timeout_s is not None else self._timeout
         idempotent = method in _IDEMPOTENT
         attempt = 0
+        waited = 0.0
         while True:
+            pause = None
             try:
                 async with self._sess().request(method, self.base_url + path, json=json, params=params,
                                                 timeout=timeout) as resp:
                     if resp.status == 204:
-                        return None
+                        return None, waited
                     if resp.status == 404 and attempt > 0 and method == "DELETE" and "environments" in path:
-                        return None  # the try that lost its connection had deleted it
+                        return None, waited  # the try that lost its connection had deleted it
                     try:
                         body = await resp.json(content_type=None)
                     except ValueError:
                         body = {"error": await resp.text()}
-                    if resp.status not in expect:
-                        msg = body.get("error") if isinstance(body, dict) else str(body)
+                    if resp.status in expect:
+                        return body, waited
+                    msg = body.get("error") if isinstance(body, dict) else str(body)
+                    retry_after = (retry_after_s(resp.headers.get("Retry-After"))
+                                   if resp.status in _REFUSED_FOR_NOW else None)
+                    pause = self._admission_pause(retry_after, waited)
+                    if pause is None:
                         raise TangramHTTPError(resp.status, msg or resp.reason or "error",
-                                               body.get("field") if isinstance(body, dict) else None, body)
-                    return body
+                                               body.get("field") if isinstance(body, dict) else None, body,
+                                               retry_after_s=retry_after)
             except asyncio.TimeoutError as exc:
                 # the deadline of this request: the service is stalled (or the action queued too long)
                 if not idempotent or attempt >= self._retries:
@@ -206,8 +265,25 @@ class TangramClient:
                 never_sent = isinstance(exc, aiohttp.ClientConnectorError)
                 if not (idempotent or never_sent) or attempt >= self._retries:
                     raise TangramHTTPError(0, f"cannot reach {self.base_url}: {exc}") from exc
+            if pause is not None:  # refused for now (the connection is back in the pool meanwhile)
+                self.admission_waits += 1
+                t0 = time.monotonic()
+                await asyncio.sleep(pause)
+                slept = time.monotonic() - t0
+                waited += slept
+                self.admission_wait_s += slept
+                continue
             await asyncio.sleep(self._backoff * (2 ** attempt))
             attempt += 1
+
+    def _admission_pause(self, retry_after: float | None, waited: float) -> float | None:
+        """How long to wait before asking again after a refusal for now; None: raise it."""
+        left = self._admission_wait_s - waited
+        if retry_after is None or left <= 0:
+            return None
+        # jittered upwards: clients refused together do not all come back in the same instant
+        pause = max(0.1, min(retry_after, _RETRY_AFTER_MAX_S)) * random.uniform(1.0, 1.5)
+        return min(pause, left)
 
     # -- API ------------------------------------------------------------- #
 
@@ -235,8 +311,10 @@ class TangramClient:
 
     async def run_action(self, action: Mapping[str, Any], *, timeout_s: float | None = None) -> ActionResult:
         """POST one action body and wait for its result (never retried)."""
-        out = await self._request("POST", "/v1/actions", json=dict(action), timeout_s=timeout_s)
-        return ActionResult.from_json(out)
+        out, waited = await self._request_waited("POST", "/v1/actions", json=dict(action), timeout_s=timeout_s)
+        result = ActionResult.from_json(out)
+        result.admission_wait_s = waited
+        return result
 
     async def exec(self, environment: str | None, command: str, *, cpu: int | Mapping[str, int] | list[int] = 1,
                    profile: str | None = None, timeout_s: float | None = None, mem_mb: int | None = None,

@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from tangram.client import ActionResult, TangramClient, TangramHTTPError, Timing
+from tangram.service.app import GATE_KEY
 from tests.service_helpers import assert_whole, running_service
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,3 +128,98 @@ def test_token_from_argument_file_or_environment(tmp_path, monkeypatch):
     assert resolve_token() == "written-by-serve"  # the file `tangram serve` writes by default
     c = TangramClient("http://127.0.0.1:1", token="from-arg")
     assert "from-arg" not in repr(c)
+
+
+ONE_CORE = [{"name": "local", "executor": "local", "cores": 1, "memory_mb": 4096}]
+
+
+async def test_refused_for_now_raises_at_once_by_default_and_says_when_to_come_back():
+    from tests.service_helpers import config
+
+    cfg = config(cpu_nodes=ONE_CORE, service={"max_queued_per_job": 2, "max_queued_total": 100})
+    async with running_service(cfg) as svc, svc.client() as c:
+        outcomes = await asyncio.gather(*(c.exec(None, "sleep 0.3") for _ in range(5)), return_exceptions=True)
+        refused = [o for o in outcomes if isinstance(o, TangramHTTPError)]
+        assert refused and all(e.status == 429 and e.retry_after_s >= 1 for e in refused), outcomes
+        assert c.admission_waits == 0
+        await _settled(svc)
+
+
+async def test_refused_for_now_waits_and_is_sent_again_within_admission_wait_s():
+    """Past the job's cap (429) and the service's (503) every action still runs, once: the client
+    waited as the service's Retry-After said, and each result says how long it waited."""
+    from tests.service_helpers import config
+
+    for caps in ({"max_queued_per_job": 2, "max_queued_total": 100}, {"max_queued_per_job": 100, "max_queued_total": 2}):
+        cfg = config(cpu_nodes=ONE_CORE, service=caps)
+        async with running_service(cfg) as svc, svc.client(admission_wait_s=120) as c:
+            rs = await asyncio.gather(*(c.exec(None, f"echo {i}; sleep 0.2") for i in range(6)))
+            assert [r.stdout for r in rs] == [f"{i}\n" for i in range(6)] and all(r.ok for r in rs)
+            refused = svc.app[GATE_KEY].refused
+            assert refused[429] + refused[503] == c.admission_waits > 0, (caps, refused)
+            waited = [r.admission_wait_s for r in rs]
+            assert sum(1 for w in waited if w > 0) >= 1 and sum(waited) <= c.admission_wait_s + 1e-6
+            assert min(w for w in waited if w > 0) >= 1.0  # at least the service's Retry-After (1 s here)
+            assert svc.runtime.statistics.counts.get(("exec", "succeeded")) == 6  # none ran twice
+            await _settled(svc)
+
+
+async def test_the_wait_is_bounded_and_a_refusal_without_retry_after_is_not_waited_for():
+    from aiohttp import web
+
+    hits = {"with": 0, "without": 0}
+
+    async def refuse_with(request):
+        hits["with"] += 1
+        return web.json_response({"error": "full"}, status=503, headers={"Retry-After": "1"})
+
+    async def refuse_without(request):
+        hits["without"] += 1
+        return web.json_response({"error": "slow down"}, status=429)
+
+    app = web.Application()
+    app.router.add_post("/with/v1/actions", refuse_with)
+    app.router.add_post("/without/v1/actions", refuse_without)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with TangramClient(f"http://127.0.0.1:{port}/with", admission_wait_s=1.5) as c:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            with pytest.raises(TangramHTTPError) as e:
+                await c.run_action({"kind": "exec", "command": "true"})
+            assert e.value.status == 503 and e.value.retry_after_s == 1.0
+            assert 1.5 <= loop.time() - t0 < 10 and 2 <= hits["with"] <= 3  # waited its 1.5 s, then raised
+            assert c.admission_waits == hits["with"] - 1 and 1.5 - 1e-3 <= c.admission_wait_s < 2.0
+        async with TangramClient(f"http://127.0.0.1:{port}/without", admission_wait_s=60) as c:
+            with pytest.raises(TangramHTTPError) as e:
+                await c.run_action({"kind": "exec", "command": "true"})
+            assert e.value.status == 429 and e.value.retry_after_s is None and hits["without"] == 1
+    finally:
+        await runner.cleanup()
+
+
+def test_retry_after_in_seconds_or_as_an_http_date():
+    import email.utils
+    import time
+
+    from tangram.client import retry_after_s
+
+    assert retry_after_s("7") == 7.0 and retry_after_s("0") == 0.0 and retry_after_s("-3") == 0.0
+    soon = email.utils.formatdate(time.time() + 120, usegmt=True)
+    assert 100 < retry_after_s(soon) <= 121
+    assert retry_after_s(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
+    for bad in (None, "", "soon", "nan"):
+        assert retry_after_s(bad) is None
+    with pytest.raises(ValueError, match="admission_wait_s"):
+        TangramClient("http://127.0.0.1:1", admission_wait_s=-1)
+
+
+async def _settled(svc) -> None:
+    from tests.service_helpers import settle
+
+    await settle(svc.runtime, timeout_s=20)
+    assert_whole(svc.runtime)

@@ -299,3 +299,38 @@ async def test_transient_errors_are_retried_within_the_deadline_then_raise():
     finally:
         await close_clients()
         await runner.cleanup()
+
+
+async def test_a_rollout_past_the_services_queue_caps_waits_instead_of_failing(tmp_path, monkeypatch):
+    """Six trajectories' tool calls at once against a service that queues two per job: the calls the
+    service refuses for now (429 + Retry-After) wait and run, none fails its sample, and the wait
+    shows in the step's metrics (tangram/admission_wait_mean_s)."""
+    from verl.tools.tool_registry import load_all_tools
+
+    from integrations.verl import metrics as tmetrics
+
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text("cpu_nodes:\n  - {name: local, executor: local, cores: 1, memory_mb: 4096}\ngpu_nodes: []\n"
+                   "service: {max_queued_per_job: 2, max_queued_total: 100}\n")
+    trajs = [SimpleNamespace(request_id=f"r{i}", tangram_trajectory=f"burst-{i}") for i in range(6)]
+    with serve(config=str(cfg)) as url:
+        monkeypatch.setenv("TANGRAM_URL", url)
+        tconfig.set_active(None)
+        sh = {t.name: t for t in load_all_tools(tool_config_path=str(EXAMPLE_YAML), function_tool_path=None)}[
+            "run_shell"]
+        try:
+            outs = await asyncio.gather(*(_call(sh, {"command": f"sleep 0.3; echo out-{i}"}, t)
+                                          for i, t in enumerate(trajs)))
+            for i, (resp, _, metrics) in enumerate(outs):
+                assert f"out-{i}" in resp.text and metrics["status"] == "succeeded", resp.text
+            records = [r for t in trajs for r in REGISTRY.records(t.tangram_trajectory)]
+            assert len(records) == 6 and sum(1 for r in records if r["admission_wait_s"] >= 1.0) >= 1
+            tmetrics.drain()  # what earlier tests published
+            tmetrics.publish(records)
+            m = tmetrics.drain()
+            assert m["tangram/actions"] == 6 and m["tangram/admission_wait_mean_s"] > 0
+        finally:
+            for t in trajs:
+                await REGISTRY.release(t.tangram_trajectory)
+            await close_clients()
+            tconfig.set_active(None)

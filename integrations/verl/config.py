@@ -56,6 +56,10 @@ class TangramSettings:
     # transient errors (unreachable, 502/503/504) are retried for at most retry_s before failing
     request_timeout_s: float = 3600.0
     retry_s: float = 60.0
+    # an action the service refused for now (429 / 503 with Retry-After: its queues are full, as when a
+    # batch of thousands of trajectories arrives at once) waits and is sent again for up to this long,
+    # as it would have waited in the service's queue, instead of failing its sample
+    admission_wait_s: float = 3600.0
 
     def merged(self, over: Mapping[str, Any] | None) -> "TangramSettings":
         if not over:

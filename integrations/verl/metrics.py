@@ -11,6 +11,8 @@ trainer's ``Tracking.log`` drains them into the step's metrics dict, under
 * ``tangram/queue_mean_s``   mean time an action waited for resources
 * ``tangram/overhead_mean_s`` mean scheduling/transport overhead
 * ``tangram/dop_mean``       mean degree of parallelism granted
+* ``tangram/admission_wait_mean_s`` mean time an action waited in this client before the service
+  took it (the service refused it for now: its queues were full; the other times start after)
 * ``tangram/failed``         samples whose rollout or reward the service failed (they raised)
 
 Transport: in a Ray job, one named actor (``tangram_metrics``, zero CPUs)
@@ -29,7 +31,7 @@ from typing import Any, Iterable, Mapping
 log = logging.getLogger("integrations.verl")
 
 ACTOR_NAME = "tangram_metrics"
-_FIELDS = ("actions", "exec_s", "queued_s", "overhead_s", "dop", "dop_n", "failed")
+_FIELDS = ("actions", "exec_s", "queued_s", "overhead_s", "admission_wait_s", "dop", "dop_n", "failed")
 
 
 class Accumulator:
@@ -58,6 +60,7 @@ def summarize(records: Iterable[Mapping[str, Any]], failed: int = 0) -> dict[str
         part["exec_s"] += float(r.get("exec_s") or 0.0)
         part["queued_s"] += float(r.get("queued_s") or 0.0)
         part["overhead_s"] += float(r.get("overhead_s") or 0.0)
+        part["admission_wait_s"] += float(r.get("admission_wait_s") or 0.0)
         if r.get("dop"):
             part["dop"] += float(r["dop"])
             part["dop_n"] += 1
@@ -117,6 +120,7 @@ def drain() -> dict[str, float]:
         "tangram/exec_mean_s": sums["exec_s"] / n if n else 0.0,
         "tangram/queue_mean_s": sums["queued_s"] / n if n else 0.0,
         "tangram/overhead_mean_s": sums["overhead_s"] / n if n else 0.0,
+        "tangram/admission_wait_mean_s": sums["admission_wait_s"] / n if n else 0.0,
         "tangram/dop_mean": sums["dop"] / sums["dop_n"] if sums["dop_n"] else 0.0,
         "tangram/failed": sums["failed"],
     }

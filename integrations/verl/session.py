@@ -62,11 +62,14 @@ def get_client(settings: TangramSettings) -> TangramClient:
     """The shared client of this event loop for ``settings.url`` / ``settings.token``."""
     loop = asyncio.get_running_loop()
     per_loop = _clients.setdefault(loop, {})
-    key = (settings.url.rstrip("/"), settings.token, settings.token_file, settings.request_timeout_s)
+    key = (settings.url.rstrip("/"), settings.token, settings.token_file, settings.request_timeout_s,
+           settings.admission_wait_s)
     c = per_loop.get(key)
     if c is None or c._closed:
+        # a rollout sends more actions than the service queues: one refused for now waits (Retry-After)
         c = per_loop[key] = TangramClient(settings.url, token=settings.token, token_file=settings.token_file,
-                                          timeout_s=settings.request_timeout_s)
+                                          timeout_s=settings.request_timeout_s,
+                                          admission_wait_s=settings.admission_wait_s)
     return c
 
 
@@ -148,6 +151,7 @@ def timing_record(kind: str, name: str, r: ActionResult) -> dict[str, Any]:
         "kind": kind, "name": name, "status": r.status,
         "queued_s": t.queued_s if t else 0.0, "exec_s": t.exec_s if t else 0.0,
         "overhead_s": t.overhead_s if t else 0.0,
+        "admission_wait_s": r.admission_wait_s,
         "dop": (r.allocation or {}).get("dop"),
     }
 
