@@ -9,6 +9,12 @@ address) until it finishes:
 * past ``max_total`` for the whole service, everyone gets ``503`` with
   ``Retry-After``.
 
+``Retry-After`` is when room is likely: the finishes that make it (one for the
+service; for a job, one of its own, about one in as many as there are jobs)
+at the rate actions have been finishing, 1 to 60 s. (It was the whole queue's
+drain time at the policy's default duration: clients told to wait a minute
+while the service drained in seconds and idled.)
+
 Fair sharing: the engine sees at most ``window`` waiting actions at once
 (enough for the policy's look-ahead). Past that, accepted actions wait
 here in one FIFO per job, and are handed to the engine round-robin across
@@ -23,12 +29,16 @@ import collections
 import itertools
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tangram.core.errors import UnavailableError
 
 log = logging.getLogger("tangram.service")
+
+_RATE_WEIGHT = 0.1  # of the newest gap between two finishes in their moving average
+_GAP_MAX_S = 60.0  # a longer gap (nothing ran) counts as this: Retry-After is at most 60 s anyway
 
 FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled"})
 
@@ -72,6 +82,13 @@ class FairGate:
         self._task: asyncio.Task | None = None
         self._closed = False
         self.refused = {429: 0, 503: 0}
+        self._job_of: dict[str, str] = {}  # submitted, unfinished action -> its job (the runtime tells its end)
+        # mean seconds between two finished actions (moving average): when a refused caller will find room
+        self._interval_s: float | None = None
+        self._last_finish: float | None = None
+        listeners = getattr(runtime, "listeners", None)
+        if listeners is not None:
+            listeners.append(self._on_finish)
 
     # ------------------------------------------------------------------ #
 
@@ -81,15 +98,36 @@ class FairGate:
         except Exception:  # noqa: BLE001 - forgotten by the runtime: long finished
             return True
 
+    def _on_finish(self, rjob: Any, _outcome: Any) -> None:
+        """A runtime listener: an action handed over here ended; its job counts one less at once."""
+        aid = rjob.action.id
+        job = self._job_of.pop(aid, None)
+        if job is not None:
+            live = self._live.get(job)
+            if live is not None:
+                live.discard(aid)
+                if not live:
+                    del self._live[job]
+        now = time.monotonic()
+        if self._last_finish is not None:
+            gap = min(now - self._last_finish, _GAP_MAX_S)  # an idle spell says nothing of the rate
+            self._interval_s = gap if self._interval_s is None else self._interval_s + _RATE_WEIGHT * (
+                gap - self._interval_s)
+        self._last_finish = now
+
     def _prune(self, job: str) -> None:
+        """Forget the ids of ``job`` that finished unseen by :meth:`_on_finish` (a runtime without listeners)."""
         live = self._live.get(job)
         if live:
-            live.difference_update([a for a in live if self._finished(a)])
+            done = [a for a in live if self._finished(a)]
+            live.difference_update(done)
+            for a in done:
+                self._job_of.pop(a, None)
             if not live:
                 self._live.pop(job, None)
 
     def count(self, job: str) -> int:
-        """Unfinished actions of ``job`` (finished ones are forgotten only when the count nears the cap)."""
+        """Unfinished actions of ``job`` (the runtime tells each end; a scan at the cap catches any it did not)."""
         n = len(self._live.get(job, ())) + len(self._held.get(job, ()))
         if n >= self.max_per_job:
             self._prune(job)
@@ -111,14 +149,18 @@ class FairGate:
         """Accept ``action`` (submitted now, or held for its turn) or raise :class:`Refused`."""
         if self._closed:  # shutting down: a request still arriving on an open connection
             raise Refused(503, "the service is stopping", 1)
-        if self.count(job) >= self.max_per_job:
+        n = self.count(job)
+        if n >= self.max_per_job:
             self.refused[429] += 1
+            # its room comes when one of its own ends: about one finish in as many as there are jobs
+            jobs = len(self._live.keys() | self._held.keys())
             raise Refused(429, f"job {job!r} has {self.max_per_job} unfinished actions (service.max_queued_per_job)",
-                          self._retry_after())
-        if self.total() >= self.max_total:
+                          self._retry_after((n - self.max_per_job + 1) * max(1, jobs)))
+        total = self.total()
+        if total >= self.max_total:
             self.refused[503] += 1
             raise Refused(503, f"the service holds {self.max_total} unfinished actions (service.max_queued_total)",
-                          self._retry_after())
+                          self._retry_after(total - self.max_total + 1))
         if not self._held and len(self.rt.engine.waiting) < self.window:
             self._submit(job, action, received_at)
             return action.id
@@ -133,12 +175,16 @@ class FairGate:
     def _submit(self, job: str, action: Any, received_at: float) -> None:
         self.rt.submit(action, received_at=received_at)
         self._live[job].add(action.id)
+        self._job_of[action.id] = job
 
-    def _retry_after(self) -> int:
-        """Seconds until room is likely: the queue ahead drained at the rate actions finish (at least 1)."""
-        running = max(1, len(self.rt.engine.running))
-        est = getattr(self.rt.engine.params, "default_duration_s", 1.0)
-        return max(1, min(60, math.ceil(est * (len(self.rt.engine.waiting) + len(self._by_id)) / running)))
+    def _retry_after(self, finishes: int) -> int:
+        """Seconds (1 to 60) until ``finishes`` more actions have likely ended, making room: at the rate
+        they have been ending. A caller told more waits while the service idles; told less, it is
+        refused again, which costs a request."""
+        interval = self._interval_s
+        if interval is None:  # none ended yet: the policy's default duration over what runs
+            interval = getattr(self.rt.engine.params, "default_duration_s", 1.0) / max(1, len(self.rt.engine.running))
+        return max(1, min(60, math.ceil(finishes * interval)))
 
     # ------------------------------------------------------------------ #
 
