@@ -125,10 +125,10 @@ async def test_a_hand_over_refused_for_now_is_stored_retryable():
 
     refusals = iter([UnavailableError("environment", "its node is down", 5), UnknownEnvironmentError("e1")])
 
-    def submit(action, received_at):
+    def submit(action, received_at, held_s=0.0):
         raise next(refusals)
 
-    rt = SimpleNamespace(engine=SimpleNamespace(waiting={"x": None}), submit=submit)  # the window is full
+    rt = SimpleNamespace(engine=SimpleNamespace(waiting={"x": None}), submit=submit, clock=lambda: 0.0)  # window full
     stored: dict[str, dict] = {}
 
     def record(aid, outcome):
@@ -195,3 +195,18 @@ def _ended(svc, ids) -> int:
         except UnknownActionError:
             pass
     return n
+
+
+async def test_time_held_at_the_gate_is_queueing_not_overhead():
+    """An action that waited at the gate for the engine's window reports that wait in queued_s (it was
+    overhead_s: under a burst, "overhead" of seconds that were queueing for cores)."""
+    cfg = config(cpu_nodes=ONE_CORE, service={"engine_window": 1})
+    async with running_service(cfg) as svc, aiohttp.ClientSession() as s:
+        for _ in range(3):  # one runs, one waits in the engine, one is held at the gate
+            assert (await _post(s, svc.url, "sleep 0.4", "j"))[0] == 202
+        st, held, _ = await _post(s, svc.url, "true", "j", wait=True)
+        assert st == 200 and held["status"] == "succeeded", held
+        t = held["timing"]
+        assert t["queued_s"] >= 0.6 and t["overhead_s"] < 0.3, t  # ~3 x 0.4 s behind the others
+        await settle(svc.runtime)
+        assert_whole(svc.runtime)

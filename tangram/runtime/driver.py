@@ -45,13 +45,15 @@ HTTP_429_DEADLINE_S = 600.0
 class Job:
     """Runtime-side state of one submitted action (what listeners are handed)."""
 
-    __slots__ = ("action", "kind", "received_at", "enqueued_at", "task", "done", "outcome", "env", "requeues")
+    __slots__ = ("action", "kind", "received_at", "enqueued_at", "held_s", "task", "done", "outcome", "env",
+                 "requeues")
 
     def __init__(self, action: Action, kind: str, received_at: float, env: Environment | None):
         self.action = action
         self.kind = kind
         self.received_at = received_at
         self.enqueued_at = received_at
+        self.held_s = 0.0  # waited for its turn before submit (the service's admission gate): queueing too
         self.task: asyncio.Task | None = None
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.outcome: ActionOutcome | None = None
@@ -144,8 +146,11 @@ class Runtime:
     # ------------------------------------------------------------------ #
     # running actions
 
-    def submit(self, action: Action, *, received_at: float | None = None) -> str:
-        """Queue ``action``; returns its id at once (raises UnschedulableError for a demand that can never fit)."""
+    def submit(self, action: Action, *, received_at: float | None = None, held_s: float = 0.0) -> str:
+        """Queue ``action``; returns its id at once (raises UnschedulableError for a demand that can never fit).
+
+        ``held_s``: seconds it already waited for its turn before this call (the service's admission
+        gate holds actions past the engine's window); its ``queued_s`` counts them, not ``overhead_s``."""
         if self._closed:
             raise RuntimeError("the runtime is closed")
         received_at = self.clock() if received_at is None else received_at
@@ -154,6 +159,7 @@ class Runtime:
         if action.id in self._jobs:
             raise UnschedulableError("id", f"action {action.id!r} was already submitted")
         job = Job(action, kind, received_at, env)
+        job.held_s = held_s if held_s > 0.0 else 0.0
         self._jobs[action.id] = job
         try:
             started = self.engine.submit(action)
@@ -353,11 +359,11 @@ class Runtime:
     def _finish(self, job: Job, result: ExecResult, placement: Placement | None, exec_s: float) -> None:
         a = job.action
         rec = self.engine.finished.get(a.id)
-        queued = 0.0
+        queued = job.held_s
         if rec is not None and rec.started_at is not None:
-            queued = max(0.0, rec.started_at - job.enqueued_at)
+            queued += max(0.0, rec.started_at - job.enqueued_at)
         elif rec is not None:
-            queued = max(0.0, rec.finished_at - job.enqueued_at)
+            queued += max(0.0, rec.finished_at - job.enqueued_at)
         if job.env is not None:
             job.env.active.discard(a.id)
         total = self.clock() - job.received_at

@@ -245,7 +245,7 @@ class ClusterRuntime(Runtime):
 
     # ------------------------------------------------------------------ #
 
-    def submit(self, action: Action, *, received_at: float | None = None) -> str:
+    def submit(self, action: Action, *, received_at: float | None = None, held_s: float = 0.0) -> str:
         t = action.trajectory
         if t is not None and t in self.suspended:
             node, why, since = self.suspended[t]
@@ -261,7 +261,7 @@ class ClusterRuntime(Runtime):
                 f"environment {t!r} lived on node {node!r}, which went down ({why}); its files and "
                 f"processes are gone: delete it and create a new environment")
         try:
-            return super().submit(action, received_at=received_at)
+            return super().submit(action, received_at=received_at, held_s=held_s)
         except UnschedulableError as exc:
             if not len(self.down) or isinstance(exc, EnvironmentLostError):
                 raise

@@ -58,6 +58,7 @@ class _Held:
     action: Any
     received_at: float
     job: str
+    held_at: float  # the runtime's clock when it began to wait here
     submitted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -166,14 +167,14 @@ class FairGate:
             return action.id
         if action.id in self._by_id:
             raise ValueError(f"action {action.id!r} was already submitted")
-        held = _Held(action, received_at, job)
+        held = _Held(action, received_at, job, self.rt.clock())
         self._held.setdefault(job, collections.deque()).append(held)
         self._by_id[action.id] = held
         self._ensure_pump()
         return action.id
 
-    def _submit(self, job: str, action: Any, received_at: float) -> None:
-        self.rt.submit(action, received_at=received_at)
+    def _submit(self, job: str, action: Any, received_at: float, held_s: float = 0.0) -> None:
+        self.rt.submit(action, received_at=received_at, held_s=held_s)  # held here: queueing, not overhead
         self._live[job].add(action.id)
         self._job_of[action.id] = job
 
@@ -199,7 +200,7 @@ class FairGate:
                 del self._held[job]
             del self._by_id[held.action.id]
             try:
-                self._submit(job, held.action, held.received_at)
+                self._submit(job, held.action, held.received_at, self.rt.clock() - held.held_at)
             except Exception as exc:  # noqa: BLE001 - e.g. its environment was deleted meanwhile
                 if not held.submitted.done():
                     held.submitted.set_exception(exc)
