@@ -20,7 +20,9 @@ service queues (a rollout of thousands of trajectories) sets it to wait
 instead of failing (the verl integration does); the error, once the wait is
 spent, carries ``retry_after_s``. The time spent so is counted per client
 (``admission_waits``, ``admission_wait_s``) and per result
-(``ActionResult.admission_wait_s``).
+(``ActionResult.admission_wait_s``). ``job`` names the client's job
+(``X-Tangram-Job``), which the service's caps and fair share count by; without
+it, the client's address is its job.
 
 The token is ``token``, else the contents of ``token_file``, else the
 ``TANGRAM_TOKEN`` environment variable, else the file named by
@@ -170,10 +172,15 @@ class TangramClient:
         retry_backoff_s: float = 0.2,
         max_connections: int = 0,
         admission_wait_s: float = 0.0,
+        job: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         token = resolve_token(token, token_file)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if job is not None:  # the service's admission caps and fair share count per job (else per address)
+            if not isinstance(job, str) or not job or len(job) > 128 or not job.isprintable():
+                raise ValueError(f"job: must be 1 to 128 printable characters, got {job!r}")
+            self._headers["X-Tangram-Job"] = job
         # no total timeout by default: an action may legitimately queue for minutes
         self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)

@@ -223,3 +223,26 @@ async def _settled(svc) -> None:
 
     await settle(svc.runtime, timeout_s=20)
     assert_whole(svc.runtime)
+
+
+async def test_a_named_job_has_its_own_cap_and_share():
+    """Two clients on one address, each naming its job (X-Tangram-Job): one at its cap is refused, the
+    other is not; unnamed, they would be one job (the address)."""
+    from tests.service_helpers import config
+
+    cfg = config(cpu_nodes=ONE_CORE, service={"max_queued_per_job": 2, "max_queued_total": 100})
+    async with running_service(cfg) as svc, svc.client(job="run-a") as a, svc.client(job="run-b") as b, \
+            svc.client() as anon:
+        ids = [await a.submit({"kind": "exec", "command": "sleep 30"}) for _ in range(2)]
+        with pytest.raises(TangramHTTPError) as e:
+            await a.submit({"kind": "exec", "command": "true"})
+        assert e.value.status == 429 and "'run-a'" in e.value.message
+        ids.append(await b.submit({"kind": "exec", "command": "true"}))  # its own cap
+        ids.append(await anon.submit({"kind": "exec", "command": "true"}))  # the address's
+        assert {"run-a", "run-b"} <= set(svc.app[GATE_KEY]._live) | set(svc.app[GATE_KEY]._held)
+        for aid in ids:
+            await a.cancel(aid)
+        await _settled(svc)
+    for bad in ("", "x" * 129, "a\nb", 7):
+        with pytest.raises(ValueError, match="job"):
+            TangramClient("http://127.0.0.1:1", job=bad)

@@ -60,6 +60,9 @@ class TangramSettings:
     # batch of thousands of trajectories arrives at once) waits and is sent again for up to this long,
     # as it would have waited in the service's queue, instead of failing its sample
     admission_wait_s: float = 3600.0
+    # the job the service's admission caps and fair share count this run's actions under (X-Tangram-Job):
+    # name it when several runs share one service; None: the service counts by the caller's address
+    job: str | None = None
 
     def merged(self, over: Mapping[str, Any] | None) -> "TangramSettings":
         if not over:
@@ -85,6 +88,7 @@ def settings_from_env() -> TangramSettings:
         url=os.environ.get("TANGRAM_URL") or DEFAULT_URL,
         token=os.environ.get("TANGRAM_TOKEN") or None,
         token_file=os.environ.get("TANGRAM_TOKEN_FILE") or None,
+        job=os.environ.get("TANGRAM_JOB") or None,
     )
 
 

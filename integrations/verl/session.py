@@ -63,13 +63,13 @@ def get_client(settings: TangramSettings) -> TangramClient:
     loop = asyncio.get_running_loop()
     per_loop = _clients.setdefault(loop, {})
     key = (settings.url.rstrip("/"), settings.token, settings.token_file, settings.request_timeout_s,
-           settings.admission_wait_s)
+           settings.admission_wait_s, settings.job)
     c = per_loop.get(key)
     if c is None or c._closed:
         # a rollout sends more actions than the service queues: one refused for now waits (Retry-After)
         c = per_loop[key] = TangramClient(settings.url, token=settings.token, token_file=settings.token_file,
                                           timeout_s=settings.request_timeout_s,
-                                          admission_wait_s=settings.admission_wait_s)
+                                          admission_wait_s=settings.admission_wait_s, job=settings.job)
     return c
 
 

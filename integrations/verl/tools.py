@@ -30,7 +30,7 @@ from tangram.client import TangramHTTPError
 log = logging.getLogger("integrations.verl")
 
 _SETTING_KEYS = ("url", "token", "token_file", "image", "memory_mb", "env_ttl_s", "tool_timeout_s",
-                 "request_timeout_s", "retry_s", "admission_wait_s")
+                 "request_timeout_s", "retry_s", "admission_wait_s", "job")
 
 
 def trajectory_key(agent_data: Any) -> str | None:
