@@ -19,8 +19,9 @@ in all, 0 by default: raise at once. A client that sends more actions than the
 service queues (a rollout of thousands of trajectories) sets it to wait
 instead of failing (the verl integration does); the error, once the wait is
 spent, carries ``retry_after_s``. The time spent so is counted per client
-(``admission_waits``, ``admission_wait_s``) and per result
-(``ActionResult.admission_wait_s``). ``job`` names the client's job
+(``admission_waits``, ``admission_waited_s``) and per result of
+``run_action`` / ``exec`` (``ActionResult.admission_wait_s``; a ``submit``'s
+only in the counters). ``job`` names the client's job
 (``X-Tangram-Job``), which the service's caps and fair share count by; without
 it, the client's address is its job.
 
@@ -89,11 +90,14 @@ def retry_after_s(value: str | None) -> float | None:
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):
             return None
         if when is None or when.tzinfo is None:
             return None
-        seconds = when.timestamp() - time.time()
+        try:
+            seconds = when.timestamp() - time.time()
+        except (OverflowError, ValueError, OSError):  # a date beyond what the platform represents
+            return None
     if seconds != seconds:  # NaN
         return None
     return max(0.0, seconds)
@@ -189,8 +193,8 @@ class TangramClient:
         if not admission_wait_s >= 0:
             raise ValueError(f"admission_wait_s must be >= 0, got {admission_wait_s!r}")
         self._admission_wait_s = float(admission_wait_s)
-        self.admission_waits = 0  # requests refused for now and tried again
-        self.admission_wait_s = 0.0  # seconds spent waiting so
+        self.admission_waits = 0  # refusals for now waited on (counted once each wait ended)
+        self.admission_waited_s = 0.0  # seconds spent waiting so
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -273,12 +277,17 @@ class TangramClient:
                 if not (idempotent or never_sent) or attempt >= self._retries:
                     raise TangramHTTPError(0, f"cannot reach {self.base_url}: {exc}") from exc
             if pause is not None:  # refused for now (the connection is back in the pool meanwhile)
-                self.admission_waits += 1
                 t0 = time.monotonic()
-                await asyncio.sleep(pause)
-                slept = time.monotonic() - t0
-                waited += slept
-                self.admission_wait_s += slept
+                try:
+                    await asyncio.sleep(pause)
+                finally:  # a cancelled wait counts too: the two counters move together
+                    slept = time.monotonic() - t0
+                    waited += slept
+                    self.admission_waits += 1
+                    self.admission_waited_s += slept
+                if self._closed:
+                    raise TangramHTTPError(0, f"the client was closed while {method} {path} waited to be "
+                                              "sent again (the service had refused it for now)")
                 continue
             await asyncio.sleep(self._backoff * (2 ** attempt))
             attempt += 1
@@ -309,7 +318,8 @@ class TangramClient:
             body["memory_mb"] = memory_mb
         if labels is not None:
             body["labels"] = dict(labels)
-        # not retried: a retried POST could create a second environment nobody deletes
+        # not retried once sent (a second environment nobody deletes), but for a refusal for now, which
+        # created nothing (admission_wait_s)
         out = await self._request("POST", "/v1/environments", json=body, timeout_s=timeout_s, expect=(201,))
         return out["id"]
 
@@ -317,7 +327,8 @@ class TangramClient:
         await self._request("DELETE", f"/v1/environments/{env_id}", timeout_s=timeout_s, expect=(204,))
 
     async def run_action(self, action: Mapping[str, Any], *, timeout_s: float | None = None) -> ActionResult:
-        """POST one action body and wait for its result (never retried)."""
+        """POST one action body and wait for its result (never sent twice once the service may have taken
+        it; a refusal for now is waited on, see ``admission_wait_s``)."""
         out, waited = await self._request_waited("POST", "/v1/actions", json=dict(action), timeout_s=timeout_s)
         result = ActionResult.from_json(out)
         result.admission_wait_s = waited

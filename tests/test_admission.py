@@ -210,3 +210,71 @@ async def test_time_held_at_the_gate_is_queueing_not_overhead():
         assert t["queued_s"] >= 0.6 and t["overhead_s"] < 0.3, t  # ~3 x 0.4 s behind the others
         await settle(svc.runtime)
         assert_whole(svc.runtime)
+
+
+async def test_a_refusal_writes_nothing_to_the_state(tmp_path):
+    """A refused POST costs no write (it was an INSERT and a DELETE, two fsyncs on the event loop, for
+    each of the clients that come back every second or so), and its Idempotency-Key stays free."""
+    cfg = config(cpu_nodes=ONE_CORE, service={"max_queued_per_job": 1, "max_queued_total": 100,
+                                              "state_dir": str(tmp_path / "state")})
+    async with running_service(cfg) as svc, aiohttp.ClientSession() as s:
+        from tangram.service.app import STATE_KEY
+
+        db = svc.app[STATE_KEY].db
+        st, first, _ = await _post(s, svc.url, "sleep 30", "j")
+        assert st == 202
+        before = db.total_changes
+        for i in range(5):
+            async with s.post(f"{svc.url}/v1/actions?wait=false", json={"kind": "exec", "command": "true"},
+                              headers={"X-Tangram-Job": "j", "Idempotency-Key": f"k{i}"}) as r:
+                assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+        assert db.total_changes == before
+        assert all(svc.app[STATE_KEY].action_for_key(f"k{i}") is None for i in range(5))
+        async with s.delete(f"{svc.url}/v1/actions/{first['id']}") as r:
+            assert r.status in (200, 202)
+        await settle(svc.runtime)
+
+
+def test_the_finish_rate_leaves_out_idle_spells_and_cancellations(monkeypatch):
+    """The moving gap between finishes is fed by runs that ended while work went on: a burst of
+    cancellations does not make it 0, an idle hour does not make it 60 s. A heavy job at its cap is
+    told its share of the finishes, not one in as many as there are jobs."""
+    from types import SimpleNamespace
+
+    import tangram.service.admission as adm
+
+    now = [1000.0]
+    monkeypatch.setattr(adm.time, "monotonic", lambda: now[0])
+    eng = SimpleNamespace(running={"r": 1}, waiting={}, params=SimpleNamespace(default_duration_s=1.0))
+    rt = SimpleNamespace(engine=eng, listeners=[], clock=lambda: now[0])
+    gate = adm.FairGate(rt, max_total=100, max_per_job=10, window=4)
+    assert rt.listeners == [gate._on_finish] and gate._told_ends
+
+    def end(status="succeeded", step=0.5):
+        now[0] += step
+        gate._on_finish(SimpleNamespace(action=SimpleNamespace(id=f"a{now[0]}")), SimpleNamespace(status=status))
+
+    for _ in range(40):
+        end()
+    assert abs(gate._interval_s - 0.5) < 1e-6
+    for _ in range(50):
+        end("cancelled", step=0.0)  # an environment deleted with 50 actions in it
+    assert abs(gate._interval_s - 0.5) < 1e-6
+    eng.running.clear()
+    end()  # the last run ends: the service goes idle
+    now[0] += 3600.0
+    eng.running["r"] = 1
+    end(step=0.5)  # the first end after the idle hour: no gap measured across it
+    assert abs(gate._interval_s - 0.5) < 1e-6
+    end(step=0.5)
+    assert abs(gate._interval_s - 0.5) < 1e-6
+    # a job at its cap of 10 unfinished among 12: one of its own ends in about 1.2 finishes
+    gate._live["heavy"] = {f"h{i}" for i in range(10)}
+    gate._live["t1"], gate._live["t2"] = {"x"}, {"y"}
+    with pytest.raises(adm.Refused) as e:
+        gate.check("heavy")
+    assert e.value.status == 429 and e.value.retry_after_s == 1  # ceil(1 x 0.5 s x 12 / 10)
+    gate._interval_s = 5.0
+    with pytest.raises(adm.Refused) as e:
+        gate.check("heavy")
+    assert e.value.retry_after_s == 6  # ceil(5 s x 1.2); one in three jobs would say 15

@@ -158,7 +158,7 @@ async def test_refused_for_now_waits_and_is_sent_again_within_admission_wait_s()
             refused = svc.app[GATE_KEY].refused
             assert refused[429] + refused[503] == c.admission_waits > 0, (caps, refused)
             waited = [r.admission_wait_s for r in rs]
-            assert sum(1 for w in waited if w > 0) >= 1 and sum(waited) <= c.admission_wait_s + 1e-6
+            assert sum(1 for w in waited if w > 0) >= 1 and sum(waited) <= c.admission_waited_s + 1e-6
             assert min(w for w in waited if w > 0) >= 1.0  # at least the service's Retry-After (1 s here)
             assert svc.runtime.statistics.counts.get(("exec", "succeeded")) == 6  # none ran twice
             await _settled(svc)
@@ -193,7 +193,7 @@ async def test_the_wait_is_bounded_and_a_refusal_without_retry_after_is_not_wait
                 await c.run_action({"kind": "exec", "command": "true"})
             assert e.value.status == 503 and e.value.retry_after_s == 1.0
             assert 1.5 <= loop.time() - t0 < 10 and 2 <= hits["with"] <= 3  # waited its 1.5 s, then raised
-            assert c.admission_waits == hits["with"] - 1 and 1.5 - 1e-3 <= c.admission_wait_s < 2.0
+            assert c.admission_waits == hits["with"] - 1 and 1.5 - 1e-3 <= c.admission_waited_s < 2.0
         async with TangramClient(f"http://127.0.0.1:{port}/without", admission_wait_s=60) as c:
             with pytest.raises(TangramHTTPError) as e:
                 await c.run_action({"kind": "exec", "command": "true"})
@@ -246,3 +246,29 @@ async def test_a_named_job_has_its_own_cap_and_share():
     for bad in ("", "x" * 129, "a\nb", 7):
         with pytest.raises(ValueError, match="job"):
             TangramClient("http://127.0.0.1:1", job=bad)
+
+
+async def test_closing_the_client_ends_a_request_waiting_to_be_let_in():
+    from aiohttp import web
+
+    async def refuse(request):
+        return web.json_response({"error": "full"}, status=503, headers={"Retry-After": "1"})
+
+    app = web.Application()
+    app.router.add_post("/v1/actions", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        c = TangramClient(f"http://127.0.0.1:{port}", admission_wait_s=600)
+        task = asyncio.create_task(c.run_action({"kind": "exec", "command": "true"}))
+        await asyncio.sleep(0.5)  # refused at once, then waiting its Retry-After (1-1.5 s)
+        assert not task.done()
+        await c.close()
+        with pytest.raises(TangramHTTPError) as e:
+            await asyncio.wait_for(task, 5)
+        assert e.value.status == 0 and "closed" in e.value.message
+    finally:
+        await runner.cleanup()

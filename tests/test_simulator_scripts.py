@@ -78,11 +78,10 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
     assert out["estimate_compiled"] is estimate._hot.COMPILED and "against_source" not in out
     # its imports frozen as `tangram serve` freezes its own; the process left as found
     import gc
-    assert out["gc"]["frozen_at_start"] > 1000 and out["gc"]["full_collections"] >= 0
+    assert out["gc"]["frozen_at_start"] > 1000
     assert gc.get_freeze_count() == 0 and bench.FULL._on not in gc.callbacks
-    for size in out["sizes"]:
-        assert 0 <= size["rounds_with_full_collection"] <= 3
-        assert size["round_p99_without_gc_ms"] <= size["round_p99_ms"] + 1e-9
+    # a collection falls in one round at most: the rounds that held one are no more than the collections
+    assert sum(size["rounds_with_full_collection"] for size in out["sizes"]) <= out["gc"]["full_collections"]
 
 
 def test_bench_scheduler_times_the_plain_estimate_side_by_side(capsys):

@@ -52,7 +52,8 @@ class TangramSettings:
     reward_cpu_max: int = 8
     reward_timeout_s: float = 600.0
     tool_timeout_s: float = 120.0
-    # client side: no request to the service waits longer than this (queueing included), and
+    # client side: no request to the service waits longer than this (its queueing there included; a
+    # wait to be let in, admission_wait_s, comes on top), and
     # transient errors (unreachable, 502/503/504) are retried for at most retry_s before failing
     request_timeout_s: float = 3600.0
     retry_s: float = 60.0

@@ -45,15 +45,14 @@ HTTP_429_DEADLINE_S = 600.0
 class Job:
     """Runtime-side state of one submitted action (what listeners are handed)."""
 
-    __slots__ = ("action", "kind", "received_at", "enqueued_at", "held_s", "task", "done", "outcome", "env",
-                 "requeues")
+    __slots__ = ("action", "kind", "received_at", "enqueued_at", "held_s", "task", "done", "outcome", "env", "requeues")
 
-    def __init__(self, action: Action, kind: str, received_at: float, env: Environment | None):
+    def __init__(self, action: Action, kind: str, received_at: float, env: Environment | None, held_s: float = 0.0):
         self.action = action
         self.kind = kind
         self.received_at = received_at
         self.enqueued_at = received_at
-        self.held_s = 0.0  # waited for its turn before submit (the service's admission gate): queueing too
+        self.held_s = max(held_s, 0.0)  # waited for its turn before submit (the service's gate): queueing too
         self.task: asyncio.Task | None = None
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.outcome: ActionOutcome | None = None
@@ -147,10 +146,7 @@ class Runtime:
     # running actions
 
     def submit(self, action: Action, *, received_at: float | None = None, held_s: float = 0.0) -> str:
-        """Queue ``action``; returns its id at once (raises UnschedulableError for a demand that can never fit).
-
-        ``held_s``: seconds it already waited for its turn before this call (the service's admission
-        gate holds actions past the engine's window); its ``queued_s`` counts them, not ``overhead_s``."""
+        """Queue ``action``; its id (UnschedulableError if it can never fit). ``held_s``: already held at the gate."""
         if self._closed:
             raise RuntimeError("the runtime is closed")
         received_at = self.clock() if received_at is None else received_at
@@ -158,8 +154,7 @@ class Runtime:
         env = self.env_registry.get(action.trajectory) if action.trajectory is not None else None
         if action.id in self._jobs:
             raise UnschedulableError("id", f"action {action.id!r} was already submitted")
-        job = Job(action, kind, received_at, env)
-        job.held_s = held_s if held_s > 0.0 else 0.0
+        job = Job(action, kind, received_at, env, held_s)
         self._jobs[action.id] = job
         try:
             started = self.engine.submit(action)

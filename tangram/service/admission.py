@@ -10,8 +10,8 @@ address) until it finishes:
   ``Retry-After``.
 
 ``Retry-After`` is when room is likely: the finishes that make it (one for the
-service; for a job, one of its own, about one in as many as there are jobs)
-at the rate actions have been finishing, 1 to 60 s. (It was the whole queue's
+service; for a job, one of its own: about one in total / its share) at the rate
+actions have been finishing (runs that ended, idle spells left out), 1 to 60 s. (It was the whole queue's
 drain time at the policy's default duration: clients told to wait a minute
 while the service drained in seconds and idled.)
 
@@ -38,7 +38,8 @@ from tangram.core.errors import UnavailableError
 log = logging.getLogger("tangram.service")
 
 _RATE_WEIGHT = 0.1  # of the newest gap between two finishes in their moving average
-_GAP_MAX_S = 60.0  # a longer gap (nothing ran) counts as this: Retry-After is at most 60 s anyway
+_GAP_MAX_S = 60.0  # a longer gap counts as this: Retry-After is at most 60 s anyway
+_RAN = frozenset({"succeeded", "failed", "timeout"})  # ends that measure how fast work ends
 
 FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled"})
 
@@ -90,6 +91,7 @@ class FairGate:
         listeners = getattr(runtime, "listeners", None)
         if listeners is not None:
             listeners.append(self._on_finish)
+        self._told_ends = listeners is not None  # else finished ids are found by a scan at the caps
 
     # ------------------------------------------------------------------ #
 
@@ -109,12 +111,16 @@ class FairGate:
                 live.discard(aid)
                 if not live:
                     del self._live[job]
+        if _outcome.status not in _RAN:
+            return  # a cancelled or refused one: a burst of them says nothing of how fast work ends
         now = time.monotonic()
         if self._last_finish is not None:
-            gap = min(now - self._last_finish, _GAP_MAX_S)  # an idle spell says nothing of the rate
+            gap = min(now - self._last_finish, _GAP_MAX_S)
             self._interval_s = gap if self._interval_s is None else self._interval_s + _RATE_WEIGHT * (
                 gap - self._interval_s)
-        self._last_finish = now
+        # nothing left running or waiting: the next gap would hold an idle spell, not a rate
+        eng = self.rt.engine
+        self._last_finish = now if (eng.running or eng.waiting or self._by_id) else None
 
     def _prune(self, job: str) -> None:
         """Forget the ids of ``job`` that finished unseen by :meth:`_on_finish` (a runtime without listeners)."""
@@ -130,14 +136,14 @@ class FairGate:
     def count(self, job: str) -> int:
         """Unfinished actions of ``job`` (the runtime tells each end; a scan at the cap catches any it did not)."""
         n = len(self._live.get(job, ())) + len(self._held.get(job, ()))
-        if n >= self.max_per_job:
+        if n >= self.max_per_job and not self._told_ends:
             self._prune(job)
             n = len(self._live.get(job, ())) + len(self._held.get(job, ()))
         return n
 
     def total(self) -> int:
         n = self._live_total() + len(self._by_id)
-        if n >= self.max_total:
+        if n >= self.max_total and not self._told_ends:
             for job in list(self._live):
                 self._prune(job)
             n = self._live_total() + len(self._by_id)
@@ -146,22 +152,26 @@ class FairGate:
     def _live_total(self) -> int:
         return sum(len(v) for v in self._live.values())
 
-    def offer(self, job: str, action: Any, received_at: float) -> str:
-        """Accept ``action`` (submitted now, or held for its turn) or raise :class:`Refused`."""
+    def check(self, job: str) -> None:
+        """Raise :class:`Refused` if ``job`` could not be offered an action now. Cheap, and it writes
+        nothing: the service calls it before recording the action, so a refusal costs no write."""
         if self._closed:  # shutting down: a request still arriving on an open connection
             raise Refused(503, "the service is stopping", 1)
         n = self.count(job)
+        total = self.total()
         if n >= self.max_per_job:
             self.refused[429] += 1
-            # its room comes when one of its own ends: about one finish in as many as there are jobs
-            jobs = len(self._live.keys() | self._held.keys())
+            # its room comes when one of its own ends: about one finish in total / n (its share)
             raise Refused(429, f"job {job!r} has {self.max_per_job} unfinished actions (service.max_queued_per_job)",
-                          self._retry_after((n - self.max_per_job + 1) * max(1, jobs)))
-        total = self.total()
+                          self._retry_after((n - self.max_per_job + 1) * max(1, total) / n))
         if total >= self.max_total:
             self.refused[503] += 1
             raise Refused(503, f"the service holds {self.max_total} unfinished actions (service.max_queued_total)",
                           self._retry_after(total - self.max_total + 1))
+
+    def offer(self, job: str, action: Any, received_at: float) -> str:
+        """Accept ``action`` (submitted now, or held for its turn) or raise :class:`Refused`."""
+        self.check(job)
         if not self._held and len(self.rt.engine.waiting) < self.window:
             self._submit(job, action, received_at)
             return action.id
@@ -178,7 +188,7 @@ class FairGate:
         self._live[job].add(action.id)
         self._job_of[action.id] = job
 
-    def _retry_after(self, finishes: int) -> int:
+    def _retry_after(self, finishes: float) -> int:
         """Seconds (1 to 60) until ``finishes`` more actions have likely ended, making room: at the rate
         they have been ending. A caller told more waits while the service idles; told less, it is
         refused again, which costs a request."""

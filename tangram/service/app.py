@@ -111,10 +111,12 @@ def _runtime_ctx(factory: RuntimeFactory | None):
         finally:
             if reap is not None:
                 reap.cancel()
-            await app[GATE_KEY].close()
-            await runtime.close()
-            store.close()
-            app[METRICS_KEY].close()
+            try:
+                await app[GATE_KEY].close()
+                await runtime.close()
+                store.close()
+            finally:
+                app[METRICS_KEY].close()  # the process's collection callback, whatever failed above
 
     return ctx
 
@@ -330,12 +332,14 @@ async def post_action(request: web.Request) -> web.Response:
         return await _answer_existing(request, seen, wait)  # a resubmission: never run twice
     action = rt.build_action(**kwargs)
     gate = request.app[GATE_KEY]
+    job = job_of(request.headers, lambda: request.remote)
+    gate.check(job)  # a refusal for now writes nothing (clients come back every second or so)
     try:
         store.record_action(action.id, idem_key=key, environment=kwargs.get("environment"))
     except sqlite3.IntegrityError:  # the same key raced in: answer that one
         return await _answer_existing(request, store.action_for_key(key), wait)
     try:
-        action_id = gate.offer(job_of(request.headers, lambda: request.remote), action, received)
+        action_id = gate.offer(job, action, received)  # no await since the check: the same answer
     except BaseException:
         store.forget_action(action.id)
         raise

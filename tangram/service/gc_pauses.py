@@ -4,9 +4,11 @@ CPython's full (oldest-generation) collection scans every GC-tracked object the 
 and the event loop stands still while it runs: every action, HTTP request and round waits.
 A service that loaded torch and transformers holds ~225,000 such objects from its imports alone
 (one full collection: ~130 ms on this project's 2-core machine; ~21 ms without them), none of
-which ever becomes garbage. ``tangram serve`` freezes what exists once it listens
-(:func:`freeze_startup_objects`, ``gc.freeze()``): frozen objects are skipped by every later
-collection, and still freed by reference counting if they go. What the queue holds stays
+which ever becomes garbage. ``tangram serve`` freezes what exists once it is built, before it
+listens (:func:`freeze_startup_objects`, ``gc.freeze()``): frozen objects are skipped by every
+later collection and still freed by reference counting if they go, but one that ends in a
+reference cycle is never freed: that is bounded by what exists at start (the imports, config,
+executors, environments restored from the state), once. What the queue holds stays
 collected as usual (~11 tracked objects per queued action: at 8,000 queued a full collection
 still takes ~15 ms); ``tangram_gc_pause_seconds`` shows what the collections cost, per
 generation, so an operator sees a pause before it is a mystery in the ACT.
