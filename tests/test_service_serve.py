@@ -142,3 +142,31 @@ def test_profile_store(tmp_path):
     p.write_text("{oops")
     with pytest.raises(ProfileStoreError):
         load_profiles(p)
+
+
+async def test_serve_raises_its_open_files_limit_so_a_rollout_of_waiting_actions_fits(tmp_path):
+    """Started with a soft limit of 256 open files (a login shell's is often 1,024), the service raises
+    it to the hard limit: 400 actions waiting at once (a socket each, pipes for the running ones) all
+    succeed. Under 256 they failed by the hundreds ("Too many open files" in accept and the spawns)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.fail(f"this machine's hard limit on open files is {hard}: the test needs 2,048")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the child inherits it
+    try:
+        srv = _start(["--port", "0", "--no-auth", "--state-dir", str(tmp_path / "state")])
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        limits = Path(f"/proc/{srv.pid}/limits").read_text()
+        line = next(x for x in limits.splitlines() if x.startswith("Max open files")).split()
+        want = min(hard, 1 << 20) if hard != resource.RLIM_INFINITY else 1 << 20
+        assert int(line[3]) == want, line
+        assert "open files limit raised from 256" in srv.output()
+        async with TangramClient(srv.url, timeout_s=300) as c:
+            rs = await asyncio.gather(*(c.exec(None, "true") for _ in range(400)))
+        assert [r.status for r in rs].count("succeeded") == 400, {r.error for r in rs if not r.ok}
+    finally:
+        rc = srv.stop(grace_s=30)
+    assert rc == 0, srv.output()

@@ -127,6 +127,10 @@ def _run(args) -> int:
             await runner.cleanup()  # cancels running actions, removes environments
 
     _use_pidfd_child_watcher()
+    raised = raise_open_files_limit()
+    if raised is not None:
+        logging.getLogger("tangram.service").info("open files limit raised from %d to %d (every waiting "
+                                                  "request holds a socket, every running action pipes)", *raised)
     try:
         asyncio.run(serve())
     except ConfigError as exc:
@@ -200,3 +204,22 @@ def _use_pidfd_child_watcher() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
+
+
+def raise_open_files_limit(cap: int = 1 << 20) -> tuple[int, int] | None:
+    """Raise this process's soft limit on open files to its hard limit (at most ``cap``); returns
+    ``(old, new)`` when it did. Each request waiting for its action holds a socket and each running
+    action three pipes, and a login shell's usual soft limit, 1,024, is a rollout's worth: past it
+    ``accept`` and the spawns fail (400 waiting actions under a limit of 256 failed 265 of them
+    with "Too many open files"). The commands inherit it, as a container's do."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return None
+    return soft, target
