@@ -334,3 +334,25 @@ async def test_a_rollout_past_the_services_queue_caps_waits_instead_of_failing(t
                 await REGISTRY.release(t.tangram_trajectory)
             await close_clients()
             tconfig.set_active(None)
+
+
+async def test_a_command_the_service_ended_without_an_exit_code_breaks_the_trajectory_loudly(tools, service):
+    """The trajectory's environment deleted while its command runs: the action ends cancelled with no exit
+    code. That is not the model's doing and has no result to show: the tool says the service failed and
+    marks the trajectory (its reward then raises) instead of handing the model '[cancelled: ...]' as the
+    command's output to be scored."""
+    sh = tools["run_shell"]
+    traj = SimpleNamespace(request_id="req-cut", tangram_trajectory="traj-cut", extra_fields={})
+    try:
+        call = asyncio.create_task(_call(sh, {"command": "sleep 30"}, traj))
+        while REGISTRY.environment_of("traj-cut") is None or (await _stats(service))["pools"]["cpu@local"]["used"] == 0:
+            await asyncio.sleep(0.05)
+        async with TangramClient(service) as c:
+            await c.delete_environment(REGISTRY.environment_of("traj-cut"))
+        resp, reward, metrics = await asyncio.wait_for(call, 30)
+        assert resp.text.startswith("Error: the sandbox service failed") and "cancelled" in resp.text, resp.text
+        assert metrics["status"] == "error" and "tool run_shell" in traj.extra_fields["tangram_error"]
+        assert [r["status"] for r in traj.extra_fields["tangram_trace"]] == ["cancelled"]
+    finally:
+        REGISTRY._t.pop("traj-cut", None)
+        await close_clients()

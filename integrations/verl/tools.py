@@ -133,12 +133,15 @@ class TangramSandboxTool(_TangramTool):
         except (TangramHTTPError, TangramServiceError) as exc:
             return self._failed(exc, key, agent_data)
         rec = REGISTRY.record(key, "exec", self.name, r)
+        if r.exit_code is None and r.status in ("failed", "cancelled"):
+            # the command never ran to an exit code: the service failed or cancelled it (an executor crash,
+            # not started, its environment deleted), not the model: no result to show, a broken trajectory
+            return self._failed(TangramServiceError(
+                f"the service {r.status} the command before it ended: {r.error or 'no reason given'}"), key, agent_data)
         limit = int(self.config.get("max_output_chars") or 8000)
         parts = []
         if r.status == "timeout":
             parts.append("[timed out]")
-        elif r.status != "succeeded" and r.exit_code is None:
-            parts.append(f"[{r.status}: {r.error or ''}]")
         out = (r.stdout or "")[-limit:]
         err = (r.stderr or "")[-limit:]
         if out:
