@@ -203,6 +203,9 @@ class TangramApiTool(_TangramTool):
         except (TangramHTTPError, TangramServiceError) as exc:
             return self._failed(exc, key, kwargs.get("agent_data"))
         rec = REGISTRY.record(key, "http", self.name, r)
+        if r.status == "cancelled":  # by someone else (this call still waits): no answer to show the model
+            return self._failed(TangramServiceError(f"the service cancelled the call: {r.error or 'no reason given'}"),
+                                key, kwargs.get("agent_data"))
         out = r.output if isinstance(r.output, dict) else {}
         payload = out.get("body")
         text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
