@@ -356,3 +356,38 @@ async def test_a_command_the_service_ended_without_an_exit_code_breaks_the_traje
     finally:
         REGISTRY._t.pop("traj-cut", None)
         await close_clients()
+
+
+async def test_an_api_call_the_service_cancelled_breaks_the_trajectory_loudly(tools, service, search_api, monkeypatch):
+    """An API call cancelled by someone else (here a DELETE of it on the real service while it waits for
+    the pool) has no answer to show: the trajectory is marked broken. An upstream's own error stays the
+    call's answer (test_api_tool_goes_through_the_api_pool covers the answers)."""
+    import socket
+
+    from tangram.client import TangramClient as Client
+
+    silent = socket.socket()  # an upstream that takes the connection and never answers: the call waits
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    api = tools["search"]
+    api.config["endpoint"] = f"http://127.0.0.1:{silent.getsockname()[1]}/search"
+    blocker_done = asyncio.Event()
+
+    async def cancelled_by_someone_else(self, body, *, timeout_s=None):
+        aid = await self.submit(body)
+        await self.cancel(aid)  # as an operator's DELETE would
+        blocker_done.set()
+        return await self.wait(aid, timeout_s=30)
+
+    monkeypatch.setattr(Client, "run_action", cancelled_by_someone_else)
+    traj = SimpleNamespace(request_id="req-api-cut", extra_fields={})
+    try:
+        resp, _, metrics = await _call(api, {"query": "q"}, traj)
+        assert blocker_done.is_set()
+        assert resp.text.startswith("Error: the sandbox service failed") and "cancelled" in resp.text, resp.text
+        assert metrics["status"] == "error" and "tool search" in traj.extra_fields["tangram_error"]
+    finally:
+        api.config["endpoint"] = search_api
+        silent.close()
+        await REGISTRY.release("req-api-cut")
+        await close_clients()
