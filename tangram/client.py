@@ -182,8 +182,8 @@ class TangramClient:
         token = resolve_token(token, token_file)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         if job is not None:  # the service's admission caps and fair share count per job (else per address)
-            if not isinstance(job, str) or not job or len(job) > 128 or not job.isprintable():
-                raise ValueError(f"job: must be 1 to 128 printable characters, got {job!r}")
+            if not isinstance(job, str) or not job or len(job) > 128 or not (job.isascii() and job.isprintable()):
+                raise ValueError(f"job: must be 1 to 128 printable ASCII characters, got {job!r}")
             self._headers["X-Tangram-Job"] = job
         # no total timeout by default: an action may legitimately queue for minutes
         self._timeout_s = timeout_s

@@ -243,7 +243,7 @@ async def test_a_named_job_has_its_own_cap_and_share():
         for aid in ids:
             await a.cancel(aid)
         await _settled(svc)
-    for bad in ("", "x" * 129, "a\nb", 7):
+    for bad in ("", "x" * 129, "a\nb", "jöb", 7):
         with pytest.raises(ValueError, match="job"):
             TangramClient("http://127.0.0.1:1", job=bad)
 
