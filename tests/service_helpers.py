@@ -118,3 +118,22 @@ REPO = Path(__file__).resolve().parent.parent
 def start_serve(args: list[str], *, wait_s: float = 60.0) -> ServeProcess:
     """``tangram serve ARGS`` as a subprocess of this checkout, once it listens (``.url``, ``.stop()``)."""
     return launch.start_serve(args, wait_s=wait_s, cwd=REPO)
+
+
+@contextlib.asynccontextmanager
+async def local_app(routes: list[tuple[str, str, Any]]) -> AsyncIterator[str]:
+    """A bare aiohttp app on a free loopback port serving ``(method, path, handler)`` routes: its URL
+    (a test's stand-in for an upstream or a misbehaving service), removed on exit."""
+    from aiohttp import web
+
+    app = web.Application()
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    finally:
+        await runner.cleanup()

@@ -7,7 +7,7 @@ import pytest
 
 from tangram.client import ActionResult, TangramClient, TangramHTTPError, Timing
 from tangram.service.app import GATE_KEY
-from tests.service_helpers import assert_whole, running_service
+from tests.service_helpers import assert_whole, config, local_app, running_service, settle
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -134,8 +134,6 @@ ONE_CORE = [{"name": "local", "executor": "local", "cores": 1, "memory_mb": 4096
 
 
 async def test_refused_for_now_raises_at_once_by_default_and_says_when_to_come_back():
-    from tests.service_helpers import config
-
     cfg = config(cpu_nodes=ONE_CORE, service={"max_queued_per_job": 2, "max_queued_total": 100})
     async with running_service(cfg) as svc, svc.client() as c:
         outcomes = await asyncio.gather(*(c.exec(None, "sleep 0.3") for _ in range(5)), return_exceptions=True)
@@ -148,8 +146,6 @@ async def test_refused_for_now_raises_at_once_by_default_and_says_when_to_come_b
 async def test_refused_for_now_waits_and_is_sent_again_within_admission_wait_s():
     """Past the job's cap (429) and the service's (503) every action still runs, once: the client
     waited as the service's Retry-After said, and each result says how long it waited."""
-    from tests.service_helpers import config
-
     for caps in ({"max_queued_per_job": 2, "max_queued_total": 100}, {"max_queued_per_job": 100, "max_queued_total": 2}):
         cfg = config(cpu_nodes=ONE_CORE, service=caps)
         async with running_service(cfg) as svc, svc.client(admission_wait_s=120) as c:
@@ -177,16 +173,9 @@ async def test_the_wait_is_bounded_and_a_refusal_without_retry_after_is_not_wait
         hits["without"] += 1
         return web.json_response({"error": "slow down"}, status=429)
 
-    app = web.Application()
-    app.router.add_post("/with/v1/actions", refuse_with)
-    app.router.add_post("/without/v1/actions", refuse_without)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        async with TangramClient(f"http://127.0.0.1:{port}/with", admission_wait_s=1.5) as c:
+    async with local_app([("POST", "/with/v1/actions", refuse_with),
+                          ("POST", "/without/v1/actions", refuse_without)]) as url:
+        async with TangramClient(f"{url}/with", admission_wait_s=1.5) as c:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             with pytest.raises(TangramHTTPError) as e:
@@ -194,12 +183,10 @@ async def test_the_wait_is_bounded_and_a_refusal_without_retry_after_is_not_wait
             assert e.value.status == 503 and e.value.retry_after_s == 1.0
             assert 1.5 <= loop.time() - t0 < 10 and 2 <= hits["with"] <= 3  # waited its 1.5 s, then raised
             assert c.admission_waits == hits["with"] - 1 and 1.5 - 1e-3 <= c.admission_waited_s < 2.0
-        async with TangramClient(f"http://127.0.0.1:{port}/without", admission_wait_s=60) as c:
+        async with TangramClient(f"{url}/without", admission_wait_s=60) as c:
             with pytest.raises(TangramHTTPError) as e:
                 await c.run_action({"kind": "exec", "command": "true"})
             assert e.value.status == 429 and e.value.retry_after_s is None and hits["without"] == 1
-    finally:
-        await runner.cleanup()
 
 
 def test_retry_after_in_seconds_or_as_an_http_date():
@@ -219,8 +206,6 @@ def test_retry_after_in_seconds_or_as_an_http_date():
 
 
 async def _settled(svc) -> None:
-    from tests.service_helpers import settle
-
     await settle(svc.runtime, timeout_s=20)
     assert_whole(svc.runtime)
 
@@ -228,8 +213,6 @@ async def _settled(svc) -> None:
 async def test_a_named_job_has_its_own_cap_and_share():
     """Two clients on one address, each naming its job (X-Tangram-Job): one at its cap is refused, the
     other is not; unnamed, they would be one job (the address)."""
-    from tests.service_helpers import config
-
     cfg = config(cpu_nodes=ONE_CORE, service={"max_queued_per_job": 2, "max_queued_total": 100})
     async with running_service(cfg) as svc, svc.client(job="run-a") as a, svc.client(job="run-b") as b, \
             svc.client() as anon:
@@ -254,15 +237,8 @@ async def test_closing_the_client_ends_a_request_waiting_to_be_let_in():
     async def refuse(request):
         return web.json_response({"error": "full"}, status=503, headers={"Retry-After": "1"})
 
-    app = web.Application()
-    app.router.add_post("/v1/actions", refuse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        c = TangramClient(f"http://127.0.0.1:{port}", admission_wait_s=600)
+    async with local_app([("POST", "/v1/actions", refuse)]) as url:
+        c = TangramClient(url, admission_wait_s=600)
         task = asyncio.create_task(c.run_action({"kind": "exec", "command": "true"}))
         await asyncio.sleep(0.5)  # refused at once, then waiting its Retry-After (1-1.5 s)
         assert not task.done()
@@ -270,5 +246,3 @@ async def test_closing_the_client_ends_a_request_waiting_to_be_let_in():
         with pytest.raises(TangramHTTPError) as e:
             await asyncio.wait_for(task, 5)
         assert e.value.status == 0 and "closed" in e.value.message
-    finally:
-        await runner.cleanup()

@@ -17,6 +17,7 @@ pytest.importorskip("verl", reason="verl not installed: pip install -r scripts/t
 from integrations.verl import config as tconfig  # noqa: E402
 from integrations.verl.session import REGISTRY, close_clients  # noqa: E402
 from integrations.verl.testing import serve  # noqa: E402
+from tests.service_helpers import local_app  # noqa: E402
 from tangram.client import TangramClient  # noqa: E402
 
 pytestmark = pytest.mark.verl
@@ -276,29 +277,21 @@ async def test_transient_errors_are_retried_within_the_deadline_then_raise():
         hits["down"] += 1
         return web.json_response({"error": "overloaded"}, status=503)
 
-    app = web.Application()
-    app.router.add_get("/flaky/v1/stats", flaky)
-    app.router.add_get("/down/v1/stats", down)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        s = TangramSettings(url=f"http://127.0.0.1:{port}/flaky", retry_s=10)
-        assert await retrying(lambda: get_client(s).stats(), s, "stats") == {"environments": 0}
-        assert hits["flaky"] == 3
-        s = TangramSettings(url=f"http://127.0.0.1:{port}/down", retry_s=1)
-        with pytest.raises(TangramServiceError, match=r"/down: stats failed after \d+ tries: HTTP 503"):
-            await retrying(lambda: get_client(s).stats(), s, "stats")
-        assert 2 <= hits["down"] <= 5
-        # a 4xx is not transient: no retry
-        s = TangramSettings(url=f"http://127.0.0.1:{port}/nowhere", retry_s=10)
-        with pytest.raises(TangramServiceError, match="after 1 try"):
-            await retrying(lambda: get_client(s).stats(), s, "stats")
-    finally:
-        await close_clients()
-        await runner.cleanup()
+    async with local_app([("GET", "/flaky/v1/stats", flaky), ("GET", "/down/v1/stats", down)]) as url:
+        try:
+            s = TangramSettings(url=f"{url}/flaky", retry_s=10)
+            assert await retrying(lambda: get_client(s).stats(), s, "stats") == {"environments": 0}
+            assert hits["flaky"] == 3
+            s = TangramSettings(url=f"{url}/down", retry_s=1)
+            with pytest.raises(TangramServiceError, match=r"/down: stats failed after \d+ tries: HTTP 503"):
+                await retrying(lambda: get_client(s).stats(), s, "stats")
+            assert 2 <= hits["down"] <= 5
+            # a 4xx is not transient: no retry
+            s = TangramSettings(url=f"{url}/nowhere", retry_s=10)
+            with pytest.raises(TangramServiceError, match="after 1 try"):
+                await retrying(lambda: get_client(s).stats(), s, "stats")
+        finally:
+            await close_clients()
 
 
 async def test_a_rollout_past_the_services_queue_caps_waits_instead_of_failing(tmp_path, monkeypatch):
