@@ -128,7 +128,8 @@ async def test_a_hand_over_refused_for_now_is_stored_retryable():
     def submit(action, received_at, held_s=0.0):
         raise next(refusals)
 
-    rt = SimpleNamespace(engine=SimpleNamespace(waiting={"x": None}), submit=submit, clock=lambda: 0.0)  # window full
+    rt = SimpleNamespace(engine=SimpleNamespace(waiting={"x": None}), submit=submit, clock=lambda: 0.0,
+                         listeners=[])  # the window is full
     stored: dict[str, dict] = {}
 
     def record(aid, outcome):
@@ -248,7 +249,7 @@ def test_the_finish_rate_leaves_out_idle_spells_and_cancellations(monkeypatch):
     eng = SimpleNamespace(running={"r": 1}, waiting={}, params=SimpleNamespace(default_duration_s=1.0))
     rt = SimpleNamespace(engine=eng, listeners=[], clock=lambda: now[0])
     gate = adm.FairGate(rt, max_total=100, max_per_job=10, window=4)
-    assert rt.listeners == [gate._on_finish] and gate._told_ends
+    assert rt.listeners == [gate._on_finish]
 
     def end(status="succeeded", step=0.5):
         now[0] += step
@@ -271,6 +272,7 @@ def test_the_finish_rate_leaves_out_idle_spells_and_cancellations(monkeypatch):
     # a job at its cap of 10 unfinished among 12: one of its own ends in about 1.2 finishes
     gate._live["heavy"] = {f"h{i}" for i in range(10)}
     gate._live["t1"], gate._live["t2"] = {"x"}, {"y"}
+    gate._job_of.update({a: job for job, ids in gate._live.items() for a in ids})  # as _submit records them
     with pytest.raises(adm.Refused) as e:
         gate.check("heavy")
     assert e.value.status == 429 and e.value.retry_after_s == 1  # ceil(1 x 0.5 s x 12 / 10)

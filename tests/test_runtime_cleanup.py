@@ -68,10 +68,8 @@ def _bounded(rt) -> dict[str, int]:
         "app.runtime._finished": KEEP,  # their ids, oldest first
         "app.runtime.engine.finished": KEEP,  # the engine's records of them (service.keep_results too)
         "app.gate._cancelled": MAX_TOTAL,  # outcomes of actions cancelled in the gate: max_queued_total
-        # job -> its submitted ids; the finished ones (and a job left with none) are forgotten when the
-        # gate nears max_queued_total: at most that many ids, of as many jobs
-        "app.gate._live": MAX_TOTAL,
-        "app.gate._live[*]": MAX_TOTAL,
+        # (app.gate._live and _job_of, the submitted ids of each job, are not here: the runtime tells the
+        # gate each end and it forgets the id at once, so nothing of ended work may be left in them)
         "app.gate.refused": 2,  # {429: n, 503: n}
         "app.runtime.statistics.counts": KINDS * STATUSES,  # (kind, status) -> n
         "app.runtime.statistics._act": MAX_CLASSES,  # ACT samples of the most recently finished classes

@@ -88,18 +88,9 @@ class FairGate:
         # mean seconds between two finished actions (moving average): when a refused caller will find room
         self._interval_s: float | None = None
         self._last_finish: float | None = None
-        listeners = getattr(runtime, "listeners", None)
-        if listeners is not None:
-            listeners.append(self._on_finish)
-        self._told_ends = listeners is not None  # else finished ids are found by a scan at the caps
+        runtime.listeners.append(self._on_finish)  # told every end of what it handed over
 
     # ------------------------------------------------------------------ #
-
-    def _finished(self, action_id: str) -> bool:
-        try:
-            return self.rt.result(action_id) is not None
-        except Exception:  # noqa: BLE001 - forgotten by the runtime: long finished
-            return True
 
     def _on_finish(self, rjob: Any, _outcome: Any) -> None:
         """A runtime listener: an action handed over here ended; its job counts one less at once."""
@@ -122,35 +113,12 @@ class FairGate:
         eng = self.rt.engine
         self._last_finish = now if (eng.running or eng.waiting or self._by_id) else None
 
-    def _prune(self, job: str) -> None:
-        """Forget the ids of ``job`` that finished unseen by :meth:`_on_finish` (a runtime without listeners)."""
-        live = self._live.get(job)
-        if live:
-            done = [a for a in live if self._finished(a)]
-            live.difference_update(done)
-            for a in done:
-                self._job_of.pop(a, None)
-            if not live:
-                self._live.pop(job, None)
-
     def count(self, job: str) -> int:
-        """Unfinished actions of ``job`` (the runtime tells each end; a scan at the cap catches any it did not)."""
-        n = len(self._live.get(job, ())) + len(self._held.get(job, ()))
-        if n >= self.max_per_job and not self._told_ends:
-            self._prune(job)
-            n = len(self._live.get(job, ())) + len(self._held.get(job, ()))
-        return n
+        """Unfinished actions of ``job``: handed over (the runtime tells each end) or held here."""
+        return len(self._live.get(job, ())) + len(self._held.get(job, ()))
 
     def total(self) -> int:
-        n = self._live_total() + len(self._by_id)
-        if n >= self.max_total and not self._told_ends:
-            for job in list(self._live):
-                self._prune(job)
-            n = self._live_total() + len(self._by_id)
-        return n
-
-    def _live_total(self) -> int:
-        return sum(len(v) for v in self._live.values())
+        return len(self._job_of) + len(self._by_id)
 
     def check(self, job: str) -> None:
         """Raise :class:`Refused` if ``job`` could not be offered an action now. Cheap, and it writes
