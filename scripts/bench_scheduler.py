@@ -55,38 +55,16 @@ from tangram.managers.base import CountingManager  # noqa: E402
 from tangram.policy.schedule import plan  # noqa: E402
 from tangram.policy.snapshot import Plan, PolicyParams  # noqa: E402
 
-from tangram.service.gc_pauses import freeze_startup_objects  # noqa: E402
+from tangram.service.gc_pauses import GcPauses, freeze_startup_objects  # noqa: E402
 
 TRAJ_MEM_MB = 8192  # one sandbox's memory, as in the cpu-contended workload
+OLDEST = 2  # the generation whose collection scans every tracked object of the process
+PAUSES: GcPauses | None = None  # the service's own pause counters, open while main() measures
 
 
-class _FullCollections:
-    """The process's full (oldest-generation) collections: their pauses, as they happen."""
-
-    def __init__(self) -> None:
-        self.pauses_ms: list[float] = []
-        self.total_ms = 0.0
-        self._t0 = 0.0
-
-    def __enter__(self) -> "_FullCollections":
-        gc.callbacks.append(self._on)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        gc.callbacks.remove(self._on)  # a test runs main() in its own process: leave it as found
-
-    def _on(self, phase: str, info: dict) -> None:
-        if info["generation"] != 2:
-            return
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            ms = (time.perf_counter() - self._t0) * 1e3
-            self.pauses_ms.append(ms)
-            self.total_ms += ms
-
-
-FULL = _FullCollections()
+def _full_collections() -> tuple[int, float]:
+    """Full collections so far and their seconds (PAUSES' counters, as /metrics shows them)."""
+    return sum(PAUSES.counts[OLDEST]), PAUSES.sums[OLDEST]
 
 
 def _hold(_snap) -> Plan:
@@ -151,12 +129,12 @@ class Size:
     def measure_round(self) -> None:
         eng = self.engine
         c0, t0 = time.thread_time(), time.perf_counter()
-        g0 = FULL.total_ms  # read inside the timed span: a collection is subtracted only from its round
+        g0 = PAUSES.sums[OLDEST]  # read inside the timed span: a collection is subtracted only from its round
         p = eng.policy(eng.snapshot())
-        g1 = FULL.total_ms
+        g1 = PAUSES.sums[OLDEST]
         t1, c1 = time.perf_counter(), time.thread_time()
         self.rounds.append((t1 - t0) * 1e3)
-        self.round_gc.append(g1 - g0)
+        self.round_gc.append((g1 - g0) * 1e3)
         self.round_cpu.append((c1 - c0) * 1e3)
         self.scheduled = len(p.dispatches)
 
@@ -262,12 +240,14 @@ def main(argv=None) -> int:
     ]
     if args.smoke:
         specs = [{**s, "queued": s["queued"] // 10} for s in specs]
+    global PAUSES
     frozen = freeze_startup_objects()  # as `tangram serve` does once built: the imports, not the queues
+    PAUSES = GcPauses()
     try:
-        with FULL:
-            out = _measure(args, specs, frozen)
-    finally:
-        gc.unfreeze()  # a test runs main() in its own process: leave it as found
+        out = _measure(args, specs, frozen)
+    finally:  # a test runs main() in its own process: leave it as found
+        PAUSES.close()
+        gc.unfreeze()
     if args.json:
         print(json.dumps(out))
     else:
@@ -294,7 +274,7 @@ def _measure(args, specs: list[dict], frozen: int) -> dict:
         s.rounds.clear()
         s.round_cpu.clear()
         s.round_gc.clear()
-    full_before = len(FULL.pauses_ms)
+    full_before = _full_collections()
     for _ in range(args.repeats):  # interleaved: the sizes share the machine's noise
         for s in sizes:
             s.measure_round()
@@ -306,7 +286,7 @@ def _measure(args, specs: list[dict], frozen: int) -> dict:
         for s in sizes:
             s.measure_event()
     results = [s.result() for s in sizes]
-    full = sorted(FULL.pauses_ms[full_before:])
+    n_full, full_s = (now - before for now, before in zip(_full_collections(), full_before))
     base, big, blk2k, blk20k = sizes
     out = {
         "round_median_ms": results[0]["round_median_ms"],
@@ -317,9 +297,9 @@ def _measure(args, specs: list[dict], frozen: int) -> dict:
         "sizes": results,
         "gc": {  # the process's full collections while measuring (all sizes' queues in one heap)
             "frozen_at_start": frozen,
-            "full_collections": len(full),
-            "full_pause_median_ms": round(statistics.median(full), 3) if full else None,
-            "full_pause_max_ms": round(full[-1], 3) if full else None,
+            "full_collections": n_full,
+            "full_pause_total_ms": round(full_s * 1e3, 3),
+            "full_pause_mean_ms": round(full_s * 1e3 / n_full, 3) if n_full else None,
         },
         "growth": {
             "cores_4x": _ratios(base.rounds, big.rounds),  # target <= 4

@@ -79,7 +79,7 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
     # its imports frozen as `tangram serve` freezes its own; the process left as found
     import gc
     assert out["gc"]["frozen_at_start"] > 1000
-    assert gc.get_freeze_count() == 0 and bench.FULL._on not in gc.callbacks
+    assert gc.get_freeze_count() == 0 and bench.PAUSES._on_collection not in gc.callbacks
     # a collection falls in one round at most: the rounds that held one are no more than the collections
     assert sum(size["rounds_with_full_collection"] for size in out["sizes"]) <= out["gc"]["full_collections"]
 
