@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Tangram against its baselines on random workloads: what the built-in six do not cover.
+
+    python scripts/policy_stress.py [--family cpu|gpu|all] [--seeds 0:36] [--jobs 2] [--json]
+                                    [--param order=fcfs ...] [--smoke]
+
+Each seed draws one workload of a family from the ranges below (``cpu``: the
+``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
+``gpu``: the ``mopd`` / ``mopd-skewed`` kind, one teacher request per trajectory),
+runs it under tangram and under the family's baselines (the ones its built-ins compare
+against), and lists every measure (mean ACT, p99 ACT, step time) where a baseline is
+more than ``--tolerance`` below tangram. The summary gives how many workloads lose
+somewhere, and per measure the geometric mean and the largest of tangram / the best
+baseline (below 1: tangram ahead).
+
+The ranges are not fitted to any result: each spans the built-ins' value and the
+values around it a team could run (the reason beside each). The GPU baseline
+``static-services`` is sized by ``mopd-skewed``'s rule (GPUs per teacher proportional
+to its share of the expected work, each replica at the smallest DoP its weights fit),
+so it is the strongest fixed deployment one could size knowing the mix in advance.
+
+``--param KEY=VALUE`` (a JSON value; repeatable) runs tangram with that
+``PolicyParams`` field changed, to try a policy change on the same workloads.
+One seed of the simulation (``--sim-seed``) per workload: single runs at small batches
+are noisy, which the counts above do not hide (read the ratios, not one point).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import replace
+from multiprocessing import Pool
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tangram.policy.snapshot import PolicyParams  # noqa: E402
+from tangram.simulator.policies import policy_spec  # noqa: E402
+from tangram.simulator.sim import simulate  # noqa: E402
+from tangram.simulator.workload import GPU_DOPS, MEM_FRACTION, parse_workload  # noqa: E402
+
+MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
+FAMILIES = ("cpu", "gpu")
+BASELINES = {  # as the built-ins of each family compare (tangram/workloads/*.yaml, baselines.compare)
+    "cpu": ("trajectory", "fixed-dop:1", "fixed-dop:4", "fixed-dop:16"),
+    "gpu": ("static-services", "serverless"),
+}
+GPU_MEM_GB = 80  # [bench] Hopper-class 80 GB, as every built-in GPU workload
+TEACHER_SIZES_GB = (15, 30, 60, 130)  # [public] ~7B, 14B, 32B and 70B models in bf16, as mopd-skewed's range
+
+
+def cpu_workload(seed: int, smoke: bool = False) -> dict:
+    """One random workload of the ai-coding kind (the YAML schema of tangram/workloads)."""
+    r = random.Random(seed)
+    batch = 32 if smoke else r.choice([64, 128, 256, 512])  # [reason] light to overloaded on the nodes below
+    return {
+        "name": f"stress-cpu-{seed}", "trajectories": batch, "steps": 1,
+        # [reason] around ai-coding's 48 and cpu-contended's 20 turns, shorter and longer
+        "turns": {"dist": "lognormal", "mean": r.choice([5, 10, 20, 40]), "cv": 0.5, "min": 1, "max": 100},
+        # [reason] around the built-ins' 3 s: a fast policy model to a long-thinking one
+        "generation_s": {"dist": "lognormal", "mean": r.choice([0.5, 1.0, 3.0, 8.0]), "cv": 0.8},
+        "memory_mb": r.choice([4096, 8192, 16384]),  # [reason] the built-ins' 8 and 16 GiB, and half of 8
+        "env_start_s": 1.0,  # [guess] as the built-ins
+        "actions": {"shell": {
+            "weight": 1.0,
+            # [reason] around the built-ins' 2 s (cv 1.5): quick commands to builds; a narrower spread too
+            "duration_s": {"dist": "lognormal", "mean": r.choice([0.3, 1.0, 2.0, 5.0]), "cv": r.choice([0.5, 1.5])},
+            "resources": {"cpu": 1},
+            "profiled": r.choice([False, True]),  # [reason] the built-ins' False, and a profiled one
+        }},
+        "rewards": {"test-suite": {
+            # [reason] around the built-ins' 120 s: small suites to long ones
+            "duration_s": {"dist": "lognormal", "mean": r.choice([10.0, 30.0, 120.0, 300.0]),
+                           "cv": r.choice([0.5, 1.0]), "max": 3600},
+            # [reason] the built-ins' 64, and suites with fewer tests to spread over
+            "resources": {"cpu": {"min": 1, "max": r.choice([8, 16, 32, 64])}},
+            # [reason] around the built-ins' 0.05: near-perfectly parallel to half serial
+            "elasticity": {"amdahl": r.choice([0.01, 0.05, 0.2, 0.5])},
+            "profiled": True,  # [paper §A4] rewards are profiled
+        }},
+        "cluster": {
+            "cpu_nodes": r.choice([1, 2, 4]),  # [reason] cpu-contended's 4 nodes, and smaller clusters
+            "cores_per_node": r.choice([32, 64, 128]),  # [reason] cpu-contended's 128, and smaller nodes
+            "mem_gb_per_node": r.choice([256, 512, 1024]),  # [reason] around cpu-contended's 512 GB
+        },
+        "baselines": {
+            "trajectory": {"pod_cores": 4, "start_s": 5.0, "start_per_concurrent_s": 0.02},  # as the built-ins
+            "compare": list(BASELINES["cpu"]),
+        },
+    }
+
+
+def gpu_workload(seed: int, smoke: bool = False) -> dict | None:
+    """One random workload of the mopd kind, or None when the static deployment cannot hold
+    one replica of every teacher (the draw is skipped: no baseline to compare with)."""
+    r = random.Random(10_000 + seed)  # apart from the CPU family's draws
+    nodes = r.choice([1, 2, 3])  # [reason] mopd-skewed's 3 nodes, and smaller clusters
+    sizes = [r.choice(TEACHER_SIZES_GB) for _ in range(r.choice([2, 3, 5, 8]))]  # [reason] around mopd's 9 and mopd-skewed's 5
+    services = {f"t{i}": {"size_gb": float(s), "t1_scale": round(s / 60, 3)}  # [reason] mopd's rule: prefill ~ size / 60 GB
+                for i, s in enumerate(sizes)}
+    static = _static_services(sizes, nodes * 8)
+    if static is None:
+        return None
+    batch = 32 if smoke else r.choice([128, 256, 512, 1024])  # [reason] light to overloaded on the GPUs above
+    return {
+        "name": f"stress-gpu-{seed}", "trajectories": batch, "steps": 1, "turns": 0,
+        # [reason] mopd's 60 s, and a policy model three times faster
+        "generation_s": {"dist": "lognormal", "mean": r.choice([20.0, 60.0]), "cv": 1.0},
+        "rewards": {"teacher": {
+            # [reason] around mopd's 4 s at 60 GB: shorter and longer trajectories to score
+            "duration_s": {"dist": "lognormal", "mean": r.choice([1.0, 4.0, 10.0]), "cv": 0.6},
+            "resources": {"gpu": list(GPU_DOPS)},
+            "elasticity": {"amdahl": r.choice([0.05, 0.1, 0.3])},  # [reason] around mopd's 0.1
+            "service": list(services),
+            "profiled": True,  # [paper §A4] as mopd
+        }},
+        "services": services,
+        # [bench] 8 GPUs of 80 GB a node, restores at 25 GB/s per GPU: as mopd
+        "cluster": {"gpu_nodes": nodes, "gpus_per_node": 8, "gpu_mem_gb": GPU_MEM_GB, "restore_gbps": 25},
+        "baselines": {"static_services": static, "serverless": {"load_gbps": 5},  # as mopd
+                      "compare": list(BASELINES["gpu"])},
+    }
+
+
+def _static_services(sizes: list[float], gpus: int) -> dict | None:
+    """mopd-skewed's rule: one replica of each teacher at the smallest DoP its weights fit, then
+    replicas to the teacher furthest below its share of the expected work (equal request rates
+    x t1_scale, so a share ~ its size) while one fits."""
+    dops = [next((d for d in GPU_DOPS if s / d <= GPU_MEM_GB * MEM_FRACTION), None) for s in sizes]
+    if None in dops or sum(dops) > gpus:
+        return None
+    replicas = [1] * len(sizes)
+    left = gpus - sum(dops)
+    total = sum(sizes)
+    while True:
+        gaps = [(gpus * s / total - d * n, i) for i, (s, d, n) in enumerate(zip(sizes, dops, replicas)) if d <= left]
+        gap, i = max(gaps, default=(0.0, -1))
+        if gap <= 0:
+            break
+        replicas[i] += 1
+        left -= dops[i]
+    return {f"t{i}": {"dop": d, "replicas": n} for i, (d, n) in enumerate(zip(dops, replicas))}
+
+
+def losses(res: dict[str, list[float]], tolerance: float) -> list[dict]:
+    """Every (measure, baseline) where the baseline is more than ``tolerance`` below tangram."""
+    t = res["tangram"]
+    out = []
+    for name, v in res.items():
+        if name == "tangram":
+            continue
+        for i, m in enumerate(MEASURES):
+            if v[i] > 0 and t[i] > v[i] * (1.0 + tolerance):
+                out.append({"measure": m, "baseline": name, "ratio": round(t[i] / v[i], 4)})
+    return out
+
+
+def summarize(rows: list[dict], tolerance: float) -> dict:
+    """How many workloads lose somewhere, and tangram / the best baseline per measure."""
+    ratios = {m: [] for m in MEASURES}
+    for row in rows:
+        for i, m in enumerate(MEASURES):
+            best = min(v[i] for p, v in row["results"].items() if p != "tangram")
+            if best > 0:
+                ratios[m].append(row["results"]["tangram"][i] / best)
+    return {
+        "workloads": len(rows),
+        "tolerance": tolerance,
+        "losing_workloads": sum(1 for row in rows if row["losses"]),
+        "tangram_over_best": {m: {"geomean": round(math.exp(sum(map(math.log, v)) / len(v)), 4),
+                                  "max": round(max(v), 4)} for m, v in ratios.items() if v},
+    }
+
+
+def _run_one(job: tuple) -> dict | None:
+    family, seed, smoke, params, sim_seed, tolerance = job
+    raw = (cpu_workload if family == "cpu" else gpu_workload)(seed, smoke)
+    if raw is None:
+        return None
+    wl = parse_workload(raw, source=f"policy_stress {family} {seed}")
+    t0 = time.perf_counter()
+    results = {}
+    for name in ("tangram",) + BASELINES[family]:
+        spec = policy_spec(name)
+        if name == "tangram" and params:
+            spec = replace(spec, params=replace(spec.params, **params))
+        s = simulate(wl, spec, seed=sim_seed).summary
+        results[name] = [s[m] for m in MEASURES]
+    return {"family": family, "seed": seed, "workload": raw, "results": results,
+            "losses": losses(results, tolerance), "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def _param(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or key not in PolicyParams.__dataclass_fields__:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE with a PolicyParams field, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value  # a bare word: a string (order=fcfs)
+
+
+def _seeds(text: str) -> range:
+    a, sep, b = text.partition(":")
+    try:
+        return range(int(a), int(b)) if sep else range(int(a), int(a) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A:B or N, got {text!r}") from None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=FAMILIES + ("all",), default="all")
+    ap.add_argument("--seeds", type=_seeds, default=range(0, 36), help="workload draws A:B (default 0:36)")
+    ap.add_argument("--sim-seed", type=int, default=0, help="the simulation's own seed")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes")
+    ap.add_argument("--tolerance", type=float, default=0.01, help="a loss is a baseline this far below tangram")
+    ap.add_argument("--param", type=_param, action="append", default=[], help="PolicyParams FIELD=VALUE for tangram")
+    ap.add_argument("--smoke", action="store_true", help="32 trajectories a workload: checks the script runs")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    params = dict(args.param)
+    PolicyParams(**params)  # a bad value fails here, not in a worker
+    families = FAMILIES if args.family == "all" else (args.family,)
+    jobs = [(f, s, args.smoke, params, args.sim_seed, args.tolerance) for f in families for s in args.seeds]
+    if args.jobs > 1:
+        with Pool(args.jobs) as pool:
+            rows = [r for r in pool.map(_run_one, jobs) if r is not None]
+    else:
+        rows = [r for r in map(_run_one, jobs) if r is not None]
+    out = {"params": params, "sim_seed": args.sim_seed,
+           "summary": {f: summarize([r for r in rows if r["family"] == f], args.tolerance)
+                       for f in families if any(r["family"] == f for r in rows)},
+           "workloads": rows}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for r in rows:
+        if r["losses"]:
+            worst = max(r["losses"], key=lambda x: x["ratio"])
+            print(f"{r['family']} {r['seed']:>3}: loses {len(r['losses'])} (worst {worst['measure']} "
+                  f"vs {worst['baseline']} {worst['ratio']:.2f}x)")
+    for f, s in out["summary"].items():
+        print(f"{f}: {s['losing_workloads']} of {s['workloads']} workloads lose somewhere by > "
+              f"{s['tolerance']:.0%}; tangram / best baseline: {json.dumps(s['tangram_over_best'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""scripts/policy_stress.py: random workloads of each family, tangram against the family's baselines."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tangram.simulator.workload import MEM_FRACTION, parse_workload
+from tests.test_simulator_scripts import load
+
+stress = load("policy_stress")
+
+
+def test_a_loss_is_a_baseline_below_tangram_by_more_than_the_tolerance():
+    res = {"tangram": [10.0, 50.0, 100.0], "fixed-dop:4": [9.0, 50.4, 120.0], "trajectory": [20.0, 60.0, 99.5]}
+    found = stress.losses(res, 0.01)
+    assert found == [{"measure": "mean_act_s", "baseline": "fixed-dop:4", "ratio": pytest.approx(10 / 9, abs=1e-4)}]
+    # 0.5% above trajectory's step: inside 1%, outside 0.1%
+    assert {(x["measure"], x["baseline"]) for x in stress.losses(res, 0.001)} == {
+        ("mean_act_s", "fixed-dop:4"), ("step_time_s", "trajectory")}
+
+
+def test_the_summary_compares_tangram_with_the_best_baseline_of_each_measure():
+    rows = [
+        {"results": {"tangram": [2.0, 10.0, 100.0], "a": [1.0, 20.0, 100.0], "b": [4.0, 5.0, 200.0]}, "losses": [1]},
+        {"results": {"tangram": [1.0, 10.0, 100.0], "a": [2.0, 20.0, 100.0], "b": [4.0, 40.0, 200.0]}, "losses": []},
+    ]
+    s = stress.summarize(rows, 0.01)
+    assert s["workloads"] == 2 and s["losing_workloads"] == 1
+    mean = s["tangram_over_best"]["mean_act_s"]
+    assert mean["geomean"] == pytest.approx(math.sqrt(2.0 * 0.5)) and mean["max"] == 2.0
+    assert s["tangram_over_best"]["p99_act_s"] == {"geomean": pytest.approx(math.sqrt(2.0 * 0.5)), "max": 2.0}
+
+
+def test_static_services_follow_the_mopd_skewed_rule():
+    # one replica each at the smallest DoP the weights fit, then replicas toward each one's share
+    assert stress._static_services([15, 130], 8) == {"t0": {"dop": 1, "replicas": 1}, "t1": {"dop": 2, "replicas": 3}}
+    for sizes, gpus in (([15, 30, 60, 130, 130], 24), ([60] * 8, 16), ([15] * 3, 8)):
+        static = stress._static_services(sizes, gpus)
+        used = sum(c["dop"] * c["replicas"] for c in static.values())
+        assert used <= gpus
+        for size, c in zip(sizes, static.values()):
+            assert size / c["dop"] <= stress.GPU_MEM_GB * MEM_FRACTION  # the weights fit
+            assert c["dop"] == 1 or size / (c["dop"] // 2) > stress.GPU_MEM_GB * MEM_FRACTION  # and no smaller DoP does
+    assert stress._static_services([130] * 5, 8) is None  # one replica of each does not fit
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_draw_is_a_valid_workload(seed):
+    assert parse_workload(stress.cpu_workload(seed), source="test").trajectories > 0
+    raw = stress.gpu_workload(seed)
+    if raw is not None:
+        wl = parse_workload(raw, source="test")
+        assert set(wl.baselines.static) == set(wl.services)
+
+
+def test_smoke_run_reports_every_policy_and_its_losses(capsys):
+    assert stress.main(["--smoke", "--seeds", "0:2", "--jobs", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["summary"]) == {"cpu", "gpu"}
+    for row in out["workloads"]:
+        assert set(row["results"]) == {"tangram", *stress.BASELINES[row["family"]]}
+        assert row["workload"]["trajectories"] == 32
+        assert row["losses"] == stress.losses(row["results"], 0.01)
+    for fam, s in out["summary"].items():
+        rows = [r for r in out["workloads"] if r["family"] == fam]
+        assert s["workloads"] == len(rows) and s["losing_workloads"] == sum(1 for r in rows if r["losses"])
+
+
+def test_a_policy_param_reaches_tangram_and_a_bad_one_is_refused(capsys):
+    base = ["--smoke", "--family", "cpu", "--seeds", "1", "--jobs", "1", "--json"]
+    assert stress.main(base + ["--param", "fixed_dop=1"]) == 0
+    pinned = json.loads(capsys.readouterr().out)
+    assert pinned["params"] == {"fixed_dop": 1}
+    (row,) = pinned["workloads"]
+    assert row["results"]["tangram"] == row["results"]["fixed-dop:1"]  # tangram ran as the DoP-1 baseline
+    with pytest.raises(SystemExit):
+        stress.main(base + ["--param", "no_such_field=1"])
+    with pytest.raises(ValueError, match="order"):
+        stress.main(base + ["--param", "order=random"])
