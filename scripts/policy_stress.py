@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Tangram against its baselines on random workloads: what the built-in six do not cover.
 
-    python scripts/policy_stress.py [--family cpu|gpu|all] [--seeds 0:36] [--jobs 2] [--json]
+    python scripts/policy_stress.py [--family cpu|gpu|api|all] [--seeds 0:36] [--jobs 2] [--json]
                                     [--param order=fcfs ...] [--smoke]
 
 Each seed draws one workload of a family from the ranges below (``cpu``: the
 ``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
-``gpu``: the ``mopd`` / ``mopd-skewed`` kind, one teacher request per trajectory),
-runs it under tangram and under the family's baselines (the ones its built-ins compare
+``gpu``: the ``mopd`` / ``mopd-skewed`` kind, one teacher request per trajectory;
+``api``: the ``deepsearch`` kind, searches and fetches through rate-limited APIs, then
+a judge on GPUs), runs it under tangram and under the family's baselines (the ones its built-ins compare
 against), and lists every measure (mean ACT, p99 ACT, step time) where a baseline is
 more than ``--tolerance`` below tangram. The summary gives how many workloads lose
 somewhere, and per measure the geometric mean and the largest of tangram / the best
-baseline (below 1: tangram ahead).
+baseline (below 1: tangram ahead). A loss to a baseline that gave up on actions
+(``api-naive``: a call fails after its retries) carries ``baseline_failed``, the
+count: its ACT and step leave that work out.
 
 The ranges are not fitted to any result: each spans the built-ins' value and the
 values around it a team could run (the reason beside each). The GPU baseline
@@ -44,10 +47,11 @@ from tangram.simulator.sim import simulate  # noqa: E402
 from tangram.simulator.workload import GPU_DOPS, MEM_FRACTION, parse_workload  # noqa: E402
 
 MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
-FAMILIES = ("cpu", "gpu")
+FAMILIES = ("cpu", "gpu", "api")
 BASELINES = {  # as the built-ins of each family compare (tangram/workloads/*.yaml, baselines.compare)
     "cpu": ("trajectory", "fixed-dop:1", "fixed-dop:4", "fixed-dop:16"),
     "gpu": ("static-services", "serverless"),
+    "api": ("api-naive", "api-retry", "static-services", "serverless"),
 }
 GPU_MEM_GB = 80  # [bench] Hopper-class 80 GB, as every built-in GPU workload
 TEACHER_SIZES_GB = (15, 30, 60, 130)  # [public] ~7B, 14B, 32B and 70B models in bf16, as mopd-skewed's range
@@ -99,9 +103,10 @@ def gpu_workload(seed: int, smoke: bool = False) -> dict | None:
     one replica of every teacher (the draw is skipped: no baseline to compare with)."""
     r = random.Random(10_000 + seed)  # apart from the CPU family's draws
     nodes = r.choice([1, 2, 3])  # [reason] mopd-skewed's 3 nodes, and smaller clusters
-    sizes = [r.choice(TEACHER_SIZES_GB) for _ in range(r.choice([2, 3, 5, 8]))]  # [reason] around mopd's 9 and mopd-skewed's 5
-    services = {f"t{i}": {"size_gb": float(s), "t1_scale": round(s / 60, 3)}  # [reason] mopd's rule: prefill ~ size / 60 GB
-                for i, s in enumerate(sizes)}
+    # [reason] around mopd's 9 teachers and mopd-skewed's 5
+    sizes = [r.choice(TEACHER_SIZES_GB) for _ in range(r.choice([2, 3, 5, 8]))]
+    # [reason] mopd's rule: prefill time ~ parameters, t1_scale = size / 60 GB
+    services = {f"t{i}": {"size_gb": float(s), "t1_scale": round(s / 60, 3)} for i, s in enumerate(sizes)}
     static = _static_services(sizes, nodes * 8)
     if static is None:
         return None
@@ -123,6 +128,52 @@ def gpu_workload(seed: int, smoke: bool = False) -> dict | None:
         "cluster": {"gpu_nodes": nodes, "gpus_per_node": 8, "gpu_mem_gb": GPU_MEM_GB, "restore_gbps": 25},
         "baselines": {"static_services": static, "serverless": {"load_gbps": 5},  # as mopd
                       "compare": list(BASELINES["gpu"])},
+    }
+
+
+def api_workload(seed: int, smoke: bool = False) -> dict:
+    """One random workload of the deepsearch kind: searches and page fetches through rate-limited
+    APIs, then a judge model on GPUs."""
+    r = random.Random(20_000 + seed)  # apart from the other families' draws
+    nodes = r.choice([1, 2, 5])  # [reason] deepsearch's 5 nodes, and smaller clusters
+    return {
+        "name": f"stress-api-{seed}",
+        "trajectories": 32 if smoke else r.choice([128, 256, 512, 1024]),  # [reason] light to overloaded APIs
+        "steps": 1,
+        # [reason] around deepsearch's 12 turns and 8 s of reasoning between calls
+        "turns": {"dist": "lognormal", "mean": r.choice([6, 12, 24]), "cv": 0.7, "min": 1, "max": 100},
+        "generation_s": {"dist": "lognormal", "mean": r.choice([2.0, 8.0, 16.0]), "cv": 0.8},
+        "actions": {
+            # [reason] deepsearch's 0.6 / 0.4 mix, and one of more fetches than searches
+            "search": {"weight": (w := r.choice([0.6, 0.3])),
+                       "duration_s": {"dist": "lognormal", "mean": r.choice([0.5, 1.0, 2.0]), "cv": 0.5},
+                       "resources": {"api:search": 1}},  # [reason] around deepsearch's 1 s search latency
+            "fetch": {"weight": round(1.0 - w, 3),
+                      "duration_s": {"dist": "lognormal", "mean": r.choice([1.0, 3.0, 6.0]), "cv": 0.8},
+                      "resources": {"api:fetch": 1}},  # [reason] around deepsearch's 3 s page fetch
+        },
+        "rewards": {"judge": {
+            "duration_s": {"dist": "lognormal", "mean": 12.0, "cv": 0.5},  # [guess] as deepsearch
+            "resources": {"gpu": list(GPU_DOPS)},
+            "elasticity": {"amdahl": 0.15},  # [guess] as deepsearch
+            "service": "judge", "profiled": True,
+        }},
+        "services": {"judge": {"size_gb": 65}},  # [bench] as deepsearch (gpt-oss-120b in MXFP4)
+        "cluster": {
+            "gpu_nodes": nodes, "gpus_per_node": 8, "gpu_mem_gb": GPU_MEM_GB, "restore_gbps": 25,  # as deepsearch
+            "api": {
+                # [reason] around deepsearch's 64 concurrent / 50 per second and 32 concurrent fetches
+                "search": {"concurrency": r.choice([16, 64]), "quota": r.choice([10, 50]), "period_s": 1.0},
+                "fetch": {"concurrency": r.choice([8, 32, 64])},
+            },
+        },
+        "baselines": {
+            "static_services": {"judge": {"dop": 8, "replicas": nodes}},  # as deepsearch: a replica per node
+            "serverless": {"load_gbps": 5},
+            # as deepsearch: a 429 in 0.1 s, backoff from 1 s to 30 s, six retries
+            "api_naive": {"reject_s": 0.1, "backoff_s": 1.0, "backoff_max_s": 30.0, "max_retries": 6},
+            "compare": list(BASELINES["api"]),
+        },
     }
 
 
@@ -178,20 +229,26 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 def _run_one(job: tuple) -> dict | None:
     family, seed, smoke, params, sim_seed, tolerance = job
-    raw = (cpu_workload if family == "cpu" else gpu_workload)(seed, smoke)
+    raw = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload}[family](seed, smoke)
     if raw is None:
         return None
     wl = parse_workload(raw, source=f"policy_stress {family} {seed}")
     t0 = time.perf_counter()
-    results = {}
+    results, failed = {}, {}
     for name in ("tangram",) + BASELINES[family]:
         spec = policy_spec(name)
         if name == "tangram" and params:
             spec = replace(spec, params=replace(spec.params, **params))
         s = simulate(wl, spec, seed=sim_seed).summary
         results[name] = [s[m] for m in MEASURES]
-    return {"family": family, "seed": seed, "workload": raw, "results": results,
-            "losses": losses(results, tolerance), "wall_s": round(time.perf_counter() - t0, 2)}
+        if s["failed"]:
+            failed[name] = s["failed"]  # actions it gave up on (api-naive): its ACT and step skip that work
+    found = losses(results, tolerance)
+    for loss in found:
+        if loss["baseline"] in failed:
+            loss["baseline_failed"] = failed[loss["baseline"]]
+    return {"family": family, "seed": seed, "workload": raw, "results": results, "failed": failed,
+            "losses": found, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -242,8 +299,9 @@ def main(argv=None) -> int:
     for r in rows:
         if r["losses"]:
             worst = max(r["losses"], key=lambda x: x["ratio"])
+            failed = f", it failed {worst['baseline_failed']} actions" if "baseline_failed" in worst else ""
             print(f"{r['family']} {r['seed']:>3}: loses {len(r['losses'])} (worst {worst['measure']} "
-                  f"vs {worst['baseline']} {worst['ratio']:.2f}x)")
+                  f"vs {worst['baseline']} {worst['ratio']:.2f}x{failed})")
     for f, s in out["summary"].items():
         print(f"{f}: {s['losing_workloads']} of {s['workloads']} workloads lose somewhere by > "
               f"{s['tolerance']:.0%}; tangram / best baseline: {json.dumps(s['tangram_over_best'])}")

@@ -49,6 +49,8 @@ def test_static_services_follow_the_mopd_skewed_rule():
 @pytest.mark.parametrize("seed", range(12))
 def test_every_draw_is_a_valid_workload(seed):
     assert parse_workload(stress.cpu_workload(seed), source="test").trajectories > 0
+    api = parse_workload(stress.api_workload(seed), source="test")
+    assert {p.name for p in api.cluster.api} == {"search", "fetch"}
     raw = stress.gpu_workload(seed)
     if raw is not None:
         wl = parse_workload(raw, source="test")
@@ -58,11 +60,15 @@ def test_every_draw_is_a_valid_workload(seed):
 def test_smoke_run_reports_every_policy_and_its_losses(capsys):
     assert stress.main(["--smoke", "--seeds", "0:2", "--jobs", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["summary"]) == {"cpu", "gpu"}
+    assert set(out["summary"]) == {"cpu", "gpu", "api"}
     for row in out["workloads"]:
         assert set(row["results"]) == {"tangram", *stress.BASELINES[row["family"]]}
         assert row["workload"]["trajectories"] == 32
-        assert row["losses"] == stress.losses(row["results"], 0.01)
+        # every loss is found, and one to a baseline that gave up on actions says how many
+        assert [{k: v for k, v in x.items() if k != "baseline_failed"} for x in row["losses"]] == stress.losses(
+            row["results"], 0.01)
+        for x in row["losses"]:
+            assert x.get("baseline_failed") == row["failed"].get(x["baseline"])
     for fam, s in out["summary"].items():
         rows = [r for r in out["workloads"] if r["family"] == fam]
         assert s["workloads"] == len(rows) and s["losing_workloads"] == sum(1 for r in rows if r["losses"])
