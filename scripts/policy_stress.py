@@ -2,7 +2,7 @@
 """Tangram against its baselines on random workloads: what the built-in six do not cover.
 
     python scripts/policy_stress.py [--family cpu|gpu|api|all] [--seeds 0:36] [--jobs 2] [--json]
-                                    [--param order=fcfs ...] [--smoke]
+                                    [--param order=fcfs ...] [--baselines-from OUT.json] [--smoke]
 
 Each seed draws one workload of a family from the ranges below (``cpu``: the
 ``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
@@ -23,7 +23,9 @@ to its share of the expected work, each replica at the smallest DoP its weights 
 so it is the strongest fixed deployment one could size knowing the mix in advance.
 
 ``--param KEY=VALUE`` (a JSON value; repeatable) runs tangram with that
-``PolicyParams`` field changed, to try a policy change on the same workloads.
+``PolicyParams`` field changed, to try a policy change on the same workloads;
+``--baselines-from`` an earlier ``--json`` output reuses its baselines' runs (the same
+draws and simulation seed: checked) and runs tangram alone, a quarter of the time.
 One seed of the simulation (``--sim-seed``) per workload: single runs at small batches
 are noisy, which the counts above do not hide (read the ratios, not one point).
 """
@@ -177,6 +179,9 @@ def api_workload(seed: int, smoke: bool = False) -> dict:
     }
 
 
+DRAW = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload}
+
+
 def _static_services(sizes: list[float], gpus: int) -> dict | None:
     """mopd-skewed's rule: one replica of each teacher at the smallest DoP its weights fit, then
     replicas to the teacher furthest below its share of the expected work (equal request rates
@@ -228,14 +233,19 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 
 def _run_one(job: tuple) -> dict | None:
-    family, seed, smoke, params, sim_seed, tolerance = job
-    raw = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload}[family](seed, smoke)
+    family, seed, smoke, params, sim_seed, tolerance, stored = job
+    raw = DRAW[family](seed, smoke)
     if raw is None:
         return None
     wl = parse_workload(raw, source=f"policy_stress {family} {seed}")
     t0 = time.perf_counter()
     results, failed = {}, {}
-    for name in ("tangram",) + BASELINES[family]:
+    names = ("tangram",) + BASELINES[family]
+    if stored is not None:  # the baselines' runs of an earlier output on this very draw (main checked)
+        results = {n: v for n, v in stored["results"].items() if n != "tangram"}
+        failed = {n: v for n, v in stored["failed"].items() if n != "tangram"}
+        names = ("tangram",)
+    for name in names:
         spec = policy_spec(name)
         if name == "tangram" and params:
             spec = replace(spec, params=replace(spec.params, **params))
@@ -249,6 +259,14 @@ def _run_one(job: tuple) -> dict | None:
             loss["baseline_failed"] = failed[loss["baseline"]]
     return {"family": family, "seed": seed, "workload": raw, "results": results, "failed": failed,
             "losses": found, "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def _stored_baselines(path: str, sim_seed: int) -> dict[tuple[str, int], dict]:
+    """(family, draw) -> its row in an earlier ``--json`` output of the same simulation seed."""
+    earlier = json.loads(Path(path).read_text())
+    if earlier.get("sim_seed") != sim_seed:
+        raise SystemExit(f"--baselines-from: {path} ran simulation seed {earlier.get('sim_seed')}, not {sim_seed}")
+    return {(r["family"], r["seed"]): r for r in earlier["workloads"]}
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -278,12 +296,25 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.01, help="a loss is a baseline this far below tangram")
     ap.add_argument("--param", type=_param, action="append", default=[], help="PolicyParams FIELD=VALUE for tangram")
     ap.add_argument("--smoke", action="store_true", help="32 trajectories a workload: checks the script runs")
+    ap.add_argument("--baselines-from", metavar="JSON",
+                    help="an earlier --json output: reuse its baselines' runs, run tangram alone")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     params = dict(args.param)
     PolicyParams(**params)  # a bad value fails here, not in a worker
     families = FAMILIES if args.family == "all" else (args.family,)
-    jobs = [(f, s, args.smoke, params, args.sim_seed, args.tolerance) for f in families for s in args.seeds]
+    stored = _stored_baselines(args.baselines_from, args.sim_seed) if args.baselines_from else {}
+    if args.baselines_from:
+        for f in families:
+            for seed in args.seeds:
+                raw = DRAW[f](seed, args.smoke)
+                if raw is not None and (f, seed) not in stored:
+                    raise SystemExit(f"--baselines-from: no run of {f} draw {seed} there")
+                if raw is not None and stored[(f, seed)]["workload"] != raw:
+                    raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
+                                     "(another --smoke, or the ranges changed)")
+    jobs = [(f, s, args.smoke, params, args.sim_seed, args.tolerance, stored.get((f, s)))
+            for f in families for s in args.seeds]
     if args.jobs > 1:
         with Pool(args.jobs) as pool:
             rows = [r for r in pool.map(_run_one, jobs) if r is not None]

@@ -85,3 +85,23 @@ def test_a_policy_param_reaches_tangram_and_a_bad_one_is_refused(capsys):
         stress.main(base + ["--param", "no_such_field=1"])
     with pytest.raises(ValueError, match="order"):
         stress.main(base + ["--param", "order=random"])
+
+
+def test_baselines_from_an_earlier_output_run_tangram_alone(tmp_path, capsys):
+    base = ["--smoke", "--family", "cpu", "--seeds", "0:2", "--jobs", "1", "--json"]
+    assert stress.main(base) == 0
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(capsys.readouterr().out)
+    stored = {r["seed"]: r for r in json.loads(earlier.read_text())["workloads"]}
+    assert stress.main(base + ["--baselines-from", str(earlier), "--param", "fixed_dop=4"]) == 0
+    for row in json.loads(capsys.readouterr().out)["workloads"]:
+        before = stored[row["seed"]]["results"]
+        assert {k: v for k, v in row["results"].items() if k != "tangram"} == {
+            k: v for k, v in before.items() if k != "tangram"}
+        assert row["results"]["tangram"] == before["fixed-dop:4"]  # this run's tangram, pinned at 4
+    with pytest.raises(SystemExit, match="not the workload drawn now"):  # full-size draws against smoke runs
+        stress.main(["--family", "cpu", "--seeds", "0:2", "--baselines-from", str(earlier)])
+    with pytest.raises(SystemExit, match="simulation seed"):
+        stress.main(base + ["--baselines-from", str(earlier), "--sim-seed", "1"])
+    with pytest.raises(SystemExit, match="no run of cpu draw 2"):
+        stress.main(["--smoke", "--family", "cpu", "--seeds", "0:3", "--baselines-from", str(earlier)])
