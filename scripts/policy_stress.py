@@ -61,8 +61,8 @@ BASELINES = {  # as the built-ins of each family compare (tangram/workloads/*.ya
 }
 GPU_MEM_GB = 80  # [bench] Hopper-class 80 GB, as every built-in GPU workload
 # [reason] mopd-skewed's replicas "at the smallest DoP its weights fit comfortably" put 29-35 GB of
-# weights on a GPU and not 65.6 GB (its 32B teacher at DoP 1) or 70.6 GB (its 70B at DoP 2): any share
-# of 80 GB from 0.45 to 0.81 gives its table; half, the rest for the KV cache and activations
+# weights on a GPU and not 65.6 GB (its 32B teacher at DoP 1) or 70.6 GB (its 70B at DoP 2): any limit
+# from 35.3 GB up to 65.6 GB gives its table; half of 80 GB, the rest for the KV cache and activations
 STATIC_WEIGHTS_SHARE = 0.5
 TEACHER_SIZES_GB = (15, 30, 60, 130)  # [public] ~7B, 14B, 32B and 70B models in bf16, as mopd-skewed's range
 
