@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -266,8 +266,8 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
         "tolerance": tolerance,
         "losing_workloads": sum(1 for row in rows if row["losses"]),
         "losing_like_for_like": sum(1 for row in rows if any("baseline_failed" not in x for x in row["losses"])),
-        "tangram_over_best": {m: {"geomean": round(math.exp(sum(map(math.log, v)) / len(v)), 4),
-                                  "max": round(max(v), 4)} for m, v in ratios.items() if v},
+        "tangram_over_best": {m: {"geomean": round(statistics.geometric_mean(v), 4), "max": round(max(v), 4)}
+                              for m, v in ratios.items() if v},
     }
 
 
