@@ -270,9 +270,8 @@ def test_the_finish_rate_leaves_out_idle_spells_and_cancellations(monkeypatch):
     end(step=0.5)
     assert abs(gate._interval_s - 0.5) < 1e-6
     # a job at its cap of 10 unfinished among 12: one of its own ends in about 1.2 finishes
-    gate._live["heavy"] = {f"h{i}" for i in range(10)}
-    gate._live["t1"], gate._live["t2"] = {"x"}, {"y"}
-    gate._job_of.update({a: job for job, ids in gate._live.items() for a in ids})  # as _submit records them
+    gate._job_of.update({**{f"h{i}": "heavy" for i in range(10)}, "x": "t1", "y": "t2"})
+    gate._live.update(gate._job_of.values())  # as _submit records them
     with pytest.raises(adm.Refused) as e:
         gate.check("heavy")
     assert e.value.status == 429 and e.value.retry_after_s == 1  # ceil(1 x 0.5 s x 12 / 10)

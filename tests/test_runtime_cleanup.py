@@ -68,7 +68,7 @@ def _bounded(rt) -> dict[str, int]:
         "app.runtime._finished": KEEP,  # their ids, oldest first
         "app.runtime.engine.finished": KEEP,  # the engine's records of them (service.keep_results too)
         "app.gate._cancelled": MAX_TOTAL,  # outcomes of actions cancelled in the gate: max_queued_total
-        # (app.gate._live and _job_of, the submitted ids of each job, are not here: the runtime tells the
+        # (app.gate._live and _job_of, each job's submitted count and ids, are not here: the runtime tells the
         # gate each end and it forgets the id at once, so nothing of ended work may be left in them)
         "app.gate.refused": 2,  # {429: n, 503: n}
         "app.runtime.statistics.counts": KINDS * STATUSES,  # (kind, status) -> n

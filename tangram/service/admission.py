@@ -78,7 +78,7 @@ class FairGate:
         self.poll_s = poll_s
         self._held: dict[str, collections.deque[_Held]] = {}  # job -> FIFO of held actions
         self._by_id: dict[str, _Held] = {}
-        self._live: dict[str, set[str]] = collections.defaultdict(set)  # job -> submitted, unfinished ids
+        self._live: collections.Counter[str] = collections.Counter()  # job -> its ids in _job_of (none: absent)
         self._rr = itertools.count()
         self._cancelled: collections.OrderedDict[str, dict] = collections.OrderedDict()  # bounded
         self._task: asyncio.Task | None = None
@@ -97,11 +97,9 @@ class FairGate:
         aid = rjob.action.id
         job = self._job_of.pop(aid, None)
         if job is not None:
-            live = self._live.get(job)
-            if live is not None:
-                live.discard(aid)
-                if not live:
-                    del self._live[job]
+            self._live[job] -= 1
+            if not self._live[job]:
+                del self._live[job]
         if _outcome.status not in _RAN:
             return  # a cancelled or refused one: a burst of them says nothing of how fast work ends
         now = time.monotonic()
@@ -115,7 +113,7 @@ class FairGate:
 
     def count(self, job: str) -> int:
         """Unfinished actions of ``job``: handed over (the runtime tells each end) or held here."""
-        return len(self._live.get(job, ())) + len(self._held.get(job, ()))
+        return self._live[job] + len(self._held.get(job, ()))
 
     def total(self) -> int:
         return len(self._job_of) + len(self._by_id)
@@ -153,7 +151,7 @@ class FairGate:
 
     def _submit(self, job: str, action: Any, received_at: float, held_s: float = 0.0) -> None:
         self.rt.submit(action, received_at=received_at, held_s=held_s)  # held here: queueing, not overhead
-        self._live[job].add(action.id)
+        self._live[job] += 1
         self._job_of[action.id] = job
 
     def _retry_after(self, finishes: float) -> int:
