@@ -97,10 +97,9 @@ def _run(args) -> int:
         app = create_app(cfg)
         from tangram.service.gc_pauses import freeze_startup_objects
 
-        frozen = [0]
-
         async def freeze(_app) -> None:  # built, not yet listening: no request's objects are frozen
-            frozen[0] = freeze_startup_objects()
+            logging.getLogger("tangram.service").info(
+                "froze %d startup objects: garbage collections skip them (docs/service.md)", freeze_startup_objects())
 
         app.on_startup.append(freeze)  # after the runtime's start (the cleanup context's, added first)
         runner, port = await start_site(app, svc.host, svc.port)
@@ -114,7 +113,6 @@ def _run(args) -> int:
             print(f"tangram serve: bearer token in {svc.token_file}", flush=True)
         print(f"tangram serve: state in {svc.state_dir or 'memory only (nothing survives a restart)'}", flush=True)
         log = logging.getLogger("tangram.service")
-        log.info("froze %d startup objects: garbage collections skip them (docs/service.md)", frozen[0])
         if not svc.token:
             log.warning("--no-auth: no bearer token - anyone who can reach %s:%d can run commands here",
                         svc.host, port)
