@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Callable
 
 import pytest
 from aiohttp import web
@@ -16,19 +17,37 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class StrictApi:
-    """A loopback API with hosted-API limits and a latency drawn per call."""
+    """A loopback API with hosted-API limits and a latency drawn per call; ``front_delay_s``
+    delays a call before the limits count it (a queueing proxy in front of the API)."""
 
-    def __init__(self, limits: UpstreamLimits, latency_s: tuple[float, float] = (0.01, 0.12), seed: int = 0):
+    def __init__(self, limits: UpstreamLimits, latency_s: tuple[float, float] = (0.01, 0.12), seed: int = 0,
+                 front_delay_s: Callable[[int], float] = lambda n: 0.0, rate_headers: bool = True):
         self.limits = limits
         self.latency_s = latency_s
+        self.front_delay_s = front_delay_s  # of the call's order of arrival at the front
         self.rng = random.Random(seed)
+        self.front_calls = 0
+        self.rate_headers = rate_headers
+        self.refused_at: list[float] = []  # when each 429 was answered (loop clock)
+
+    @web.middleware
+    async def front(self, request: web.Request, handler):
+        self.front_calls += 1
+        await asyncio.sleep(self.front_delay_s(self.front_calls - 1))
+        resp = await handler(request)
+        if resp.status == 429:
+            self.refused_at.append(asyncio.get_running_loop().time())
+        elif not self.rate_headers:  # an API that tells its books only in a 429's Retry-After
+            for h in [h for h in resp.headers if h.lower().startswith("x-ratelimit-")]:
+                del resp.headers[h]
+        return resp
 
     async def handle(self, request: web.Request) -> web.Response:
         await asyncio.sleep(self.rng.uniform(*self.latency_s))
         return web.json_response({"ok": True})
 
     async def __aenter__(self) -> "StrictApi":
-        app = web.Application(middlewares=[limits_middleware(self.limits)])
+        app = web.Application(middlewares=[self.front, limits_middleware(self.limits)])
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
@@ -107,6 +126,36 @@ async def test_forty_callers_through_the_service_see_no_429(window):
                 per = [int((t - api.limits.origin) // period) for t in arrivals]
                 assert max(per.count(k) for k in set(per)) <= 6
             assert svc.runtime.upstream_429s_absorbed == {}
+            assert_whole(svc.runtime)
+
+
+@pytest.mark.parametrize("books", ["adaptive", "conservative"])
+async def test_an_upstream_counting_late_costs_the_adaptive_books_one_round_of_429s(books, caplog):
+    # a proxy in front of the API holds every other batch of 4 calls 1.4 s before the limits
+    # count them, longer than the adaptive books' guess: a fast batch after a slow one meets the
+    # slow one still in the upstream's window. The first 429 withdraws the guess; after it only
+    # calls the guess had already forgotten can still arrive late and cause 429s, none later
+    # than the delay and a period after the first (with the guess kept, every fast batch would
+    # meet 429s again). Conservative books never see one. The API sends no X-RateLimit headers
+    # (with them, its Remaining: 0 pauses the pool before any 429).
+    period, delay = 1.0, 1.4
+    async with StrictApi(UpstreamLimits(quota=4, period_s=period), latency_s=(0.0, 0.01),
+                         front_delay_s=lambda n: delay if (n // 4) % 2 == 0 else 0.0, rate_headers=False) as api:
+        cfg = config(api_pools={"search": {"quota": 4, "period_s": period, "books": books}})
+        async with running_service(cfg) as svc, svc.client() as c:
+            body = {"kind": "http", "url": api.url, "resources": {"api": "search"}}
+            results = await asyncio.gather(*(c.run_action(body) for _ in range(16)))
+            assert [r.status for r in results] == ["succeeded"] * 16, [r.error for r in results if not r.ok]
+            refused = api.limits.stats.refused
+            assert svc.runtime.upstream_429s_absorbed.get("api:search", 0) == refused
+            if books == "adaptive":
+                assert refused >= 1, api.limits.stats.as_dict()
+                first = api.refused_at[0]
+                assert all(t <= first + delay + period + 0.2 for t in api.refused_at), \
+                    [round(t - first, 2) for t in api.refused_at]
+                assert "429 under the adaptive quota books" in caplog.text
+            else:
+                assert refused == 0, api.limits.stats.as_dict()
             assert_whole(svc.runtime)
 
 

@@ -12,7 +12,7 @@ import pytest
 from tangram.core.engine import Engine, Started
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError
-from tangram.managers.basic import ApiLimit, BasicManager
+from tangram.managers.basic import ADAPTIVE_MARGIN_S, ApiLimit, BasicManager
 
 
 class Clock:
@@ -76,6 +76,7 @@ def api_action(i: int, name: str = "svc", units: int = 1, **payload) -> Action:
     ({"svc": 3}, "limits['svc']: expected an ApiLimit"),
     ({"svc": {"quota": 5, "period_s": 1, "arrival_margin_s": -1}}, "limits['svc'].arrival_margin_s"),
     ({"svc": {"quota": 5, "period_s": 1, "arrival_margin_s": float("inf")}}, "limits['svc'].arrival_margin_s"),
+    ({"svc": {"quota": 5, "period_s": 1, "books": "optimistic"}}, "limits['svc'].books"),
 ])
 def test_bad_config_names_field(limits, field):
     with pytest.raises(ValueError) as e:
@@ -158,7 +159,7 @@ def test_fixed_window_refills_whole_quota_at_boundary():
 def test_sliding_unit_counts_until_a_period_after_the_answer():
     # the upstream may receive the call as late as its answer: the window runs from there
     clock = Clock(0.0)
-    m = BasicManager({"svc": {"quota": 1, "period_s": 1.0}}, clock=clock)
+    m = BasicManager({"svc": {"quota": 1, "period_s": 1.0, "books": "conservative"}}, clock=clock)
     m.allocate("api:svc", 1, "a")
     clock.t = 3.0  # a slow call: still in flight three periods later
     assert next(iter(m.pool_states())).free == 0
@@ -169,6 +170,84 @@ def test_sliding_unit_counts_until_a_period_after_the_answer():
     clock.t = 4.49
     assert next(iter(m.pool_states())).free == 0
     clock.t = 4.5
+    assert next(iter(m.pool_states())).free == 1
+    m.check_invariants()
+
+
+def test_adaptive_books_guess_a_margin_until_the_first_429():
+    # by default a call counts until dispatch + ADAPTIVE_MARGIN_S + period (or its answer + period,
+    # if sooner) ...
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 2, "period_s": 1.0}}, clock=clock)
+    m.allocate("api:svc", 1, "a")
+    m.allocate("api:svc", 1, "b")
+    assert m.next_wakeup(clock()) == pytest.approx(ADAPTIVE_MARGIN_S + 1.0)
+    clock.t = 0.1
+    m.release("api:svc", "b")  # answered before the margin: b leaves at 1.1
+    assert m.next_wakeup(clock()) == pytest.approx(1.1)
+    clock.t = 1.1
+    assert next(iter(m.pool_states())).free == 1
+    m.allocate("api:svc", 1, "c")  # dispatched at 1.1, still in flight
+    clock.t = ADAPTIVE_MARGIN_S + 1.0
+    assert next(iter(m.pool_states())).free == 1  # a (in flight since 0) left the books at 1.5
+    m.allocate("api:svc", 1, "d")
+    # ... and the upstream's first 429 withdraws the guess: a call counts until its answer + period
+    clock.t = 1.6
+    assert m.observe_response("api:svc", 429, {"Retry-After": "0"}) == 0.0
+    clock.t = 10.0  # c and d, in flight for minutes, still count: only their answers start the countdown
+    assert next(iter(m.pool_states())).free == 0 and m.next_wakeup(clock()) is None
+    m.release("api:svc", "c")
+    assert m.next_wakeup(clock()) == pytest.approx(11.0)
+    clock.t = 11.0
+    assert next(iter(m.pool_states())).free == 1
+    m.release("api:svc", "a")  # a late answer of a call that already left the books gives nothing twice
+    assert next(iter(m.pool_states())).free == 1
+    m.allocate("api:svc", 1, "e")
+    clock.t = 12.0
+    assert next(iter(m.pool_states())).free == 0  # e: no margin any more, in flight
+    m.check_invariants()
+
+
+def test_adaptive_guess_withdrawn_counts_answered_calls_to_their_answer():
+    # a call answered after the margin had already left the books at dispatch + margin + period;
+    # after the 429 it counts again until answer + period (the 429's pause covers the gap)
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 1, "period_s": 1.0}}, clock=clock)
+    m.allocate("api:svc", 1, "a")
+    clock.t = 1.0
+    m.release("api:svc", "a")  # answered at 1.0: under the guess, it leaves at 1.5
+    m.observe_response("api:svc", 429, {"Retry-After": "0"})
+    clock.t = 1.6
+    assert next(iter(m.pool_states())).free == 0
+    assert m.next_wakeup(clock()) == pytest.approx(2.0)
+    clock.t = 2.0
+    assert next(iter(m.pool_states())).free == 1
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("raw", [{"arrival_margin_s": 0.2}, {"books": "conservative"}])
+def test_a_stated_margin_or_conservative_books_do_not_change_on_a_429(raw):
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 1, "period_s": 1.0, **raw}}, clock=clock)
+    m.observe_response("api:svc", 429, {"Retry-After": "0"})
+    m.allocate("api:svc", 1, "a")
+    expected = 1.2 if "arrival_margin_s" in raw else None
+    assert m.next_wakeup(clock()) == (None if expected is None else pytest.approx(expected))
+
+
+def test_adaptive_fixed_window_counts_to_the_answer_after_a_429():
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 1, "period_s": 1.0, "window": "fixed"}}, clock=clock)
+    clock.t = 0.2
+    m.allocate("api:svc", 1, "a")  # dispatched at 0.2: under the guess it arrives by 0.7, in window [0, 1)
+    clock.t = 1.0
+    assert next(iter(m.pool_states())).free == 1
+    m.observe_response("api:svc", 429, {"Retry-After": "0"})
+    m.allocate("api:svc", 1, "b")  # dispatched at 1.0, may now arrive in any later window
+    clock.t = 2.0
+    assert next(iter(m.pool_states())).free == 0
+    m.release("api:svc", "b")
+    clock.t = 3.0
     assert next(iter(m.pool_states())).free == 1
     m.check_invariants()
 
@@ -267,6 +346,8 @@ def test_sliding_units_another_client_spent_come_back_a_period_later():
     assert m.next_wakeup(clock()) == pytest.approx(1.0)
     clock.t = 1.0
     assert next(iter(m.pool_states())).free == 4  # was 1, for good: their 3 units never came back
+    clock.t = 1.0 + ADAPTIVE_MARGIN_S  # a's entry at dispatch + margin + period, superseded by its answer
+    assert next(iter(m.pool_states())).free == 4
     (p,) = m._pools.values()
     assert (p.consumed, p.grants, p.expiry) == (0, {}, [])
     m.check_invariants()

@@ -96,6 +96,7 @@ BAD_CONFIGS = [
     ({"api_pools": {"search": {"quota": 10}}}, "api_pools.search.period_s"),
     ({"api_pools": {"search": {}}}, "api_pools.search"),
     ({"api_pools": [{"name": "s", "concurrency": 0}]}, "api_pools[0].concurrency"),
+    ({"api_pools": {"search": {"quota": 10, "period_s": 1, "books": "optimistic"}}}, "api_pools.search.books"),
     ({"scheduler": {"depth": 0}}, "scheduler.depth"),
     ({"scheduler": {"lookahead": "far"}}, "scheduler.lookahead"),
     ({"scheduler": {"order": "sjf"}}, "scheduler.order"),

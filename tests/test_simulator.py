@@ -252,9 +252,10 @@ def test_errors_are_workload_errors():
 def test_arrival_margin_frees_quota_sooner_and_stays_within_the_providers_limit():
     base = load_workload("deepsearch").with_batch(128)
     searches = {}
-    for margin in (None, 0.05):
+    for margin, books in ((None, "conservative"), (None, "adaptive"), (0.05, "conservative")):
         # a quota of 8 calls a second, so that it binds at this batch
-        api = tuple(replace(p, quota=8, arrival_margin_s=margin) if p.quota else p for p in base.cluster.api)
+        api = tuple(replace(p, quota=8, arrival_margin_s=margin, books=books) if p.quota else p
+                    for p in base.cluster.api)
         res = simulate(base.with_cluster(replace(base.cluster, api=api)), "tangram", seed=0)
         assert res.summary["retries"] == 0 and res.summary["failed"] == 0
         starts = [r.start for r in res.records if r.rtype == "api:search"]
@@ -263,9 +264,14 @@ def test_arrival_margin_frees_quota_sooner_and_stays_within_the_providers_limit(
         for t in starts:
             per_window[int(t // 1.0)] = per_window.get(int(t // 1.0), 0) + 1
         assert max(per_window.values()) <= 8
-        searches[margin] = res.summary["by_class"]["search"]["mean_act_s"]
-    # without a margin a call counts until its answer, so in two windows whenever it spans a boundary
-    assert searches[0.05] < searches[None]
+        searches[books if margin is None else margin] = res.summary["by_class"]["search"]["mean_act_s"]
+    # conservative books count a call until its answer, so in two windows whenever it spans a boundary;
+    # the adaptive books' guess (0.5 s) is never withdrawn here: the simulated provider counts at dispatch
+    assert searches[0.05] < searches["conservative"] and searches["adaptive"] < searches["conservative"]
+    with pytest.raises(WorkloadError) as ei:
+        parse_cluster({"cpu_nodes": 1, "cores_per_node": 4,
+                       "api": {"s": {"quota": 5, "period_s": 1, "books": "optimistic"}}}, "cluster")
+    assert ei.value.field == "cluster.api.s.books"
     with pytest.raises(WorkloadError) as ei:
         parse_cluster({"cpu_nodes": 1, "cores_per_node": 4,
                        "api": {"s": {"quota": 5, "period_s": 1, "arrival_margin_s": -1}}}, "cluster")

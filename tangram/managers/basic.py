@@ -6,10 +6,21 @@ Each pool ``api:<name>`` may have
   taken at grant and given back at release (the call returned);
 * a **quota**: at most ``quota`` calls per ``period_s`` *as the upstream
   counts them*. The upstream counts a call when it arrives, somewhere between
-  our dispatch and its answer, on its own clock; so the books are
-  conservative: a call counts from its dispatch until the upstream's window
-  has surely forgotten it. Its latest possible arrival is its answer (release),
-  or ``dispatch + arrival_margin_s`` when a margin is configured. Two kinds:
+  our dispatch and its answer, on its own clock; a call counts from its
+  dispatch until the upstream's window has surely forgotten it, i.e. from its
+  latest possible arrival. That is ``dispatch + arrival_margin_s`` when a
+  margin is configured. Otherwise ``books`` says:
+
+  - ``adaptive`` (default): ``dispatch + ADAPTIVE_MARGIN_S`` (or the answer, if
+    sooner) until the upstream answers the pool's first 429; from then on the
+    conservative books below. A 429 is absorbed (the call is re-queued), so the
+    cost of a wrong guess is the calls in flight when it comes, once per pool;
+    the gain is the pool's quota (conservative books send about
+    ``period / (period + call latency)`` of it when the pool is busy).
+  - ``conservative``: the answer (release); never a 429 from our own calls,
+    whenever the upstream counts them.
+
+  Two kinds of window:
 
   - ``sliding`` (default): any interval of length ``period_s`` holds at most
     ``quota`` arrivals; a unit comes back at latest arrival + ``period_s``.
@@ -39,6 +50,7 @@ from __future__ import annotations
 
 import email.utils
 import heapq
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -48,7 +60,14 @@ from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
 from tangram.core.pools import PoolState
 
+log = logging.getLogger(__name__)
+
 SLIDING, FIXED = "sliding", "fixed"
+ADAPTIVE, CONSERVATIVE = "adaptive", "conservative"
+# The adaptive books' guess of how late after dispatch the upstream receives a call: a new
+# connection's TCP and TLS 1.2 handshakes take 3 round trips before the request goes out, 0.45 s
+# at an intercontinental 150 ms round trip; a kept-alive connection takes half of one.
+ADAPTIVE_MARGIN_S = 0.5
 DEFAULT_429_PAUSE_S = 1.0  # a 429 without Retry-After on a pool without a quota period
 MAX_429_PAUSE_S = 3600.0  # a bogus Retry-After never parks a pool longer than this
 
@@ -61,8 +80,9 @@ class ApiLimit:
     quota: int | None = None
     period_s: float | None = None
     window: str = SLIDING
-    # how late after dispatch the upstream can receive a call; None: any time before its answer
+    # how late after dispatch the upstream can receive a call; None: ``books`` decides
     arrival_margin_s: float | None = None
+    books: str = ADAPTIVE  # without a margin: "adaptive" or "conservative" (module docstring)
 
     def validate(self, field: str) -> None:
         for name in ("concurrency", "quota"):
@@ -82,16 +102,18 @@ class ApiLimit:
         m = self.arrival_margin_s
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not (0 <= m < math.inf)):
             raise ValueError(f"{field}.arrival_margin_s: must be a non-negative finite number of seconds, got {m!r}")
+        if self.books not in (ADAPTIVE, CONSERVATIVE):
+            raise ValueError(f"{field}.books: must be 'adaptive' or 'conservative', got {self.books!r}")
 
     @classmethod
     def parse(cls, raw: "ApiLimit | Mapping[str, Any]", field: str) -> "ApiLimit":
         if isinstance(raw, ApiLimit):
             lim = raw
         elif isinstance(raw, Mapping):
-            unknown = set(raw) - {"concurrency", "quota", "period_s", "window", "arrival_margin_s"}
+            unknown = set(raw) - {"concurrency", "quota", "period_s", "window", "arrival_margin_s", "books"}
             if unknown:
                 raise ValueError(f"{field}: unknown keys {sorted(unknown)} "
-                                 "(expected concurrency, quota, period_s, window, arrival_margin_s)")
+                                 "(expected concurrency, quota, period_s, window, arrival_margin_s, books)")
             lim = cls(**raw)
         else:
             raise ValueError(f"{field}: expected an ApiLimit or a mapping, got {type(raw).__name__}")
@@ -115,7 +137,7 @@ class _Pool:
     """Books of one API pool."""
 
     __slots__ = ("name", "limit", "holders", "in_flight", "live", "grants", "expiry", "consumed",
-                 "window_start", "blocked_until", "upstream_429s")
+                 "window_start", "blocked_until", "upstream_429s", "margin", "adapting")
 
     def __init__(self, name: str, limit: ApiLimit, origin: float):
         self.name = name
@@ -129,6 +151,10 @@ class _Pool:
         self.window_start = origin  # fixed windows only
         self.blocked_until = -math.inf  # the upstream asked us to wait (429 + Retry-After)
         self.upstream_429s = 0
+        # the arrival margin the books use now (None: the answer bounds the arrival), and whether
+        # it is the adaptive guess that the first 429 withdraws
+        self.adapting = limit.arrival_margin_s is None and limit.books == ADAPTIVE and limit.quota is not None
+        self.margin = ADAPTIVE_MARGIN_S if self.adapting else limit.arrival_margin_s
 
     @property
     def capacity(self) -> int:
@@ -137,7 +163,7 @@ class _Pool:
 
     def latest_arrival(self, g: _Grant) -> float:
         """The latest the upstream can have received ``g``: before its answer, and within the margin."""
-        margin = self.limit.arrival_margin_s
+        margin = self.margin
         bound = math.inf if g.released is None else g.released
         return bound if margin is None else min(bound, g.dispatched + margin)
 
@@ -148,6 +174,19 @@ class _Pool:
         if expires < g.expires:  # the stale heap entry is skipped when popped
             g.expires = expires
             heapq.heappush(self.expiry, (expires, seq, g))
+
+    def withdraw_margin(self) -> None:
+        """The upstream counted a call later than the adaptive guess: count every call to its answer."""
+        self.adapting = False
+        self.margin = None
+        if self.limit.window != SLIDING:
+            return  # fixed windows recompute from latest_arrival at each boundary
+        for seq, g in self.grants.items():
+            later = self.latest_arrival(g) + float(self.limit.period_s)
+            if later > g.expires:  # the old heap entry is skipped when popped (g.expires no longer matches)
+                g.expires = later
+                if later < math.inf:
+                    heapq.heappush(self.expiry, (later, seq, g))
 
     def refresh(self, now: float) -> None:
         """Return to the quota what the upstream no longer counts at ``now``."""
@@ -314,6 +353,11 @@ class BasicManager(ResourceManager):
         if status != 429:
             return None
         p.upstream_429s += 1
+        if p.adapting:
+            p.withdraw_margin()
+            log.warning("%s: the upstream answered 429 under the adaptive quota books; counting each call "
+                        "until its answer from now on (state arrival_margin_s or books: conservative to choose)",
+                        p.name)
         delay = _retry_after(h)
         if delay is None:
             delay = reset

@@ -72,7 +72,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
 
         managers.append(BasicManager({
             p.name: ApiLimit(concurrency=p.concurrency, quota=p.quota, period_s=p.period_s, window=p.window,
-                             arrival_margin_s=p.arrival_margin_s)
+                             arrival_margin_s=p.arrival_margin_s, books=p.books)
             for p in cfg.api_pools
         }))
         http_executor = HttpExecutor()

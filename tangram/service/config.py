@@ -80,6 +80,7 @@ class ApiPoolConfig:
     period_s: float | None = None
     window: str = "sliding"
     arrival_margin_s: float | None = None  # see tangram.managers.basic
+    books: str = "adaptive"  # without a margin: "adaptive" or "conservative" (tangram.managers.basic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,7 +383,7 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
 
 def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
     m = _mapping(raw, where)
-    _known(m, where, {"name", "concurrency", "quota", "period_s", "window", "arrival_margin_s"})
+    _known(m, where, {"name", "concurrency", "quota", "period_s", "window", "arrival_margin_s", "books"})
     name = _str(m.get("name"), f"{where}.name")
     if name.startswith("api:"):
         name = name[4:]
@@ -405,8 +406,11 @@ def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (0 <= margin < math.inf):
             raise ConfigError(f"{where}.arrival_margin_s", f"must be a non-negative finite number, got {margin!r}")
         margin = float(margin)
+    books = m.get("books", "adaptive")
+    if books not in ("adaptive", "conservative"):
+        raise ConfigError(f"{where}.books", f"must be 'adaptive' or 'conservative', got {books!r}")
     return ApiPoolConfig(name=name, concurrency=conc, quota=quota, period_s=period, window=window,
-                         arrival_margin_s=margin)
+                         arrival_margin_s=margin, books=books)
 
 
 # ---------------------------------------------------------------------------- #

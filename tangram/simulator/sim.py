@@ -128,7 +128,8 @@ class Simulation:
             else:
                 api[f"api:{p.name}"] = ApiLimit(concurrency=p.concurrency, quota=p.quota,
                                                period_s=p.period_s if p.quota is not None else None, window=FIXED,
-                                               arrival_margin_s=p.arrival_margin_s if p.quota is not None else None)
+                                               arrival_margin_s=p.arrival_margin_s if p.quota is not None else None,
+                                               books=p.books)
             self.capacity[f"api:{p.name}"] = p.concurrency if p.concurrency is not None else p.quota
         self._has_quota = any(lim.quota is not None for lim in api.values())
         if api:

@@ -56,6 +56,9 @@ class ApiPool:
     # None: the managed quota counts a call until its answer. The simulated provider
     # receives a call at its dispatch, within any margin.
     arrival_margin_s: float | None = None
+    # without a margin (ApiLimit.books): "adaptive" guesses one until the provider's first 429,
+    # which the simulated provider never sends to managed calls; "conservative" counts to the answer
+    books: str = "adaptive"
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,17 +278,20 @@ def parse_cluster(raw: Any, f: str) -> Cluster:
         pf = f"{f}.api.{pname}"
         if not isinstance(lim, dict):
             raise WorkloadError(pf, "expected a mapping with concurrency and/or quota + period_s")
-        unknown = set(lim) - {"concurrency", "quota", "period_s", "arrival_margin_s", "source"}
+        unknown = set(lim) - {"concurrency", "quota", "period_s", "arrival_margin_s", "books", "source"}
         if unknown:
             raise WorkloadError(f"{pf}.{sorted(unknown)[0]}",
-                                "unknown key (expected concurrency, quota, period_s, arrival_margin_s)")
+                                "unknown key (expected concurrency, quota, period_s, arrival_margin_s, books)")
         conc = _int(lim["concurrency"], f"{pf}.concurrency", minimum=1) if "concurrency" in lim else None
         quota = _int(lim["quota"], f"{pf}.quota", minimum=1) if "quota" in lim else None
         if conc is None and quota is None:
             raise WorkloadError(pf, "needs concurrency and/or quota")
         period = _num(lim.get("period_s", 1.0), f"{pf}.period_s", positive=True, allow_zero=False)
         margin = _num(lim["arrival_margin_s"], f"{pf}.arrival_margin_s", positive=True) if "arrival_margin_s" in lim else None
-        api.append(ApiPool(str(pname), conc, quota, period, margin))
+        books = lim.get("books", "adaptive")
+        if books not in ("adaptive", "conservative"):
+            raise WorkloadError(f"{pf}.books", f"must be 'adaptive' or 'conservative', got {books!r}")
+        api.append(ApiPool(str(pname), conc, quota, period, margin, books))
     c = Cluster(
         cpu_nodes=_int(raw.get("cpu_nodes", 0), f"{f}.cpu_nodes"),
         cores_per_node=_int(raw.get("cores_per_node", 0), f"{f}.cores_per_node"),
