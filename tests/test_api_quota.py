@@ -126,6 +126,8 @@ async def test_forty_callers_through_the_service_see_no_429(window):
                 per = [int((t - api.limits.origin) // period) for t in arrivals]
                 assert max(per.count(k) for k in set(per)) <= 6
             assert svc.runtime.upstream_429s_absorbed == {}
+            metrics = await (await c._sess().get(f"{svc.url}/metrics")).text()
+            assert 'tangram_api_quota_books{books="adaptive",pool="api:search"} 1.0' in metrics
             assert_whole(svc.runtime)
 
 
@@ -156,6 +158,8 @@ async def test_an_upstream_counting_late_costs_the_adaptive_books_one_round_of_4
                 assert "429 under the adaptive quota books" in caplog.text
             else:
                 assert refused == 0, api.limits.stats.as_dict()
+            metrics = await (await c._sess().get(f"{svc.url}/metrics")).text()
+            assert 'tangram_api_quota_books{books="conservative",pool="api:search"} 1.0' in metrics
             assert_whole(svc.runtime)
 
 

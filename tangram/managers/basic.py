@@ -367,6 +367,11 @@ class BasicManager(ResourceManager):
         p.blocked_until = max(p.blocked_until, now + delay)
         return delay
 
+    def books(self) -> Mapping[str, str]:
+        """Each quota pool's books now: ``adaptive`` (the guess holds), ``conservative`` or ``margin``."""
+        return {name: ("margin" if p.limit.arrival_margin_s is not None else ADAPTIVE if p.adapting else CONSERVATIVE)
+                for name, p in self._pools.items() if p.limit.quota is not None}
+
     def upstream_429s(self) -> Mapping[str, int]:
         """429 answers the upstream gave per pool (each one absorbed or returned by the runtime)."""
         return {name: p.upstream_429s for name, p in self._pools.items()}

@@ -32,6 +32,13 @@ class _PoolCollector:
         for pool, n in self.runtime.upstream_429s_absorbed.items():
             absorbed.add_metric([pool], n)
         yield absorbed
+        books = GaugeMetricFamily("tangram_api_quota_books", "1 for the books each API quota pool keeps now "
+                                  "(adaptive: the arrival guess holds; conservative: withdrawn by a 429, or "
+                                  "chosen; margin: arrival_margin_s stated)", labels=["pool", "books"])
+        for m in eng.managers:
+            for pool, kind in (m.books() if hasattr(m, "books") else {}).items():
+                books.add_metric([pool, kind], 1)
+        yield books
         yield GaugeMetricFamily("tangram_queue_length", "Actions waiting for resources", value=len(eng.waiting))
         yield GaugeMetricFamily("tangram_running_actions", "Actions running now", value=len(eng.running))
         yield GaugeMetricFamily("tangram_environments", "Live environments",
