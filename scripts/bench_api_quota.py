@@ -8,8 +8,9 @@ latency drawn per call from ``--latency-s``. ``tangram serve`` runs as a
 subprocess with an ``api_pools`` entry of exactly those limits; ``--callers``
 concurrent clients each run one ``http`` action through it. Per run: 429s that
 reached callers, 429s the upstream sent at all, peak concurrency and the most
-arrivals in any period as the upstream saw them, wall time. Prints one JSON
-object.
+arrivals in any period as the upstream saw them, wall time. ``--books`` runs
+the pool's quota books of each kind side by side (interleaved, one seed each
+per run). Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def start_service(cfg: Path) -> ServeProcess:
         raise SystemExit(str(exc)) from None
 
 
-async def one_run(args: argparse.Namespace, seed: int) -> dict:
+async def one_run(args: argparse.Namespace, seed: int, books: str) -> dict:
     limits = UpstreamLimits(concurrency=args.concurrency, quota=args.quota, period_s=args.period_s,
                             window=args.window)
     rng = random.Random(seed)
@@ -72,7 +73,7 @@ async def one_run(args: argparse.Namespace, seed: int) -> dict:
         cfg.write_text(json.dumps({
             "cpu_nodes": [{"name": "here", "executor": "local", "cores": 1, "memory_mb": 256}], "gpu_nodes": [],
             "api_pools": {"search": {"concurrency": args.concurrency, "quota": args.quota,
-                                     "period_s": args.period_s, "window": args.window}}}))
+                                     "period_s": args.period_s, "window": args.window, "books": books}}}))
         with start_service(cfg) as srv:
             async with TangramClient(srv.url) as c:
                 t0 = time.monotonic()
@@ -81,7 +82,8 @@ async def one_run(args: argparse.Namespace, seed: int) -> dict:
                     for _ in range(args.callers)))
                 wall = time.monotonic() - t0
     await runner.cleanup()
-    return {"caller_429s": sum(1 for r in results if (r.output or {}).get("status") == 429),
+    return {"books": books, "seed": seed,
+            "caller_429s": sum(1 for r in results if (r.output or {}).get("status") == 429),
             "failed": sum(1 for r in results if not r.ok),
             "upstream_429s_sent": limits.stats.refused,
             "peak_concurrency": limits.stats.peak_concurrency,
@@ -100,9 +102,11 @@ async def main() -> None:
     ap.add_argument("--window", choices=["sliding", "fixed"], default="sliding")
     ap.add_argument("--latency-s", type=float, nargs=2, default=(0.05, 0.3),
                     help="upstream latency range per call (a hosted search API answers in tens to hundreds of ms)")
+    ap.add_argument("--books", nargs="+", choices=["adaptive", "conservative"], default=["adaptive", "conservative"],
+                    help="the API pool's quota books (tangram.managers.basic); several: interleaved per seed")
     ap.add_argument("--json", action="store_true", help="accepted for symmetry: the output is always one JSON object")
     args = ap.parse_args()
-    runs = [await one_run(args, seed) for seed in range(args.runs)]
+    runs = [await one_run(args, seed, books) for seed in range(args.runs) for books in args.books]
     print(json.dumps({"limits": {"concurrency": args.concurrency, "quota": args.quota, "period_s": args.period_s,
                                  "window": args.window}, "callers": args.callers, "runs": runs}))
 
