@@ -60,6 +60,24 @@ async def affinity(tmp_path):
     await ex.close()
 
 
+@pytest.mark.skipif(not CGROUPS, reason="needs writable cgroups")
+async def test_a_cgroup_it_cannot_join_is_no_exit_code_and_no_reward(local, monkeypatch, tmp_path):
+    # the group vanished before the process joined it: the command never ran, so the result has
+    # no exit code (not the prefix's 125), and the reward path calls it broken, not failed tests
+    from integrations.verl.reward import _broken
+    from tangram.executors.cgroups import _Group
+
+    assert local.isolation in (CGROUP_V1, CGROUP_V2)  # resolved now: the backend exists
+    create = local._cg.create
+    monkeypatch.setattr(local._cg, "create", lambda *a: _Group(create(*a).dirs + [str(tmp_path / "gone")]))
+    marker = tmp_path / "ran"
+    r = await local.exec("traj", f"touch {marker}", Placement("join", "local", dop=1, cores=(LAST,)))
+    assert r.status == FAILED and r.exit_code is None and "could not join" in r.error, r
+    assert not marker.exists()
+    from tangram.client import ActionResult
+    assert _broken(ActionResult(id="join", status=r.status, exit_code=r.exit_code, error=r.error), "command")
+
+
 def _gone(pid: int) -> bool:
     """Dead or a zombie (zombies run nothing; PID 1 here may not reap them)."""
     try:
