@@ -13,10 +13,12 @@ Each pool ``api:<name>`` may have
 
   - ``adaptive`` (default): ``dispatch + ADAPTIVE_MARGIN_S`` (or the answer, if
     sooner) until the upstream answers the pool's first 429; from then on the
-    conservative books below. A 429 is absorbed (the call is re-queued), so the
-    cost of a wrong guess is the calls in flight when it comes, once per pool;
-    the gain is the pool's quota (conservative books send about
-    ``period / (period + call latency)`` of it when the pool is busy).
+    conservative books below. A 429 is absorbed (the call is re-queued), so a
+    wrong guess costs one round of 429s per pool: calls in flight when it
+    comes, and calls the guess had already let go of that still reach the
+    upstream late (within the longest such delay and a period). The gain is
+    the pool's quota: conservative books send about
+    ``period / (period + call latency)`` of it when the pool is busy.
   - ``conservative``: the answer (release); never a 429 from our own calls,
     whenever the upstream counts them.
 

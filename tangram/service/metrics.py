@@ -36,7 +36,8 @@ class _PoolCollector:
                                   "(adaptive: the arrival guess holds; conservative: withdrawn by a 429, or "
                                   "chosen; margin: arrival_margin_s stated)", labels=["pool", "books"])
         for m in eng.managers:
-            for pool, kind in (m.books() if hasattr(m, "books") else {}).items():
+            books_of = getattr(m, "books", None)  # API managers only
+            for pool, kind in (books_of() if books_of is not None else {}).items():
                 books.add_metric([pool, kind], 1)
         yield books
         yield GaugeMetricFamily("tangram_queue_length", "Actions waiting for resources", value=len(eng.waiting))
