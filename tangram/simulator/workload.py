@@ -22,7 +22,7 @@ see :mod:`tangram.simulator.dists`)::
     rewards: {<class>: ...}       # run in order at the trajectory's end
     services: {<name>: {size_gb, t1_scale}}      # GPU models (DoPs follow from memory)
     cluster: {cpu_nodes, cores_per_node, mem_gb_per_node, gpu_nodes, gpus_per_node,
-              gpu_mem_gb, restore_gbps, api: {<name>: {concurrency, quota, period_s, arrival_margin_s}}}
+              gpu_mem_gb, restore_gbps, api: {<name>: {concurrency, quota, period_s, arrival_margin_s, books}}}
     baselines: {trajectory: {pod_cores, start_s, start_per_concurrent_s},
                 static_services: {<service>: {dop, replicas}}, serverless: {load_gbps},
                 api_naive: {reject_s, backoff_s, backoff_max_s, max_retries}, compare: [policies]}
