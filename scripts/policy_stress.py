@@ -3,7 +3,7 @@
 
     python scripts/policy_stress.py [--family cpu|gpu|api|all] [--seeds 0:36] [--jobs 2] [--json]
                                     [--param order=fcfs ...] [--baselines-from OUT.json]
-                                    [--arrival-margin S] [--smoke]
+                                    [--arrival-margin S | --books B] [--smoke]
 
 Each seed draws one workload of a family from the ranges below (``cpu``: the
 ``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
@@ -28,8 +28,10 @@ so it is the strongest fixed deployment one could size knowing the mix in advanc
 ``PolicyParams`` field changed, to try a policy change on the same workloads;
 ``--baselines-from`` an earlier ``--json`` output reuses its baselines' runs (the same
 draws and simulation seed: checked) and runs tangram alone, a quarter of the time.
-``--arrival-margin S`` states that ``arrival_margin_s`` on every quota pool of the draws
-(the service's books are conservative without one: ``tangram.managers.basic``).
+``--arrival-margin S`` states that ``arrival_margin_s`` on every quota pool of the draws;
+``--books B`` states those quota books instead (without either, the service's default,
+the adaptive books: ``tangram.managers.basic``; ``--books conservative`` reruns the
+first stored API runs).
 One seed of the simulation (``--sim-seed``) per workload: single runs at small batches
 are noisy, which the counts above do not hide (read the ratios, not one point).
 """
@@ -195,15 +197,17 @@ def api_workload(seed: int, smoke: bool = False) -> dict:
 DRAW = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload}
 
 
-def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | None = None) -> dict | None:
+def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | None = None,
+         books: str | None = None) -> dict | None:
     """Draw ``seed`` of ``family``; ``arrival_margin_s`` states that margin on every quota pool (the
     managed books free a call's slot that long after its dispatch instead of after its answer; the
-    simulated upstream counts a call at its dispatch either way)."""
+    simulated upstream counts a call at its dispatch either way), ``books`` those books."""
     raw = DRAW[family](seed, smoke)
-    if raw is not None and arrival_margin_s is not None:
+    stated = {k: v for k, v in (("arrival_margin_s", arrival_margin_s), ("books", books)) if v is not None}
+    if raw is not None and stated:
         for pool in raw["cluster"].get("api", {}).values():
             if "quota" in pool:
-                pool["arrival_margin_s"] = arrival_margin_s
+                pool.update(stated)
     return raw
 
 
@@ -272,8 +276,8 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 
 def _run_one(job: tuple) -> dict | None:
-    family, seed, smoke, margin, params, sim_seed, tolerance, stored = job
-    raw = draw(family, seed, smoke, margin)
+    family, seed, smoke, margin, books, params, sim_seed, tolerance, stored = job
+    raw = draw(family, seed, smoke, margin, books)
     if raw is None:
         return None
     wl = parse_workload(raw, source=f"policy_stress {family} {seed}")
@@ -335,8 +339,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=0.01, help="a loss is a baseline this far below tangram")
     ap.add_argument("--param", type=_param, action="append", default=[], help="PolicyParams FIELD=VALUE for tangram")
     ap.add_argument("--smoke", action="store_true", help="32 trajectories a workload: checks the script runs")
-    ap.add_argument("--arrival-margin", type=float, metavar="S",
-                    help="state this arrival_margin_s on every quota pool (every policy's managed books)")
+    books = ap.add_mutually_exclusive_group()
+    books.add_argument("--arrival-margin", type=float, metavar="S",
+                       help="state this arrival_margin_s on every quota pool (every policy's managed books)")
+    books.add_argument("--books", choices=("adaptive", "conservative"),
+                       help="state these quota books on every quota pool (default: the service's, adaptive)")
     ap.add_argument("--baselines-from", metavar="JSON",
                     help="an earlier --json output: reuse its baselines' runs, run tangram alone")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -348,20 +355,21 @@ def main(argv=None) -> int:
     if args.baselines_from:
         for f in families:
             for seed in args.seeds:
-                raw = draw(f, seed, args.smoke, args.arrival_margin)
+                raw = draw(f, seed, args.smoke, args.arrival_margin, args.books)
                 if raw is not None and (f, seed) not in stored:
                     raise SystemExit(f"--baselines-from: no run of {f} draw {seed} there")
                 if raw is not None and stored[(f, seed)]["workload"] != raw:
                     raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
                                      "(another --smoke, or the ranges changed)")
-    jobs = [(f, s, args.smoke, args.arrival_margin, params, args.sim_seed, args.tolerance, stored.get((f, s)))
+    jobs = [(f, s, args.smoke, args.arrival_margin, args.books, params, args.sim_seed, args.tolerance,
+             stored.get((f, s)))
             for f in families for s in args.seeds]
     if args.jobs > 1:
         with Pool(args.jobs) as pool:
             rows = [r for r in pool.imap(_run_one, jobs, chunksize=1) if r is not None]  # draws vary 10x
     else:
         rows = [r for r in map(_run_one, jobs) if r is not None]
-    out = {"params": params, "sim_seed": args.sim_seed, "arrival_margin_s": args.arrival_margin,
+    out = {"params": params, "sim_seed": args.sim_seed, "arrival_margin_s": args.arrival_margin, "books": args.books,
            "summary": {f: summarize([r for r in rows if r["family"] == f], args.tolerance)
                        for f in families if any(r["family"] == f for r in rows)},
            "workloads": rows}

@@ -77,6 +77,8 @@ def api_action(i: int, name: str = "svc", units: int = 1, **payload) -> Action:
     ({"svc": {"quota": 5, "period_s": 1, "arrival_margin_s": -1}}, "limits['svc'].arrival_margin_s"),
     ({"svc": {"quota": 5, "period_s": 1, "arrival_margin_s": float("inf")}}, "limits['svc'].arrival_margin_s"),
     ({"svc": {"quota": 5, "period_s": 1, "books": "optimistic"}}, "limits['svc'].books"),
+    ({"svc": {"concurrency": 5, "books": "conservative"}}, "limits['svc'].books"),  # no quota to keep books of
+    ({"svc": {"quota": 5, "period_s": 1, "arrival_margin_s": 0.1, "books": "conservative"}}, "limits['svc'].books"),
 ])
 def test_bad_config_names_field(limits, field):
     with pytest.raises(ValueError) as e:
@@ -194,6 +196,7 @@ def test_adaptive_books_guess_a_margin_until_the_first_429():
     # ... and the upstream's first 429 withdraws the guess: a call counts until its answer + period
     clock.t = 1.6
     assert m.observe_response("api:svc", 429, {"Retry-After": "0"}) == 0.0
+    assert m.next_wakeup(clock()) is None  # c's and d's superseded expiries wake nothing
     clock.t = 10.0  # c and d, in flight for minutes, still count: only their answers start the countdown
     assert next(iter(m.pool_states())).free == 0 and m.next_wakeup(clock()) is None
     m.release("api:svc", "c")
@@ -206,6 +209,27 @@ def test_adaptive_books_guess_a_margin_until_the_first_429():
     clock.t = 12.0
     assert next(iter(m.pool_states())).free == 0  # e: no margin any more, in flight
     m.check_invariants()
+
+
+def test_adaptive_guess_is_for_the_call_itself_not_an_exec_holding_the_pool():
+    # an exec's command calls the API after its set-up, and its 429s never reach the manager:
+    # its grant counts until its end, whatever the books; an http action's, as guessed
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 2, "period_s": 1.0}}, clock=clock)
+    shell = Action.build("sh", {"api:svc": 1}, payload={"kind": "exec", "command": "curl ..."})
+    call = Action.build("call", {"api:svc": 1}, payload={"kind": "http", "url": "http://x"})
+    m.allocate("api:svc", 1, "sh", shell)
+    m.allocate("api:svc", 1, "call", call)
+    assert m.next_wakeup(clock()) == pytest.approx(ADAPTIVE_MARGIN_S + 1.0)  # the call's unit only
+    clock.t = 3.0
+    assert next(iter(m.pool_states())).free == 1  # the exec, still running, holds its unit
+    m.release("api:svc", "sh")
+    assert m.next_wakeup(clock()) == pytest.approx(4.0)
+    m.check_invariants()
+    # a stated margin is for the call itself too
+    m = BasicManager({"svc": {"quota": 1, "period_s": 1.0, "arrival_margin_s": 0.2}}, clock=clock)
+    m.allocate("api:svc", 1, "sh", shell)
+    assert m.next_wakeup(clock()) is None
 
 
 def test_adaptive_guess_withdrawn_counts_answered_calls_to_their_answer():

@@ -109,6 +109,10 @@ def test_an_arrival_margin_is_stated_on_every_quota_pool():
     assert pools["search"]["arrival_margin_s"] == 0.5 and "arrival_margin_s" not in pools["fetch"]  # no quota
     assert "arrival_margin_s" not in stress.draw("api", 0)["cluster"]["api"]["search"]
     assert stress.draw("cpu", 0, arrival_margin_s=0.5) == stress.draw("cpu", 0)  # no API pools
+    pools = stress.draw("api", 0, books="conservative")["cluster"]["api"]
+    assert pools["search"]["books"] == "conservative" and "books" not in pools["fetch"]
+    with pytest.raises(SystemExit):  # a stated margin is the books: one or the other
+        stress.main(["--smoke", "--arrival-margin", "0.5", "--books", "conservative"])
 
 
 def test_baselines_from_an_earlier_output_run_tangram_alone(tmp_path, capsys):

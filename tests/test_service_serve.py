@@ -97,6 +97,9 @@ BAD_CONFIGS = [
     ({"api_pools": {"search": {}}}, "api_pools.search"),
     ({"api_pools": [{"name": "s", "concurrency": 0}]}, "api_pools[0].concurrency"),
     ({"api_pools": {"search": {"quota": 10, "period_s": 1, "books": "optimistic"}}}, "api_pools.search.books"),
+    ({"api_pools": {"search": {"quota": 10, "period_s": 1, "arrival_margin_s": 0.2, "books": "adaptive"}}},
+     "api_pools.search.books"),  # a stated margin is the books
+    ({"api_pools": {"search": {"concurrency": 4, "books": "conservative"}}}, "api_pools.search.books"),
     ({"scheduler": {"depth": 0}}, "scheduler.depth"),
     ({"scheduler": {"lookahead": "far"}}, "scheduler.lookahead"),
     ({"scheduler": {"order": "sjf"}}, "scheduler.order"),

@@ -252,10 +252,10 @@ def test_errors_are_workload_errors():
 def test_arrival_margin_frees_quota_sooner_and_stays_within_the_providers_limit():
     base = load_workload("deepsearch").with_batch(128)
     searches = {}
-    for margin, books in ((None, "conservative"), (None, "adaptive"), (0.05, "conservative")):
+    for margin, books in ((None, "conservative"), (None, "adaptive"), (0.05, None)):
         # a quota of 8 calls a second, so that it binds at this batch
-        api = tuple(replace(p, quota=8, arrival_margin_s=margin, books=books) if p.quota else p
-                    for p in base.cluster.api)
+        api = tuple(replace(p, quota=8, arrival_margin_s=margin, books=books if margin is None else "adaptive")
+                    if p.quota else p for p in base.cluster.api)
         res = simulate(base.with_cluster(replace(base.cluster, api=api)), "tangram", seed=0)
         assert res.summary["retries"] == 0 and res.summary["failed"] == 0
         starts = [r.start for r in res.records if r.rtype == "api:search"]
@@ -272,6 +272,11 @@ def test_arrival_margin_frees_quota_sooner_and_stays_within_the_providers_limit(
         parse_cluster({"cpu_nodes": 1, "cores_per_node": 4,
                        "api": {"s": {"quota": 5, "period_s": 1, "books": "optimistic"}}}, "cluster")
     assert ei.value.field == "cluster.api.s.books"
+    for lim in ({"concurrency": 5, "books": "conservative"},
+                {"quota": 5, "period_s": 1, "arrival_margin_s": 0.1, "books": "adaptive"}):
+        with pytest.raises(WorkloadError, match="no arrival_margin_s") as ei:
+            parse_cluster({"cpu_nodes": 1, "cores_per_node": 4, "api": {"s": lim}}, "cluster")
+        assert ei.value.field == "cluster.api.s.books"
     with pytest.raises(WorkloadError) as ei:
         parse_cluster({"cpu_nodes": 1, "cores_per_node": 4,
                        "api": {"s": {"quota": 5, "period_s": 1, "arrival_margin_s": -1}}}, "cluster")

@@ -414,8 +414,7 @@ class LocalExecutor(EnvironmentExecutor):
         details["duration_s"] = time.perf_counter() - t0
         rc = transport.get_returncode()
         if group is not None and rc == JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
-            # the command never ran: no exit code, so no caller reads this as the command's verdict
-            # (a reward would score a suite that never ran as failed tests)
+            # the command never ran: no exit code, or a reward would score it as failed tests
             status, error, rc = FAILED, "could not join the action's cgroup: the command did not run", None
         if memory_mb and status == FAILED and sbx.Limits.oom_killed(group.dirs if group else []):
             details["oom_killed"] = True

@@ -9,15 +9,23 @@ Each pool ``api:<name>`` may have
   our dispatch and its answer, on its own clock; a call counts from its
   dispatch until the upstream's window has surely forgotten it, i.e. from its
   latest possible arrival. That is ``dispatch + arrival_margin_s`` when a
-  margin is configured. Otherwise ``books`` says:
+  margin is configured (for grants that are the call itself, see below; any
+  other counts to its end). Otherwise ``books`` says:
 
   - ``adaptive`` (default): ``dispatch + ADAPTIVE_MARGIN_S`` (or the answer, if
     sooner) until the upstream answers the pool's first 429; from then on the
     conservative books below. A 429 is absorbed (the call is re-queued), so a
     wrong guess costs one round of 429s per pool: calls in flight when it
     comes, and calls the guess had already let go of that still reach the
-    upstream late (within the longest such delay and a period). The gain is
-    the pool's quota: conservative books send about
+    upstream late (within the longest such delay and a period). Any 429
+    withdraws the guess, one caused by another client on the same key too, for
+    the manager's life (a restart guesses again). The guess applies only to
+    grants that are the call itself, whose answer the runtime reads
+    (:meth:`BasicManager.observe_response`): ``http`` actions, and actions
+    with no kind (the simulator's calls). Any other action holding the pool
+    (an ``exec`` whose command calls the API after its set-up) counts to its
+    end: its dispatch is not the call's, and its 429s never reach us. The gain
+    is the pool's quota: conservative books send about
     ``period / (period + call latency)`` of it when the pool is busy.
   - ``conservative``: the answer (release); never a 429 from our own calls,
     whenever the upstream counts them.
@@ -70,6 +78,7 @@ ADAPTIVE, CONSERVATIVE = "adaptive", "conservative"
 # connection's TCP and TLS 1.2 handshakes take 3 round trips before the request goes out, 0.45 s
 # at an intercontinental 150 ms round trip; a kept-alive connection takes half of one.
 ADAPTIVE_MARGIN_S = 0.5
+BOOKS_NEED = "needs a quota, and no arrival_margin_s (a stated margin is the books)"
 DEFAULT_429_PAUSE_S = 1.0  # a 429 without Retry-After on a pool without a quota period
 MAX_429_PAUSE_S = 3600.0  # a bogus Retry-After never parks a pool longer than this
 
@@ -106,6 +115,8 @@ class ApiLimit:
             raise ValueError(f"{field}.arrival_margin_s: must be a non-negative finite number of seconds, got {m!r}")
         if self.books not in (ADAPTIVE, CONSERVATIVE):
             raise ValueError(f"{field}.books: must be 'adaptive' or 'conservative', got {self.books!r}")
+        if self.books != ADAPTIVE and (self.quota is None or m is not None):
+            raise ValueError(f"{field}.books: {BOOKS_NEED}")
 
     @classmethod
     def parse(cls, raw: "ApiLimit | Mapping[str, Any]", field: str) -> "ApiLimit":
@@ -126,10 +137,11 @@ class ApiLimit:
 class _Grant:
     """One grant's times: when it was dispatched and released (None while in flight)."""
 
-    __slots__ = ("dispatched", "released", "units", "expires")
+    __slots__ = ("dispatched", "released", "units", "expires", "is_call")
 
-    def __init__(self, dispatched: float, units: int):
+    def __init__(self, dispatched: float, units: int, is_call: bool = True):
         self.dispatched = dispatched
+        self.is_call = is_call  # dispatched as the API call itself (the adaptive guess applies)
         self.released: float | None = None
         self.units = units
         self.expires = math.inf  # sliding windows: when the unit leaves the upstream's window
@@ -139,7 +151,7 @@ class _Pool:
     """Books of one API pool."""
 
     __slots__ = ("name", "limit", "holders", "in_flight", "live", "grants", "expiry", "consumed",
-                 "window_start", "blocked_until", "upstream_429s", "margin", "adapting")
+                 "window_start", "blocked_until", "upstream_429s", "adapting")
 
     def __init__(self, name: str, limit: ApiLimit, origin: float):
         self.name = name
@@ -153,10 +165,8 @@ class _Pool:
         self.window_start = origin  # fixed windows only
         self.blocked_until = -math.inf  # the upstream asked us to wait (429 + Retry-After)
         self.upstream_429s = 0
-        # the arrival margin the books use now (None: the answer bounds the arrival), and whether
-        # it is the adaptive guess that the first 429 withdraws
+        # whether the adaptive guess holds (the first 429 withdraws it)
         self.adapting = limit.arrival_margin_s is None and limit.books == ADAPTIVE and limit.quota is not None
-        self.margin = ADAPTIVE_MARGIN_S if self.adapting else limit.arrival_margin_s
 
     @property
     def capacity(self) -> int:
@@ -165,8 +175,12 @@ class _Pool:
 
     def latest_arrival(self, g: _Grant) -> float:
         """The latest the upstream can have received ``g``: before its answer, and within the margin."""
-        margin = self.margin
         bound = math.inf if g.released is None else g.released
+        if not g.is_call:
+            return bound
+        margin = self.limit.arrival_margin_s
+        if margin is None and self.adapting:
+            margin = ADAPTIVE_MARGIN_S
         return bound if margin is None else min(bound, g.dispatched + margin)
 
     def schedule_expiry(self, seq: int, g: _Grant) -> None:
@@ -180,7 +194,6 @@ class _Pool:
     def withdraw_margin(self) -> None:
         """The upstream counted a call later than the adaptive guess: count every call to its answer."""
         self.adapting = False
-        self.margin = None
         if self.limit.window != SLIDING:
             return  # fixed windows recompute from latest_arrival at each boundary
         for seq, g in self.grants.items():
@@ -228,7 +241,11 @@ class _Pool:
         if self.limit.quota is None or self.consumed == 0:
             return None
         if self.limit.window == SLIDING:
-            return self.expiry[0][0] if self.expiry else None
+            expiry = self.expiry
+            # entries superseded by a later expiry (a withdrawn guess) would wake the engine for nothing
+            while expiry and (expiry[0][2].expires != expiry[0][0] or self.grants.get(expiry[0][1]) is not expiry[0][2]):
+                heapq.heappop(expiry)
+            return expiry[0][0] if expiry else None
         return self.window_start + float(self.limit.period_s)
 
 
@@ -281,7 +298,9 @@ class BasicManager(ResourceManager):
         p.in_flight += units
         if p.limit.quota is not None:
             self._seq += 1
-            g = _Grant(now, units)
+            # an action of another kind holding the pool makes its call later, and we never see its answer
+            kind = action.payload.get("kind") if action is not None else None
+            g = _Grant(now, units, is_call=kind is None or kind == "http")
             p.live[holder] = (self._seq, g)
             p.grants[self._seq] = g
             p.consumed += units

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from tangram.core.errors import ConfigError  # re-exported: the service's config errors
 from tangram.core.fields import Fields
 from tangram.core.grants import parse_cpulist
+from tangram.managers.basic import ADAPTIVE, BOOKS_NEED, CONSERVATIVE
 from tangram.service.sandbox_protocol import SandboxFusionConfig, parse_sandbox_fusion
 from tangram.service.tokens import (  # noqa: F401 - re-exported: where tangram serve and clients find tokens
     DEFAULT_TOKEN_FILE,
@@ -80,7 +81,7 @@ class ApiPoolConfig:
     period_s: float | None = None
     window: str = "sliding"
     arrival_margin_s: float | None = None  # see tangram.managers.basic
-    books: str = "adaptive"  # without a margin: "adaptive" or "conservative" (tangram.managers.basic)
+    books: str = ADAPTIVE  # without a margin: "adaptive" or "conservative" (tangram.managers.basic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,9 +385,7 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
 def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
     m = _mapping(raw, where)
     _known(m, where, {"name", "concurrency", "quota", "period_s", "window", "arrival_margin_s", "books"})
-    name = _str(m.get("name"), f"{where}.name")
-    if name.startswith("api:"):
-        name = name[4:]
+    name = _str(m.get("name"), f"{where}.name").removeprefix("api:")
     if not name or any(c in name for c in "@/ "):
         raise ConfigError(f"{where}.name", f"must be a plain name (no '@', '/', spaces), got {name!r}")
     conc = _int(m["concurrency"], f"{where}.concurrency", lo=1) if m.get("concurrency") is not None else None
@@ -394,21 +393,20 @@ def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
     period = _number(m["period_s"], f"{where}.period_s") if m.get("period_s") is not None else None
     if conc is None and quota is None:
         raise ConfigError(where, "needs a concurrency limit, a quota, or both")
-    if quota is not None and period is None:
-        raise ConfigError(f"{where}.period_s", "a quota needs its period")
-    if quota is None and period is not None:
-        raise ConfigError(f"{where}.period_s", "given without a quota")
+    if (quota is None) != (period is None):
+        raise ConfigError(f"{where}.period_s", "a quota needs its period" if period is None else "given without a quota")
     window = m.get("window", "sliding")
     if window not in ("sliding", "fixed"):
         raise ConfigError(f"{where}.window", f"must be 'sliding' or 'fixed', got {window!r}")
     margin = m.get("arrival_margin_s")
-    if margin is not None:
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (0 <= margin < math.inf):
-            raise ConfigError(f"{where}.arrival_margin_s", f"must be a non-negative finite number, got {margin!r}")
-        margin = float(margin)
-    books = m.get("books", "adaptive")
-    if books not in ("adaptive", "conservative"):
-        raise ConfigError(f"{where}.books", f"must be 'adaptive' or 'conservative', got {books!r}")
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf):
+        raise ConfigError(f"{where}.arrival_margin_s", f"must be a non-negative finite number, got {margin!r}")
+    margin = None if margin is None else float(margin)
+    books = m.get("books", ADAPTIVE)
+    if books not in (ADAPTIVE, CONSERVATIVE):
+        raise ConfigError(f"{where}.books", f"must be '{ADAPTIVE}' or '{CONSERVATIVE}', got {books!r}")
+    if "books" in m and (quota is None or margin is not None):
+        raise ConfigError(f"{where}.books", BOOKS_NEED)
     return ApiPoolConfig(name=name, concurrency=conc, quota=quota, period_s=period, window=window,
                          arrival_margin_s=margin, books=books)
 

@@ -30,7 +30,7 @@ from tangram.core.grants import restore_seconds
 from tangram.core.model import Action, Demand
 from tangram.simulator.collections_deferred import full_collections_deferred
 from tangram.simulator.errors import WorkloadError
-from tangram.managers.basic import FIXED, ApiLimit, BasicManager
+from tangram.managers.basic import ADAPTIVE, FIXED, ApiLimit, BasicManager
 from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
 from tangram.simulator.managers import CachedCountingManager, SimGpuManager
 from tangram.simulator.policies import PolicySpec, policy_spec
@@ -129,7 +129,7 @@ class Simulation:
                 api[f"api:{p.name}"] = ApiLimit(concurrency=p.concurrency, quota=p.quota,
                                                period_s=p.period_s if p.quota is not None else None, window=FIXED,
                                                arrival_margin_s=p.arrival_margin_s if p.quota is not None else None,
-                                               books=p.books)
+                                               books=p.books if p.quota is not None else ADAPTIVE)
             self.capacity[f"api:{p.name}"] = p.concurrency if p.concurrency is not None else p.quota
         self._has_quota = any(lim.quota is not None for lim in api.values())
         if api:

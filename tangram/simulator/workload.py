@@ -39,6 +39,7 @@ import yaml
 
 from tangram.core.model import GPU_DOPS, Demand, Elasticity, parse_demand
 from tangram.core.errors import DemandError
+from tangram.managers.basic import ADAPTIVE, BOOKS_NEED, CONSERVATIVE
 from tangram.simulator.dists import _FIELDS, Dist, parse_dist, _num
 from tangram.simulator.errors import WorkloadError
 
@@ -58,7 +59,7 @@ class ApiPool:
     arrival_margin_s: float | None = None
     # without a margin (ApiLimit.books): "adaptive" guesses one until the provider's first 429,
     # which the simulated provider never sends to managed calls; "conservative" counts to the answer
-    books: str = "adaptive"
+    books: str = ADAPTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,9 +289,11 @@ def parse_cluster(raw: Any, f: str) -> Cluster:
             raise WorkloadError(pf, "needs concurrency and/or quota")
         period = _num(lim.get("period_s", 1.0), f"{pf}.period_s", positive=True, allow_zero=False)
         margin = _num(lim["arrival_margin_s"], f"{pf}.arrival_margin_s", positive=True) if "arrival_margin_s" in lim else None
-        books = lim.get("books", "adaptive")
-        if books not in ("adaptive", "conservative"):
-            raise WorkloadError(f"{pf}.books", f"must be 'adaptive' or 'conservative', got {books!r}")
+        books = lim.get("books", ADAPTIVE)
+        if books not in (ADAPTIVE, CONSERVATIVE):
+            raise WorkloadError(f"{pf}.books", f"must be '{ADAPTIVE}' or '{CONSERVATIVE}', got {books!r}")
+        if "books" in lim and (quota is None or margin is not None):
+            raise WorkloadError(f"{pf}.books", BOOKS_NEED)
         api.append(ApiPool(str(pname), conc, quota, period, margin, books))
     c = Cluster(
         cpu_nodes=_int(raw.get("cpu_nodes", 0), f"{f}.cpu_nodes"),
