@@ -232,6 +232,19 @@ def test_adaptive_guess_is_for_the_call_itself_not_an_exec_holding_the_pool():
     assert m.next_wakeup(clock()) is None
 
 
+@pytest.mark.parametrize("books", ["adaptive", "conservative"])
+def test_a_spent_pool_pauses_from_the_calls_latest_arrival_under_the_guess(books):
+    # the upstream says "0 left, reset in 2 s" in a slow call's answer: a gateway states its books
+    # as the call arrives, within the guess (by dispatch + 0.5 s), not as the answer leaves
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 1, "period_s": 2.0, "books": books}}, clock=clock)
+    m.allocate("api:svc", 1, "a")
+    clock.t = 1.2  # answered 1.2 s after dispatch
+    m.observe_response("api:svc", 200, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "2"}, "a")
+    m.release("api:svc", "a")
+    assert m.next_wakeup(clock()) == pytest.approx(2.5 if books == "adaptive" else 3.2)
+
+
 def test_adaptive_guess_withdrawn_counts_answered_calls_to_their_answer():
     # a call answered after the margin had already left the books at dispatch + margin + period;
     # after the 429 it counts again until answer + period (the 429's pause covers the gap)

@@ -334,14 +334,20 @@ class BasicManager(ResourceManager):
     # ------------------------------------------------------------------ #
     # what the upstream said about its own books
 
-    def observe_response(self, pool: str, status: int | None, headers: Mapping[str, str] | None) -> float | None:
+    def observe_response(self, pool: str, status: int | None, headers: Mapping[str, str] | None,
+                         holder: str | None = None) -> float | None:
         """Align the books with an upstream answer; for a 429, the seconds to wait before calling again.
 
         ``Retry-After`` pauses the whole pool (no grant until it passes);
         ``X-RateLimit-Remaining`` / ``RateLimit-Remaining`` raise the units
         counted in the current window when the upstream counted more (another
         client shares the key); ``X-RateLimit-Reset`` / ``RateLimit-Reset``
-        move a fixed window's boundary onto the upstream's.
+        move a fixed window's boundary onto the upstream's. A sliding pool the
+        upstream says is spent (``Remaining: 0``) pauses until its reset,
+        counted from the answer; under the adaptive guess, from the call's
+        latest arrival (``holder``: the call answered, still holding its grant):
+        a gateway states its books when the call arrives, so a reset counted from
+        a slow call's answer held the pool a call's latency too long.
         """
         p = self._pools.get(pool)
         if p is None:
@@ -370,7 +376,9 @@ class BasicManager(ResourceManager):
                 p.schedule_expiry(self._seq, g)
             p.consumed += max(extra, 0)
             if lim.window == SLIDING and p.consumed == lim.quota and reset is not None:
-                p.blocked_until = max(p.blocked_until, now + reset)
+                live = p.live.get(holder) if holder is not None and p.adapting else None
+                told = min(now, p.latest_arrival(live[1])) if live is not None else now
+                p.blocked_until = max(p.blocked_until, told + reset)
         if status != 429:
             return None
         p.upstream_429s += 1

@@ -309,7 +309,7 @@ class Runtime:
         for name in s.grants:
             observe = getattr(self.engine.manager_of(name), "observe_response", None)
             if name.startswith("api:") and observe is not None:
-                d = observe(name, status, headers)
+                d = observe(name, status, headers, job.action.id)
                 if d is not None and (delay is None or d > delay):
                     delay, pool = d, name
         if status != 429 or delay is None or job.outcome is not None:
