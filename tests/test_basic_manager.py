@@ -59,7 +59,7 @@ async def drive(engine: Engine, actions: list[Action],
 
 
 def api_action(i: int, name: str = "svc", units: int = 1, **payload) -> Action:
-    return Action.build(f"a{i}", {f"api:{name}": units}, payload=payload)
+    return Action.build(f"a{i}", {f"api:{name}": units}, payload={"kind": "http", **payload})
 
 
 # ---------------------------------------------------------------------- #
@@ -215,14 +215,16 @@ def test_adaptive_guess_is_for_the_call_itself_not_an_exec_holding_the_pool():
     # an exec's command calls the API after its set-up, and its 429s never reach the manager:
     # its grant counts until its end, whatever the books; an http action's, as guessed
     clock = Clock(0.0)
-    m = BasicManager({"svc": {"quota": 2, "period_s": 1.0}}, clock=clock)
+    m = BasicManager({"svc": {"quota": 3, "period_s": 1.0}}, clock=clock)
     shell = Action.build("sh", {"api:svc": 1}, payload={"kind": "exec", "command": "curl ..."})
+    kindless = Action.build("k", {"api:svc": 1})  # the runtime runs an action with no kind as an exec
     call = Action.build("call", {"api:svc": 1}, payload={"kind": "http", "url": "http://x"})
     m.allocate("api:svc", 1, "sh", shell)
+    m.allocate("api:svc", 1, "k", kindless)
     m.allocate("api:svc", 1, "call", call)
     assert m.next_wakeup(clock()) == pytest.approx(ADAPTIVE_MARGIN_S + 1.0)  # the call's unit only
     clock.t = 3.0
-    assert next(iter(m.pool_states())).free == 1  # the exec, still running, holds its unit
+    assert next(iter(m.pool_states())).free == 1  # the two execs, still running, hold their units
     m.release("api:svc", "sh")
     assert m.next_wakeup(clock()) == pytest.approx(4.0)
     m.check_invariants()

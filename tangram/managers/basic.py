@@ -21,10 +21,11 @@ Each pool ``api:<name>`` may have
     withdraws the guess, one caused by another client on the same key too, for
     the manager's life (a restart guesses again). The guess applies only to
     grants that are the call itself, whose answer the runtime reads
-    (:meth:`BasicManager.observe_response`): ``http`` actions, and actions
-    with no kind (the simulator's calls). Any other action holding the pool
-    (an ``exec`` whose command calls the API after its set-up) counts to its
-    end: its dispatch is not the call's, and its 429s never reach us. The gain
+    (:meth:`BasicManager.observe_response`): ``http`` actions (the
+    simulator's calls are too), or a grant with no action. Any other action
+    holding the pool (an ``exec`` whose command calls the API after its
+    set-up; an action with no kind runs as one) counts to its end: its
+    dispatch is not the call's, and its 429s never reach us. The gain
     is the pool's quota: conservative books send about
     ``period / (period + call latency)`` of it when the pool is busy.
   - ``conservative``: the answer (release); never a 429 from our own calls,
@@ -299,8 +300,8 @@ class BasicManager(ResourceManager):
         if p.limit.quota is not None:
             self._seq += 1
             # an action of another kind holding the pool makes its call later, and we never see its answer
-            kind = action.payload.get("kind") if action is not None else None
-            g = _Grant(now, units, is_call=kind is None or kind == "http")
+            # (an action with no kind runs as an exec); no action: the caller makes the call itself
+            g = _Grant(now, units, is_call=action is None or action.payload.get("kind") == "http")
             p.live[holder] = (self._seq, g)
             p.grants[self._seq] = g
             p.consumed += units

@@ -250,6 +250,7 @@ class Simulation:
                                    for m in opts}
         else:
             demands = {cls.rtype: cls.demand}
+            kw["payload"] = {"kind": "http"}  # the API call itself (the quota books' guess applies)
         return Action.build(rec.id, demands, **kw)
 
     def _serverless_dop(self, cls: ActionClass, svc: str) -> int:
