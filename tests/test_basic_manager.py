@@ -59,7 +59,7 @@ async def drive(engine: Engine, actions: list[Action],
 
 
 def api_action(i: int, name: str = "svc", units: int = 1, **payload) -> Action:
-    return Action.build(f"a{i}", {f"api:{name}": units}, payload={"kind": "http", **payload})
+    return Action.build(f"a{i}", {f"api:{name}": units}, payload=payload)
 
 
 # ---------------------------------------------------------------------- #
