@@ -185,24 +185,26 @@ class _Pool:
         return bound if margin is None else min(bound, g.dispatched + margin)
 
     def schedule_expiry(self, seq: int, g: _Grant) -> None:
+        """Move ``g``'s expiry to its latest arrival + period: sooner at its answer, later when the
+        guess is withdrawn; the superseded heap entry is skipped when popped (:meth:`_current`)."""
         if self.limit.window != SLIDING or self.grants.get(seq) is not g:
             return
         expires = self.latest_arrival(g) + float(self.limit.period_s)
-        if expires < g.expires:  # the stale heap entry is skipped when popped
+        if expires != g.expires:
             g.expires = expires
-            heapq.heappush(self.expiry, (expires, seq, g))
+            if expires < math.inf:  # in flight with no margin: only its answer starts the countdown
+                heapq.heappush(self.expiry, (expires, seq, g))
+
+    def _current(self, entry: tuple[float, int, _Grant]) -> bool:
+        """Whether a heap entry is its grant's expiry now (not superseded, the grant still counted)."""
+        expires, seq, g = entry
+        return g.expires == expires and self.grants.get(seq) is g
 
     def withdraw_margin(self) -> None:
         """The upstream counted a call later than the adaptive guess: count every call to its answer."""
         self.adapting = False
-        if self.limit.window != SLIDING:
-            return  # fixed windows recompute from latest_arrival at each boundary
-        for seq, g in self.grants.items():
-            later = self.latest_arrival(g) + float(self.limit.period_s)
-            if later > g.expires:  # the old heap entry is skipped when popped (g.expires no longer matches)
-                g.expires = later
-                if later < math.inf:
-                    heapq.heappush(self.expiry, (later, seq, g))
+        for seq, g in self.grants.items():  # fixed windows: latest_arrival, read at each boundary
+            self.schedule_expiry(seq, g)
 
     def refresh(self, now: float) -> None:
         """Return to the quota what the upstream no longer counts at ``now``."""
@@ -212,10 +214,10 @@ class _Pool:
         period = float(lim.period_s)
         if lim.window == SLIDING:
             while self.expiry and self.expiry[0][0] <= now:
-                expires, seq, g = heapq.heappop(self.expiry)
-                if g.expires == expires and self.grants.get(seq) is g:
-                    del self.grants[seq]
-                    self.consumed -= g.units
+                entry = heapq.heappop(self.expiry)
+                if self._current(entry):
+                    del self.grants[entry[1]]
+                    self.consumed -= entry[2].units
         elif now >= self.window_start + period:
             # at least one whole period (float division can round just below a boundary)
             self.window_start += max(1, math.floor((now - self.window_start) / period)) * period
@@ -242,11 +244,10 @@ class _Pool:
         if self.limit.quota is None or self.consumed == 0:
             return None
         if self.limit.window == SLIDING:
-            expiry = self.expiry
             # entries superseded by a later expiry (a withdrawn guess) would wake the engine for nothing
-            while expiry and (expiry[0][2].expires != expiry[0][0] or self.grants.get(expiry[0][1]) is not expiry[0][2]):
-                heapq.heappop(expiry)
-            return expiry[0][0] if expiry else None
+            while self.expiry and not self._current(self.expiry[0]):
+                heapq.heappop(self.expiry)
+            return self.expiry[0][0] if self.expiry else None
         return self.window_start + float(self.limit.period_s)
 
 
