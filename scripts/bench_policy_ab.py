@@ -80,13 +80,8 @@ def _ratios(base: list[float], new: list[float]) -> dict | None:
 
 
 def rounds(base_plan, new_plan, repeats: int, seed: int, smoke: bool = False) -> list[dict]:
-    from bench_scheduler import Size
-    specs = [dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=False),
-             dict(cores=1024, nodes=1, candidates=256, queued=8000, options=32, blocked=False),
-             dict(cores=256, nodes=1, candidates=64, queued=2000, options=32, blocked=True),
-             dict(cores=256, nodes=1, candidates=64, queued=20000, options=32, blocked=True)]
-    if smoke:
-        specs = [{**s, "queued": s["queued"] // 10} for s in specs]
+    from bench_scheduler import Size, size_specs
+    specs = size_specs(smoke)
     out = []
     for spec in specs:
         eng = Size(seed=seed, **spec).engine

@@ -17,7 +17,7 @@ import pytest
 
 from tangram.core.model import Action, Elasticity
 from tangram.core.pools import pool_name
-from tangram.policy import estimate, needs, rows
+from tangram.policy import estimate, needs, rows, schedule
 from tangram.policy.schedule import plan
 from tangram.policy.snapshot import PolicyParams, PoolState, Snapshot
 from tests.helpers import make_engine, make_node
@@ -324,6 +324,71 @@ def test_a_snapshot_with_its_nodes_in_a_list_plans_as_with_a_tuple():
         assert [(d.action.id, d.node, dict(d.units)) for d in got.dispatches] == [
             (d.action.id, d.node, dict(d.units)) for d in want.dispatches]
         assert dict(got.unfit) == dict(want.unfit)
+
+
+def _spread_snapshot(seed: int) -> Snapshot:
+    """Many nodes (some without free cores, some without a memory pool, some with GPUs) and
+    actions free to go to any of them: the node ranking's inputs (policy/node_rank.py)."""
+    rng = random.Random(seed)
+    nodes = tuple(f"n{i}" for i in range(rng.randint(2, 16)))
+    pools, running = {}, {}
+    for n in nodes:
+        cap = rng.choice([4, 8, 32, 256])
+        free = rng.choice([0, 0, 1, rng.randint(0, cap), cap])
+        pools[f"cpu@{n}"] = PoolState(f"cpu@{n}", "cpu", n, cap, free)
+        if free < cap:
+            running[f"cpu@{n}"] = ((rng.uniform(0, 30), cap - free),)
+        if rng.random() < 0.8:
+            mem = rng.choice([8192, 65536])
+            pools[f"mem@{n}"] = PoolState(f"mem@{n}", "mem", n, mem, rng.choice([0, mem // 2, mem]))
+        if rng.random() < 0.2:
+            chunks = rng.choice(CHUNKS)
+            pools[f"gpu@{n}"] = PoolState(f"gpu@{n}", "gpu", n, 8, sum(chunks), chunks=tuple(sorted(chunks)))
+    if rng.random() < 0.5:
+        pools["api:search"] = PoolState("api:search", "api:search", None, 4, rng.randint(0, 4))
+    trajectories = [f"t{i}" for i in range(rng.randint(1, 6))]
+    placement = {t: rng.choice(nodes) for t in trajectories if rng.random() < 0.3}
+    waiting = []
+    for i in range(rng.randint(1, 120)):
+        if rng.random() < 0.6:  # free to go anywhere: the ranking decides
+            lo = rng.choice([1, 1, 2, 4, 8])
+            demands = {"cpu": {"min": lo, "max": lo + rng.randint(0, 16)} if rng.random() < 0.5 else lo}
+            if "api:search" in pools and rng.random() < 0.1:
+                demands["api:search"] = 1
+            kw = {"trajectory": rng.choice(trajectories), "mem_mb": 0} if rng.random() < 0.2 else {}
+            waiting.append(Action.build(f"a{i}", demands, t1_s=rng.uniform(0.5, 60), elasticity=_elasticity(rng),
+                                        action_class=f"c{rng.randint(0, 3)}", **kw))
+        else:
+            waiting.append(_action(rng, i, pools, trajectories))
+    params = PolicyParams(lookahead=rng.choice([0, 4, 32]), fixed_dop=rng.choice([None] * 4 + [1, 4]))
+    return Snapshot(pools=pools, nodes=nodes, waiting=tuple(waiting), running=running, placement=placement,
+                    params=params)
+
+
+def _round_with_lookahead(snap: Snapshot) -> tuple:
+    """The plan, and what candidate selection alone returns (candidates, look-ahead, unfit)."""
+    cands, lookahead, unfit = schedule._select_candidates(snap)
+    p = plan(snap)
+    return (_digest(p), sorted(p.holdouts.items()),
+            [(c.action.id, c.node, sorted(c.units.items()), c.place_mem) for c in cands],
+            sorted((k, [a.id for a in v]) for k, v in lookahead.items()), sorted(unfit.items()))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_node_ranking_picks_what_a_scan_of_every_node_picks(seed, monkeypatch):
+    """An action free to go anywhere takes the first node in rank order that fits it instead of
+    asking every node; the rounds are the same as with the scan, and so is everything selection
+    records on the way (the look-ahead, and the pools it closes and reports as unfit)."""
+    ranked_calls = []
+    ranked_fit = schedule._ranked_fit
+    monkeypatch.setattr(schedule, "_ranked_fit", lambda *a: ranked_calls.append(1) or ranked_fit(*a))
+    for k in range(80):
+        snap = _spread_snapshot(1000 * seed + k)
+        with_rank = _round_with_lookahead(snap)
+        with monkeypatch.context() as m:
+            m.setattr(schedule, "NodeRank", lambda *a: None)  # every node asked, as before the ranking
+            assert _round_with_lookahead(snap) == with_rank, k
+    assert len(ranked_calls) > 500  # the ranking did decide
 
 
 # --------------------------------------------------------------------------- #

@@ -70,9 +70,10 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
         assert {"cores", "candidates", "queued", "round_median_ms", "round_p99_ms"} <= set(size)
         assert size["scheduled"] > 0 and size["events"] == 6
         assert 0 < size["round_cpu_median_ms"] <= size["round_cpu_p99_ms"]
-    assert [s["blocked_on_memory"] for s in out["sizes"]] == [False, False, True, True]
+    assert [(s["nodes"], s["blocked_on_memory"]) for s in out["sizes"]] == [
+        (1, False), (1, False), (1, True), (1, True), (15, False)]
     assert set(out["growth"]) == {"cores_4x", "queued_10x_blocked", "queued_10x_blocked_events",
-                                  "cores_4x_cpu", "queued_10x_blocked_cpu"}
+                                  "cores_4x_cpu", "queued_10x_blocked_cpu", "testbed_15x_nodes"}
     assert out["round_cpu_median_ms"] == out["sizes"][0]["round_cpu_median_ms"]
     import tangram.policy.estimate as estimate
     assert out["estimate_compiled"] is estimate._hot.COMPILED and "against_source" not in out
@@ -92,7 +93,8 @@ def test_bench_scheduler_times_the_plain_estimate_side_by_side(capsys):
     assert estimate._hot is running  # the benchmark puts the running loops back
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = out["against_source"]
-    assert [(r["cores"], r["blocked_on_memory"]) for r in rows] == [(256, False), (1024, False), (256, True), (256, True)]
+    assert [(r["cores"], r["blocked_on_memory"]) for r in rows] == [
+        (256, False), (1024, False), (256, True), (256, True), (3840, False)]
     for r in rows:
         assert r["round_cpu_median_ms"] > 0 and r["source_round_cpu_median_ms"] > 0
         assert r["ratio"]["p10"] <= r["ratio"]["median"] <= r["ratio"]["p90"]
@@ -124,7 +126,7 @@ def test_bench_policy_ab_plans_both_policies_on_the_same_snapshots(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["base"] == "HEAD" and set(out["estimate_compiled"]) == {"base", "new"}
     assert [(s["cores"], s["queued"], s["blocked_on_memory"]) for s in out["sizes"]] == [
-        (256, 200, False), (1024, 800, False), (256, 200, True), (256, 2000, True)]
+        (256, 200, False), (1024, 800, False), (256, 200, True), (256, 2000, True), (3840, 3000, False)]
     for s in out["sizes"]:
         assert s["base_round_cpu_median_ms"] > 0 and s["new_round_cpu_median_ms"] > 0
         assert s["ratio"]["p10"] <= s["ratio"]["median"] <= s["ratio"]["p90"]

@@ -31,7 +31,7 @@ def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str
     to wait) and the action classes whose class estimate their inputs read (Plan.holdout_classes).
 
     ``cands``: the round's candidates (``action``, ``pools`` by resource type, ``units``,
-    ``hits``); a kept one's key units are set here, an evicted one is replaced by None in place.
+    ``hits``, ``slot``: its index in ``cands``); a kept one's key units are set here, an evicted one is replaced by None in place.
     """
     if snap.params.fixed_dop is not None:
         return {}, frozenset()  # the fixed-DoP baseline: FCFS at N units, no eviction
@@ -114,7 +114,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
             inputs = _holdout_inputs(snap, pool, capacity, group, others, waiting_after)
             if snap.holdouts[pool.name] == inputs:
                 for c in group:
-                    cands[cands.index(c)] = None
+                    cands[c.slot] = None
                 return inputs, _keyed(others)
     actions = [c.action for c in group]
     hits = [c.hits for c in group]
@@ -168,7 +168,7 @@ def _arrange_group(snap, pool: PoolState, group, cands, users, waiting_after) ->
         if i < t:
             c.units[c.action.key] = units[i]
         else:
-            cands[cands.index(c)] = None  # evicted: keeps its queue position
+            cands[c.slot] = None  # evicted: keeps its queue position
     if t > 0 or pool.chunked:
         return None
     return inputs or _holdout_inputs(snap, pool, capacity, group, others, waiting_after), _keyed(others)

@@ -21,16 +21,18 @@ from tangram.policy.elastic import elastic_allocation
 from tangram.policy.needs import Needs
 from tangram.policy.needs import _NEEDS
 from tangram.policy.needs import needs as _needs
+from tangram.policy.node_rank import NodeRank
 from tangram.policy.rows import run_estimate
 from tangram.policy.snapshot import Plan, Snapshot, new_dispatch, pool_name
 
 
 
 class _Candidate:
-    __slots__ = ("action", "node", "pools", "units", "place_mem", "hits", "group")
+    __slots__ = ("action", "node", "pools", "units", "place_mem", "hits", "group", "slot")
 
     def __init__(self, action: Action, node: str | None, pools: dict[str, str], units: dict[str, int], place_mem: int,
-                 hits: frozenset[int] = frozenset(), scalable: bool = False):
+                 hits: frozenset[int] = frozenset(), scalable: bool = False, slot: int = 0):
+        self.slot = slot  # its index in the round's candidate list (elastic.py sets it to None there when evicted)
         self.action = action
         self.node = node
         self.pools = pools  # rtype -> pool name
@@ -152,6 +154,7 @@ def _select_candidates(snap: Snapshot):
     needs_memo = _NEEDS
     only_node = snap.nodes[0] if len(snap.nodes) == 1 and snap.nodes[0] is not None else None
     placement, hostable = snap.placement, snap.hostable
+    rank = NodeRank(nodes, pools, free) if len(nodes) > 1 else None
     for a in waiting_iter:
         nd = needs_memo.get(id(a))  # needs(a), its memo read inline (once per waiting action read)
         if nd is None:
@@ -198,7 +201,8 @@ def _select_candidates(snap: Snapshot):
         if home is not None and _open_and_fit(nd.on(home)[0], nd.local, units, pools, blocked, fits):
             node, place_mem = home, 0  # fast path, as _place decides it: the action fits on its one node
         else:
-            node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity)
+            node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity,
+                                             rank)
         if node is _NO_NODE:
             shape = shape or _shape(a, nd, bound, hostable)
             failed_shapes[shape] = needed
@@ -223,10 +227,12 @@ def _select_candidates(snap: Snapshot):
                 taken_chunks.setdefault(pname, []).append(u)
         if place_mem:
             free[pool_name("mem", node)] -= place_mem
+        if rank is not None and node is not None:
+            rank.moved(node)
         if node is not None and nd.has_cpu and a.trajectory is not None:
             placed.setdefault(a.trajectory, node)
         hits = affinity.claim(pools_of["gpu"], a) if "gpu" in pools_of and a.service is not None else frozenset()
-        cands.append(_Candidate(a, node, pools_of, units, place_mem, hits, nd.scalable))
+        cands.append(_Candidate(a, node, pools_of, units, place_mem, hits, nd.scalable, len(cands)))
     # a request above what is left after these candidates cannot fit either (the
     # elastic stage only adds units; evicted candidates' pools are dropped later)
     unfit = {pname: p.free + 1 for pname, p in pools.items()}
@@ -303,7 +309,7 @@ _NO_NODE = _NoNode()
 
 
 def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked, mem_failed,
-           affinity):
+           affinity, rank: NodeRank | None = None):
     """Choose the node for ``a``: returns (node, pools it would block, memory to place).
 
     A trajectory stays on the node its first CPU action was placed on; an
@@ -333,7 +339,12 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
             break
     best, best_key = _NO_NODE, None
     place_mem = a.mem_mb if (bound is None and nd.has_cpu) else 0
-    for node in nodes:
+    scan = nodes
+    if rank is not None and not place_mem and nd.has_cpu and not nd.has_gpu and nodes is snap.nodes and \
+            units["cpu"] >= 1:
+        best = _ranked_fit(rank, nd, units, pools, blocked, fits)
+        scan = ()  # decided
+    for node in scan:
         if not _open_and_fit(nd.on(node)[0], local, units, pools, blocked, fits):
             continue
         if place_mem:
@@ -366,6 +377,26 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
             block += mem_pools
         return _NO_NODE, block + list(api_pools), 0
     return best, [], place_mem
+
+
+def _ranked_fit(rank: NodeRank, nd: Needs, units: dict[str, int], pools, blocked, fits):
+    """The node the scan below picks for a CPU action with nothing to place, in rank order
+    (node_rank.py): the first that fits. ``fits``' record is the scan's: a pool it did not
+    reach is one where the action fits, or does not and the record only says so again
+    (free units only shrink), except a pool out of cores, which a one-core action closes."""
+    best = _NO_NODE
+    local = nd.local
+    for entry in rank.ranked():
+        node = entry[3]
+        if _open_and_fit(nd.on(node)[0], local, units, pools, blocked, fits):
+            best = node
+            break
+    if units["cpu"] == 1 and rank.empty:
+        for name in rank.empty:
+            if name not in blocked:  # a blocked pool is closed already
+                fits(name, 1)  # closes it, as the scan does
+        rank.empty.clear()
+    return best
 
 
 def _open_and_fit(names, types, units, pools, blocked, fits) -> bool:

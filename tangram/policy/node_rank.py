@@ -1,0 +1,61 @@
+"""The node a CPU action with nothing to place goes to, without asking every node.
+
+Candidate selection sends an action free to go anywhere (no trajectory bound to a
+node, no memory to place) to the node it fits with the most free memory, then the
+most free cores, the earlier node on a tie (``schedule._node_preference``). Asked
+node by node, that is every candidate times every node: at 15 nodes of 256 cores
+(the paper's testbed) it was most of a round. The key does not depend on the
+action, so one ranking, kept as the round's candidates take units, serves them
+all: the first node in rank order that fits is the node the full scan picks.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from tangram.core.pools import pool_name
+
+
+class NodeRank:
+    """``nodes`` by (most free memory, most free cores, earliest), over ``free`` (the round's
+    free units, which only shrink). Built on first use; :meth:`moved` after every candidate placed
+    on a node keeps it current."""
+
+    __slots__ = ("_nodes", "_pools", "_free", "_entries", "_entry", "empty")
+
+    def __init__(self, nodes: tuple, pools, free) -> None:
+        self._nodes, self._pools, self._free = nodes, pools, free
+        self._entries: list[tuple] | None = None  # sorted (-free memory, -free cores, index, node)
+        self._entry: dict = {}  # node -> its current entry
+        self.empty: set[str] = set()  # the CPU pools with no free core
+
+    def _key(self, node, index: int) -> tuple:
+        mname = pool_name("mem", node)
+        mem = self._free[mname] if mname in self._pools else 0
+        cpu = pool_name("cpu", node)
+        cores = self._free[cpu]
+        if cores <= 0:
+            self.empty.add(cpu)
+        return (-mem, -cores, index, node)
+
+    def ranked(self) -> list[tuple]:
+        """The entries in rank order (built now if not yet): read the node at ``[3]``."""
+        if self._entries is None:
+            self._entries = []
+            for index, node in enumerate(self._nodes):
+                if pool_name("cpu", node) in self._pools:  # a node without cores never fits a CPU action
+                    self._entry[node] = entry = self._key(node, index)
+                    self._entries.append(entry)
+            self._entries.sort()
+        return self._entries
+
+    def moved(self, node) -> None:
+        """``node``'s free units changed (a candidate took some)."""
+        old = self._entry.get(node) if self._entries is not None else None
+        if old is None:
+            return
+        new = self._key(node, old[2])
+        if new != old:
+            entries = self._entries
+            del entries[bisect_left(entries, old)]
+            insort(entries, new)
+            self._entry[node] = new
