@@ -182,6 +182,32 @@ def test_large_tables_on_lists_give_the_arrays_floats(seed, monkeypatch):
     assert merged > 100 and handed_over > 0  # both paths ran
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_prefixes_asked_shortest_last_go_on_from_the_longer_merge(seed):
+    """Greedy eviction asks for prefixes n, n-1, n-2, ...: each merge goes on from the last one's
+    (GreedyTable._largest). The same counts and floats as the arrays, or a hand-over, in that
+    order and in any other (a longer prefix after a shorter starts a merge over)."""
+    rng = random.Random(900 + seed)
+    merged = handed_over = went_on = 0
+    for rows, cap in _table_cases(rng, greedy_module._PAIRWISE_FROM, 70):
+        n = len(rows)
+        ref = GreedyTable(rows, cap)
+        for ts in (list(range(n, -1, -1)), rng.sample(range(n + 1), n + 1)):
+            fast = GreedyTable(rows, cap)
+            for t in ts:
+                if not ref.feasible(t):
+                    continue
+                before = fast._merge
+                got = fast._solve_merge(t)
+                went_on += before is not None and fast._merge is before
+                if got is None:
+                    handed_over += 1
+                else:
+                    merged += 1
+                    assert got == ref._solve_arrays(t)  # floats compared exactly: the same bits
+    assert merged > 300 and handed_over > 0 and went_on > 200
+
+
 def test_the_merge_hands_over_on_a_tie_at_the_budgets_edge():
     row = (np.arange(1, 5, dtype=np.int64), np.array([8.0, 6.0, 5.0, 4.5]))  # gains 2, 1, 0.5
     rows = [row] * 8 + [(np.arange(1, 3, dtype=np.int64), np.array([9.0, 8.5]))] * 2  # gains 0.5

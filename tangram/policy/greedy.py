@@ -98,6 +98,7 @@ class GreedyTable:
         self._rows = rows
         self._arrays_built = False
         self._by_largest = self._by_smallest = None  # rows by their largest / smallest gain, when asked
+        self._merge: _Merge | None = None  # the largest-first merge of the last prefix it served
         self._lists = lists = []
         self._min_sum = min_sum = [0]
         self._pos_count = pos_count = [0]  # positive gains of the first t rows
@@ -199,7 +200,7 @@ class GreedyTable:
                 return None
             if self._by_largest is None:
                 self._by_largest = _by_first(lists, _largest_first)
-            taken = _popped(lists, budget, t, self._by_largest, _largest_first)
+            taken = self._largest(t, budget)
             if taken is None:
                 return None
             durs, units = self._at_min[:t], self._min_units[:t]
@@ -220,6 +221,16 @@ class GreedyTable:
                 durs[i] = lists[i][1][x]
                 units[i] = lists[i][0] + x
         return _numpy_sum(durs), tuple(units), durs
+
+    def _largest(self, t: int, n: int) -> dict[int, int] | None:
+        """:func:`_popped` for the ``n`` largest gains of the first ``t`` rows, going on from the merge
+        of a longer prefix: greedy eviction asks for shorter and shorter prefixes, and a shorter
+        prefix's gains are the longer one's less its last rows', its budget larger by their minimums.
+        So its merge is the longer one's with those rows' pops handed back, popped further."""
+        merge = self._merge
+        if merge is None or merge.t < t or not merge.shorten(t, n):
+            merge = self._merge = _Merge(t)
+        return merge.pop_to(n, self._lists, self._by_largest)
 
     def _at_all(self, t: int) -> tuple[list[float], list[int]]:
         """Copies of the first ``t`` rows' durations and units with every positive gain taken."""
@@ -301,3 +312,65 @@ def _popped(lists, n: int, t: int, order: list[int], nth) -> dict[int, int] | No
     if heap and heap[0][0] == last:
         return None
     return out
+
+
+class _Merge:
+    """A heap merge of the first ``t`` rows' positive gains, largest first, that can be shortened
+    to fewer rows and popped further. The rows join the heap in the order of their first gain
+    (``order``), each once its first gain is at least the heap's top: then every pop is the
+    largest gain left, as in a merge of all the rows at once (ties in any order: the counts
+    per row are the same unless the n-th and (n+1)-th are equal, which is answered None)."""
+
+    __slots__ = ("t", "counts", "heap", "joined", "total")
+
+    def __init__(self, t: int) -> None:
+        self.t = t
+        self.counts: dict[int, int] = {}  # row -> gains popped from it
+        self.heap: list[tuple[float, int]] = []  # (-its next gain, row); a row's entry outlives it when shortened
+        self.joined = 0  # rows of ``order`` that joined the heap (or were passed over, being >= t)
+        self.total = 0  # gains popped, of rows below t
+
+    def shorten(self, t: int, n: int) -> bool:
+        """Drop rows ``t`` and on; False when the merge already popped more than ``n`` of the rest or
+        as many (the n-th would then be a pop of a row dropped now: start over)."""
+        counts = self.counts
+        for r in range(t, self.t):
+            self.total -= counts.pop(r, 0)
+        self.t = t
+        return self.total < n
+
+    def _top(self, lists, order) -> float | None:
+        """The key of the next pop (heap entries of dropped rows discarded, rows joined), or None."""
+        heap, t = self.heap, self.t
+        while heap and heap[0][1] >= t:
+            heapq.heappop(heap)
+        while self.joined < len(order):
+            r = order[self.joined]
+            if r >= t:
+                self.joined += 1
+                continue
+            first = -lists[r][2][0]
+            if heap and first > heap[0][0]:
+                break  # its first gain comes after the top, and so do all rows after it in ``order``
+            heapq.heappush(heap, (first, r))
+            self.joined += 1
+        return heap[0][0] if heap else None
+
+    def pop_to(self, n: int, lists, order) -> dict[int, int] | None:
+        """Pop until ``n`` gains of rows below ``t`` are popped: their counts per row, or None when
+        the n-th and the (n+1)-th are equal."""
+        heap, counts = self.heap, self.counts
+        last = None
+        while self.total < n:
+            last = self._top(lists, order)
+            if last is None:
+                return None  # fewer than n positive gains: the caller never asks for more than there are
+            _, i = heapq.heappop(heap)
+            j = counts[i] = counts.get(i, 0) + 1
+            desc = lists[i][2]
+            if j < len(desc):
+                heapq.heappush(heap, (-desc[j], i))
+            self.total += 1
+        if last is not None and self._top(lists, order) == last:
+            return None
+        return dict(counts)
