@@ -327,27 +327,30 @@ def test_a_snapshot_with_its_nodes_in_a_list_plans_as_with_a_tuple():
 
 
 def _spread_snapshot(seed: int) -> Snapshot:
-    """Many nodes (some without free cores, some without a memory pool, some with GPUs) and
-    actions free to go to any of them: the node ranking's inputs (policy/node_rank.py)."""
+    """Many nodes (some without free cores or memory, some without a memory pool, some with GPUs;
+    now and then a CPU pool in chunks or a node listed twice, where the ranking steps aside) and
+    actions free to go to any of them, with memory to place or none: the node ranking's inputs
+    (policy/node_rank.py)."""
     rng = random.Random(seed)
-    nodes = tuple(f"n{i}" for i in range(rng.randint(2, 16)))
+    names = [f"n{i}" for i in range(rng.randint(2, 16))]
     pools, running = {}, {}
-    for n in nodes:
+    for n in names:
         cap = rng.choice([4, 8, 32, 256])
         free = rng.choice([0, 0, 1, rng.randint(0, cap), cap])
-        pools[f"cpu@{n}"] = PoolState(f"cpu@{n}", "cpu", n, cap, free)
+        chunks = rng.choice(CHUNKS) if rng.random() < 0.03 else None
+        pools[f"cpu@{n}"] = PoolState(f"cpu@{n}", "cpu", n, cap, sum(chunks) if chunks else free, chunks=chunks)
         if free < cap:
             running[f"cpu@{n}"] = ((rng.uniform(0, 30), cap - free),)
         if rng.random() < 0.8:
             mem = rng.choice([8192, 65536])
-            pools[f"mem@{n}"] = PoolState(f"mem@{n}", "mem", n, mem, rng.choice([0, mem // 2, mem]))
+            pools[f"mem@{n}"] = PoolState(f"mem@{n}", "mem", n, mem, rng.choice([0, 2048, mem // 2, mem]))
         if rng.random() < 0.2:
             chunks = rng.choice(CHUNKS)
             pools[f"gpu@{n}"] = PoolState(f"gpu@{n}", "gpu", n, 8, sum(chunks), chunks=tuple(sorted(chunks)))
     if rng.random() < 0.5:
         pools["api:search"] = PoolState("api:search", "api:search", None, 4, rng.randint(0, 4))
     trajectories = [f"t{i}" for i in range(rng.randint(1, 6))]
-    placement = {t: rng.choice(nodes) for t in trajectories if rng.random() < 0.3}
+    placement = {t: rng.choice(names) for t in trajectories if rng.random() < 0.3}
     waiting = []
     for i in range(rng.randint(1, 120)):
         if rng.random() < 0.6:  # free to go anywhere: the ranking decides
@@ -355,14 +358,22 @@ def _spread_snapshot(seed: int) -> Snapshot:
             demands = {"cpu": {"min": lo, "max": lo + rng.randint(0, 16)} if rng.random() < 0.5 else lo}
             if "api:search" in pools and rng.random() < 0.1:
                 demands["api:search"] = 1
-            kw = {"trajectory": rng.choice(trajectories), "mem_mb": 0} if rng.random() < 0.2 else {}
+            kw = {"mem_mb": rng.choice([0, 0, 1024, 4096, 16384])}
+            if rng.random() < 0.3:
+                kw["trajectory"] = rng.choice(trajectories)
             waiting.append(Action.build(f"a{i}", demands, t1_s=rng.uniform(0.5, 60), elasticity=_elasticity(rng),
                                         action_class=f"c{rng.randint(0, 3)}", **kw))
         else:
             waiting.append(_action(rng, i, pools, trajectories))
-    params = PolicyParams(lookahead=rng.choice([0, 4, 32]), fixed_dop=rng.choice([None] * 4 + [1, 4]))
+    hostable = {t: tuple(rng.sample(names, rng.randint(1, len(names)))) for t in trajectories
+                if t not in placement and rng.random() < 0.3}
+    if rng.random() < 0.05:
+        names.append(rng.choice(names))  # listed twice
+    nodes = names if rng.random() < 0.3 else tuple(names)
+    params = PolicyParams(lookahead=rng.choice([0, 4, 32]), fixed_dop=rng.choice([None] * 4 + [1, 4]),
+                          order=rng.choice(["fcfs", "aging"]))
     return Snapshot(pools=pools, nodes=nodes, waiting=tuple(waiting), running=running, placement=placement,
-                    params=params)
+                    hostable=hostable, params=params)
 
 
 def _round_with_lookahead(snap: Snapshot) -> tuple:
@@ -378,7 +389,8 @@ def _round_with_lookahead(snap: Snapshot) -> tuple:
 def test_the_node_ranking_picks_what_a_scan_of_every_node_picks(seed, monkeypatch):
     """An action free to go anywhere takes the first node in rank order that fits it instead of
     asking every node; the rounds are the same as with the scan, and so is everything selection
-    records on the way (the look-ahead, and the pools it closes and reports as unfit)."""
+    records on the way (the look-ahead, and the pools it closes and reports as unfit): with memory
+    to place or none, next to nodes listed twice or CPU pools in chunks (where it steps aside)."""
     ranked_calls = []
     ranked_fit = schedule._ranked_fit
     monkeypatch.setattr(schedule, "_ranked_fit", lambda *a: ranked_calls.append(1) or ranked_fit(*a))

@@ -31,7 +31,8 @@ def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str
     to wait) and the action classes whose class estimate their inputs read (Plan.holdout_classes).
 
     ``cands``: the round's candidates (``action``, ``pools`` by resource type, ``units``,
-    ``hits``, ``slot``: its index in ``cands``); a kept one's key units are set here, an evicted one is replaced by None in place.
+    ``hits``, ``slot``: its index in ``cands``); a kept one's key units are set here, an evicted
+    one is replaced by None in place.
     """
     if snap.params.fixed_dop is not None:
         return {}, frozenset()  # the fixed-DoP baseline: FCFS at N units, no eviction

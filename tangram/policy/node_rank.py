@@ -20,13 +20,13 @@ class NodeRank:
     free units, which only shrink). Built on first use; :meth:`moved` after every candidate placed
     on a node keeps it current."""
 
-    __slots__ = ("_nodes", "_pools", "_free", "_entries", "_entry", "empty")
+    __slots__ = ("_nodes", "_pools", "_free", "_entries", "_entry", "_out_of_cores")
 
     def __init__(self, nodes: tuple, pools, free) -> None:
         self._nodes, self._pools, self._free = nodes, pools, free
         self._entries: list[tuple] | None = None  # sorted (-free memory, -free cores, index, node)
         self._entry: dict = {}  # node -> its current entry
-        self.empty: set[str] = set()  # the CPU pools with no free core
+        self._out_of_cores: set[str] = set()  # CPU pools with no free core, not yet closed by a one-core action
 
     def _key(self, node, index: int) -> tuple:
         mname = pool_name("mem", node)
@@ -34,23 +34,35 @@ class NodeRank:
         cpu = pool_name("cpu", node)
         cores = self._free[cpu]
         if cores <= 0:
-            self.empty.add(cpu)
+            self._out_of_cores.add(cpu)
         return (-mem, -cores, index, node)
 
-    def ranked(self) -> list[tuple]:
-        """The entries in rank order (built now if not yet): read the node at ``[3]``."""
+    def ranked(self) -> list[tuple] | None:
+        """The entries in rank order (built now if not yet): read the node at ``[3]``. None where a
+        ranking cannot stand in for the scan: a node listed twice (the scan asks it twice), or a
+        CPU pool in chunks (a request may fail to pack with units free, so a node the ranking does
+        not reach could record a failure the scan reports)."""
         if self._entries is None:
             self._entries = []
             for index, node in enumerate(self._nodes):
-                if pool_name("cpu", node) in self._pools:  # a node without cores never fits a CPU action
-                    self._entry[node] = entry = self._key(node, index)
-                    self._entries.append(entry)
+                cpu = pool_name("cpu", node)
+                if cpu not in self._pools:
+                    continue  # a node without cores never fits a CPU action
+                if node in self._entry or self._pools[cpu].chunks is not None:
+                    self._entries = ()
+                    return None
+                self._entry[node] = entry = self._key(node, index)
+                self._entries.append(entry)
             self._entries.sort()
-        return self._entries
+        return self._entries if self._entries != () else None
+
+    def entry(self, node) -> tuple | None:
+        """``node``'s current entry in :meth:`ranked` (None: not ranked)."""
+        return self._entry.get(node)
 
     def moved(self, node) -> None:
         """``node``'s free units changed (a candidate took some)."""
-        old = self._entry.get(node) if self._entries is not None else None
+        old = self._entry.get(node) if self._entries else None
         if old is None:
             return
         new = self._key(node, old[2])
@@ -59,3 +71,9 @@ class NodeRank:
             del entries[bisect_left(entries, old)]
             insort(entries, new)
             self._entry[node] = new
+
+    def take_out_of_cores(self) -> set[str]:
+        """The CPU pools found with no free core since the last call (a one-core action that does not
+        reach them in rank order closes them, as the scan does)."""
+        out, self._out_of_cores = self._out_of_cores, set()
+        return out

@@ -31,7 +31,7 @@ class _Candidate:
     __slots__ = ("action", "node", "pools", "units", "place_mem", "hits", "group", "slot")
 
     def __init__(self, action: Action, node: str | None, pools: dict[str, str], units: dict[str, int], place_mem: int,
-                 hits: frozenset[int] = frozenset(), scalable: bool = False, slot: int = 0):
+                 hits: frozenset[int], scalable: bool, slot: int):
         self.slot = slot  # its index in the round's candidate list (elastic.py sets it to None there when evicted)
         self.action = action
         self.node = node
@@ -120,7 +120,6 @@ def _select_candidates(snap: Snapshot):
     blockable = None  # the pools but memory, once a head blocks
     # free units only shrink within a round: once u units did not fit in a pool, nothing of u or more will
     failed_at: dict[str, int] = {}
-    mem_failed: dict[str, int] = {}  # mem pool -> the smallest reservation that did not fit
     failed_shapes: dict[tuple, list[str]] = {}  # see _shape -> the pools it waits behind
     # unplaced trajectories whose first CPU action in queue order could not be placed -> the pools it
     # waits behind: the first one places the trajectory, so its later CPU actions wait behind it
@@ -201,8 +200,7 @@ def _select_candidates(snap: Snapshot):
         if home is not None and _open_and_fit(nd.on(home)[0], nd.local, units, pools, blocked, fits):
             node, place_mem = home, 0  # fast path, as _place decides it: the action fits on its one node
         else:
-            node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, mem_failed, affinity,
-                                             rank)
+            node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, affinity, rank)
         if node is _NO_NODE:
             shape = shape or _shape(a, nd, bound, hostable)
             failed_shapes[shape] = needed
@@ -237,13 +235,13 @@ def _select_candidates(snap: Snapshot):
     # elastic stage only adds units; evicted candidates' pools are dropped later)
     unfit = {pname: p.free + 1 for pname, p in pools.items()}
     unfit.update((pname, f + 1) for pname, f in free.items())
+    # a failure lowers this only in a chunked pool (u units free that did not pack): elsewhere u did not
+    # fit in units free then, no fewer than now, so u >= free + 1 already (memory a trajectory could not
+    # place, the same case, is not recorded at all)
     for pname, u in failed_at.items():
         if u < unfit[pname]:
             unfit[pname] = u
     unfit.update((pname, 0) for pname in closed)
-    for mname, need in mem_failed.items():
-        if unfit.get(mname, need + 1) > need:
-            unfit[mname] = need
     return cands, lookahead, unfit
 
 
@@ -308,8 +306,8 @@ class _NoNode:
 _NO_NODE = _NoNode()
 
 
-def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked, mem_failed,
-           affinity, rank: NodeRank | None = None):
+def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, free, fits, blocked, affinity,
+           rank: NodeRank | None = None):
     """Choose the node for ``a``: returns (node, pools it would block, memory to place).
 
     A trajectory stays on the node its first CPU action was placed on; an
@@ -340,19 +338,18 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
     best, best_key = _NO_NODE, None
     place_mem = a.mem_mb if (bound is None and nd.has_cpu) else 0
     scan = nodes
-    if rank is not None and not place_mem and nd.has_cpu and not nd.has_gpu and nodes is snap.nodes and \
-            units["cpu"] >= 1:
-        best = _ranked_fit(rank, nd, units, pools, blocked, fits)
-        scan = ()  # decided
+    # a CPU action free to go to any node (``nodes is snap.nodes``: none bound, no hostable restriction)
+    # that takes no GPU: the ranking stands in for the scan (node_rank.py)
+    if rank is not None and nd.has_cpu and not nd.has_gpu and nodes is snap.nodes and units["cpu"] >= 1:
+        order = rank.ranked()
+        if order is not None:
+            best = _ranked_fit(order, rank, nd, units, place_mem, pools, blocked, fits, free)
+            scan = ()  # decided
     for node in scan:
         if not _open_and_fit(nd.on(node)[0], local, units, pools, blocked, fits):
             continue
-        if place_mem:
-            mname = pool_name("mem", node)
-            if mname not in pools or mname in blocked or free[mname] < place_mem:
-                if mname in pools and mem_failed.get(mname, place_mem + 1) > place_mem:
-                    mem_failed[mname] = place_mem
-                continue
+        if place_mem and not _holds_memory(node, place_mem, pools, blocked, free):
+            continue
         if len(nodes) == 1:
             best = node  # nothing to prefer it to
             break
@@ -379,24 +376,33 @@ def _place(a: Action, nd: Needs, units: dict[str, int], snap: Snapshot, placed, 
     return best, [], place_mem
 
 
-def _ranked_fit(rank: NodeRank, nd: Needs, units: dict[str, int], pools, blocked, fits):
-    """The node the scan below picks for a CPU action with nothing to place, in rank order
-    (node_rank.py): the first that fits. ``fits``' record is the scan's: a pool it did not
-    reach is one where the action fits, or does not and the record only says so again
-    (free units only shrink), except a pool out of cores, which a one-core action closes."""
-    best = _NO_NODE
+def _ranked_fit(order: list[tuple], rank: NodeRank, nd: Needs, units: dict[str, int], place_mem: int, pools,
+                blocked, fits, free):
+    """The node _place's scan picks for a CPU action free to go anywhere: the first in rank order
+    (``order``, node_rank.py) that fits it and, when it places its trajectory (``place_mem``), its
+    memory. ``fits``' record is the scan's: an unchunked pool the ranking does not reach is one where
+    the action fits, or does not and the record only says so again (free units only shrink within a
+    round; see the end of _select_candidates), except a pool out of cores, which a one-core action
+    closes."""
     local = nd.local
-    for entry in rank.ranked():
+    best = _NO_NODE
+    for entry in order:
         node = entry[3]
-        if _open_and_fit(nd.on(node)[0], local, units, pools, blocked, fits):
+        if _open_and_fit(nd.on(node)[0], local, units, pools, blocked, fits) and (
+                not place_mem or _holds_memory(node, place_mem, pools, blocked, free)):
             best = node
             break
-    if units["cpu"] == 1 and rank.empty:
-        for name in rank.empty:
+    if units["cpu"] == 1:
+        for name in rank.take_out_of_cores():
             if name not in blocked:  # a blocked pool is closed already
                 fits(name, 1)  # closes it, as the scan does
-        rank.empty.clear()
     return best
+
+
+def _holds_memory(node, place_mem: int, pools, blocked, free) -> bool:
+    """``node``'s memory pool can place ``place_mem`` now."""
+    mname = pool_name("mem", node)
+    return mname in pools and mname not in blocked and free[mname] >= place_mem
 
 
 def _open_and_fit(names, types, units, pools, blocked, fits) -> bool:
