@@ -74,6 +74,7 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
         (1, False), (1, False), (1, True), (1, True), (15, False)]
     assert set(out["growth"]) == {"cores_4x", "queued_10x_blocked", "queued_10x_blocked_events",
                                   "cores_4x_cpu", "queued_10x_blocked_cpu", "testbed_15x_nodes"}
+    assert out["growth"]["testbed_15x_nodes"]["ratio_of_medians"] > 0
     assert out["round_cpu_median_ms"] == out["sizes"][0]["round_cpu_median_ms"]
     import tangram.policy.estimate as estimate
     assert out["estimate_compiled"] is estimate._hot.COMPILED and "against_source" not in out
