@@ -15,18 +15,25 @@ from bisect import bisect_left, insort
 from tangram.core.pools import pool_name
 
 
+_NONE: dict = {}  # the entries of a ranking not built (read only)
+_NONE_OUT: frozenset = frozenset()
+
+
 class NodeRank:
     """``nodes`` by (most free memory, most free cores, earliest), over ``free`` (the round's
-    free units, which only shrink). Built on first use; :meth:`moved` after every candidate placed
-    on a node keeps it current."""
+    free units, which only shrink). Built when asked a second time in a round; :meth:`moved` after
+    every candidate placed on a node keeps it current."""
 
-    __slots__ = ("_nodes", "_pools", "_free", "_entries", "_entry", "_out_of_cores")
+    __slots__ = ("_nodes", "_pools", "_free", "_entries", "_entry", "_out_of_cores", "_asked")
 
     def __init__(self, nodes: tuple, pools, free) -> None:
         self._nodes, self._pools, self._free = nodes, pools, free
-        self._entries: list[tuple] | None = None  # sorted (-free memory, -free cores, index, node)
-        self._entry: dict = {}  # node -> its current entry
-        self._out_of_cores: set[str] = set()  # CPU pools with no free core, not yet closed by a one-core action
+        self._asked = False
+        # built on the second ask (most rounds never ask): sorted (-free memory, -free cores, index, node),
+        # node -> its current entry, and the CPU pools with no free core not yet closed by a one-core action
+        self._entries: list[tuple] | None = None
+        self._entry: dict = _NONE
+        self._out_of_cores: set[str] = _NONE_OUT
 
     def _key(self, node, index: int) -> tuple:
         mname = pool_name("mem", node)
@@ -38,12 +45,17 @@ class NodeRank:
         return (-mem, -cores, index, node)
 
     def ranked(self) -> list[tuple] | None:
-        """The entries in rank order (built now if not yet): read the node at ``[3]``. None where a
-        ranking cannot stand in for the scan: a node listed twice (the scan asks it twice), or a
-        CPU pool in chunks (a request may fail to pack with units free, so a node the ranking does
-        not reach could record a failure the scan reports)."""
+        """The entries in rank order (built now if not yet): read the node at ``[3]``. None the first
+        time it is asked in a round (one action scans the nodes in about the time the ranking takes
+        to build and sort: a round of the simulator places one or two), and where a ranking cannot
+        stand in for the scan: a node listed twice (the scan asks it twice), or a CPU pool in chunks
+        (a request may fail to pack with units free, so a node the ranking does not reach could
+        record a failure the scan reports)."""
+        if not self._asked:
+            self._asked = True
+            return None
         if self._entries is None:
-            self._entries = []
+            self._entries, self._entry, self._out_of_cores = [], {}, set()
             for index, node in enumerate(self._nodes):
                 cpu = pool_name("cpu", node)
                 if cpu not in self._pools:
