@@ -1,12 +1,14 @@
-"""The node a CPU action with nothing to place goes to, without asking every node.
+"""The node a CPU action free to go anywhere goes to, without asking every node.
 
-Candidate selection sends an action free to go anywhere (no trajectory bound to a
-node, no memory to place) to the node it fits with the most free memory, then the
-most free cores, the earlier node on a tie (``schedule._node_preference``). Asked
-node by node, that is every candidate times every node: at 15 nodes of 256 cores
-(the paper's testbed) it was most of a round. The key does not depend on the
-action, so one ranking, kept as the round's candidates take units, serves them
-all: the first node in rank order that fits is the node the full scan picks.
+Candidate selection sends a CPU action free to go to any node (no trajectory bound
+to a node, no restriction to some nodes, no GPU) to the node that fits it (its
+cores, and the memory it places for its trajectory if any) with the most free
+memory, then the most free cores, the earlier node on a tie
+(``schedule._node_preference``). Asked node by node, that is every candidate times
+every node: at 15 nodes of 256 cores (the paper's testbed) it was most of a round.
+The key does not depend on the action, so one ranking, kept as the round's
+candidates take units, serves them all: the first node in rank order that fits is
+the node the full scan picks.
 """
 from __future__ import annotations
 
@@ -67,10 +69,6 @@ class NodeRank:
                 self._entries.append(entry)
             self._entries.sort()
         return self._entries if self._entries != () else None
-
-    def entry(self, node) -> tuple | None:
-        """``node``'s current entry in :meth:`ranked` (None: not ranked)."""
-        return self._entry.get(node)
 
     def moved(self, node) -> None:
         """``node``'s free units changed (a candidate took some)."""
