@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Callable
 
 import pytest
@@ -161,6 +162,29 @@ async def test_an_upstream_counting_late_costs_the_adaptive_books_one_round_of_4
             metrics = await (await c._sess().get(f"{svc.url}/metrics")).text()
             assert 'tangram_api_quota_books{books="conservative",pool="api:search"} 1.0' in metrics
             assert_whole(svc.runtime)
+
+
+async def test_a_refill_that_passes_before_the_next_wakeup_is_asked_for_runs_a_round(monkeypatch):
+    # a loaded machine: the runtime's thread is descheduled between a round and its request for the
+    # next wake-up, and the quota refills meanwhile. The refill's time has passed, so the pool's next
+    # wake-up is none; the waiting calls must still start (they hung, with the pool free, until the
+    # test's timeout: seen in CI under load on the 429 test above)
+    cfg = config(api_pools={"search": {"quota": 1, "period_s": 0.3, "books": "conservative"}})
+    async with StrictApi(UpstreamLimits(quota=100, period_s=1.0), latency_s=(0.0, 0.01)) as api:
+        async with running_service(cfg) as svc, svc.client() as c:
+            rt = svc.runtime
+            arm = rt._arm_wakeup
+
+            def arm_late() -> None:
+                time.sleep(0.35)  # longer than the period: the refill falls before the wake-up is asked for
+                arm()
+
+            monkeypatch.setattr(rt, "_arm_wakeup", arm_late)
+            body = {"kind": "http", "url": api.url, "resources": {"api": "search"}}
+            results = await asyncio.wait_for(asyncio.gather(*(c.run_action(body) for _ in range(3))), 30)
+            assert [r.status for r in results] == ["succeeded"] * 3, [r.error for r in results]
+            assert api.limits.stats.refused == 0
+            assert_whole(rt)
 
 
 async def test_an_exec_holding_a_quota_pool_counts_until_its_end():

@@ -482,3 +482,32 @@ def test_engine_requeue_puts_the_action_first_with_its_grants_released():
 
     with pytest.raises(UnknownActionError):
         eng.requeue("a1")  # not running
+
+
+def test_units_back_that_no_round_has_read_are_reported_until_one_reads_them():
+    """A refill or the end of an upstream's pause whose time passed before the runtime asked for its next
+    wake-up: next_wakeup has nothing left to give, refilled_unseen says a round is due (the runtime
+    hung on it, the pool free and calls waiting). Units the engine took or gave back itself are known."""
+    t = [0.0]
+    m = BasicManager({"s": {"quota": 1, "period_s": 1.0, "books": "conservative"}, "c": {"concurrency": 2}},
+                     clock=lambda: t[0])
+    list(m.pool_states())
+    assert not m.refilled_unseen(t[0])
+    m.allocate("api:s", 1, "a")
+    m.allocate("api:c", 1, "b")
+    t[0] = 0.1
+    m.release("api:s", "a")  # counted until 1.1
+    m.release("api:c", "b")  # a slot back: the engine released it, its round sees it
+    assert not m.refilled_unseen(t[0])
+    t[0] = 2.0
+    assert m.next_wakeup(t[0]) is None  # the refill's time has passed
+    assert m.refilled_unseen(t[0])
+    list(m.pool_states())  # a round read the pools
+    assert not m.refilled_unseen(t[0])
+    # an upstream's pause (429 + Retry-After) that ends unseen is the same
+    m.allocate("api:s", 1, "d")
+    m.observe_response("api:s", 429, {"Retry-After": "1"}, "d")
+    m.release("api:s", "d")
+    list(m.pool_states())
+    t[0] = 3.5
+    assert m.next_wakeup(t[0]) is None and m.refilled_unseen(t[0])

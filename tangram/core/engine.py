@@ -256,6 +256,11 @@ class Engine:
         times = [t for m in self.managers if (t := m.next_wakeup(now)) is not None]
         return min(times) if times else None
 
+    def refilled_unseen(self) -> bool:
+        """A manager's pools gained units on their own since the last round read them (a round is due now)."""
+        now = self.clock()
+        return any(f(now) for m in self.managers if (f := getattr(m, "refilled_unseen", None)) is not None)
+
     # ------------------------------------------------------------------ #
     # scheduling
 

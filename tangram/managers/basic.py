@@ -152,7 +152,7 @@ class _Pool:
     """Books of one API pool."""
 
     __slots__ = ("name", "limit", "holders", "in_flight", "live", "grants", "expiry", "consumed",
-                 "window_start", "blocked_until", "upstream_429s", "adapting")
+                 "window_start", "blocked_until", "upstream_429s", "adapting", "known_free")
 
     def __init__(self, name: str, limit: ApiLimit, origin: float):
         self.name = name
@@ -168,6 +168,9 @@ class _Pool:
         self.upstream_429s = 0
         # whether the adaptive guess holds (the first 429 withdraws it)
         self.adapting = limit.arrival_margin_s is None and limit.books == ADAPTIVE and limit.quota is not None
+        # free units as the engine last knew them (what pool_states reported, less what it took since):
+        # units that came back on their own beyond it (a refill, a pause's end) wait for a round
+        self.known_free = 0
 
     @property
     def capacity(self) -> int:
@@ -282,7 +285,8 @@ class BasicManager(ResourceManager):
         now = self.clock()
         for p in self._pools.values():
             p.refresh(now)
-            yield PoolState(name=p.name, rtype=p.name, node=None, capacity=p.capacity, free=p.free(now))
+            p.known_free = free = p.free(now)
+            yield PoolState(name=p.name, rtype=p.name, node=None, capacity=p.capacity, free=free)
 
     def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> int:
         p = self._pool(pool)
@@ -298,6 +302,7 @@ class BasicManager(ResourceManager):
                                   f"quota left {p.quota_left()}, upstream pause until {p.blocked_until:g})")
         p.holders[holder] = units
         p.in_flight += units
+        p.known_free = max(0, p.known_free - units)
         if p.limit.quota is not None:
             self._seq += 1
             # an action of another kind holding the pool makes its call later, and we never see its answer
@@ -318,11 +323,24 @@ class BasicManager(ResourceManager):
             return False
         p.in_flight -= units
         live = p.live.pop(holder, None)
+        now = self.clock()
         if live is not None:  # the quota unit stays counted until the upstream's window forgets the call
             seq, g = live
-            g.released = self.clock()
+            g.released = now
             p.schedule_expiry(seq, g)
+        p.known_free = min(p.known_free + units, p.free(now))  # the engine's next round sees the slot
         return True
+
+    def refilled_unseen(self, now: float) -> bool:
+        """Whether a pool has more free units than the engine last read (:meth:`pool_states`) and took:
+        they came back on their own (a quota refill, the end of an upstream's pause) after the last
+        round read the pools, for instance while the round ran or before the runtime asked for its
+        next wake-up, which then lies in the past and is not given: a round must run now."""
+        for p in self._pools.values():
+            p.refresh(now)
+            if p.free(now) > p.known_free:
+                return True
+        return False
 
     def next_wakeup(self, now: float) -> float | None:
         times = []

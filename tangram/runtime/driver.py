@@ -13,10 +13,10 @@ asyncio task that
    (so the process is dead before its cores are reused) and dispatches what
    starts next.
 
-Quota refills wake the engine at :meth:`Engine.next_wakeup` with
-:meth:`Engine.tick`. Cancellation (``Runtime.cancel`` or the awaiting task
-being cancelled) kills a running action through its executor; an executor
-crash becomes ``failed``; in every case each grant is released exactly once.
+Quota refills wake the engine at :meth:`Engine.next_wakeup` with :meth:`Engine.tick` (at once for
+units back since the last round). Cancellation (``Runtime.cancel`` or the awaiting task being
+cancelled) kills a running action through its executor; an executor crash becomes ``failed``; in
+every case each grant is released exactly once.
 """
 from __future__ import annotations
 
@@ -390,7 +390,8 @@ class Runtime:
         """Make sure a timer runs ``engine.tick()`` at ``engine.next_wakeup()``."""
         if self._closed or not self.engine.waiting:
             return
-        at = self.engine.next_wakeup()
+        # units that came back since the last round read the pools are due now: their own time has passed
+        at = self.clock() if self.engine.refilled_unseen() else self.engine.next_wakeup()
         if at is None or (self._wakeup_at is not None and self._wakeup_at <= at and self._wakeup is not None):
             return
         if self._wakeup is not None:
@@ -400,8 +401,7 @@ class Runtime:
         self._wakeup = loop.call_later(max(0.0, at - self.clock()) + 1e-4, self._on_wakeup)
 
     def _on_wakeup(self) -> None:
-        self._wakeup = None
-        self._wakeup_at = None
+        self._wakeup = self._wakeup_at = None
         self.tick()
 
     # ------------------------------------------------------------------ #
