@@ -164,6 +164,7 @@ class Size:
 
     def result(self) -> dict:
         r, e, c = sorted(self.rounds), sorted(self.events), sorted(self.round_cpu)
+        rounds_run, rounds_skipped = self.stream_rounds()
         without_gc = sorted(t - g for t, g in zip(self.rounds, self.round_gc))
         return {
             **self.spec,
@@ -178,8 +179,8 @@ class Size:
             "event_median_ms": round(statistics.median(e), 4) if e else None,
             "event_p99_ms": round(_p99(e), 4) if e else None,
             "events": len(e),
-            "rounds_run": self.stream_rounds()[0],  # during the stream
-            "rounds_skipped": self.stream_rounds()[1],
+            "rounds_run": rounds_run,  # during the stream
+            "rounds_skipped": rounds_skipped,
         }
 
     def stream_rounds(self) -> tuple[int, int]:

@@ -31,8 +31,9 @@ class NodeRank:
     def __init__(self, nodes: tuple, pools, free) -> None:
         self._nodes, self._pools, self._free = nodes, pools, free
         self._asked = False
-        # built on the second ask (most rounds never ask): sorted (-free memory, -free cores, index, node),
-        # node -> its current entry, and the CPU pools with no free core not yet closed by a one-core action
+        # built on the second ask (most rounds never ask): sorted (-free memory, -free cores, index, node)
+        # (None: not built; (): the scan stands, see ranked), node -> its current entry, and the CPU pools
+        # with no free core not yet closed by a one-core action
         self._entries: list[tuple] | None = None
         self._entry: dict = _NONE
         self._out_of_cores: set[str] = _NONE_OUT
