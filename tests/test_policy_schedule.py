@@ -184,3 +184,16 @@ def test_units_that_buy_no_speedup_are_not_taken():
     a = Action.build("suite", {"cpu": {"min": 1, "max": 2}}, t1_s=7.0,
                      elasticity=Elasticity.from_table({1: 1.0, 2: 0.502}))
     assert _units(plan(_snap([a], cpu=2))) == {"suite": {"cpu": 1}}
+
+
+def test_actions_free_to_go_to_any_node_wait_in_every_node_estimate():
+    # 12 suites of min 4 cores on two nodes of 8: the third fits nowhere and reserves n0, but it and
+    # those behind it start on whichever node frees first, so n1's estimate counts them as n0's does.
+    # Counted by n0 alone, n1 saw nobody waiting and ran one suite on all 8 cores, the other waiting.
+    acts = [make_action(f"s{i}", cpu={"min": 4, "max": 8}, t1=100.0, serial=0.05) for i in range(12)]
+    got = plan(_snap(acts, cpu=8, nodes=("n0", "n1"))).dispatches
+    assert sorted((d.action.id, d.node, d.units["cpu"]) for d in got) == [
+        ("s0", "n0", 4), ("s1", "n1", 4), ("s2", "n0", 4), ("s3", "n1", 4)]
+    # as one node with the same queue decides for its two
+    one = plan(_snap(acts, cpu=8, nodes=("n0",))).dispatches
+    assert [(d.action.id, d.units["cpu"]) for d in one] == [("s0", 4), ("s1", 4)]

@@ -203,12 +203,13 @@ def _select_candidates(snap: Snapshot):
             node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, affinity, rank)
         if node is _NO_NODE:
             shape = shape or _shape(a, nd, bound, hostable)
-            failed_shapes[shape] = needed
+            ahead = _waits_for(a, nd, bound, needed, snap)
+            failed_shapes[shape] = ahead
             if shape[0] is None and nd.has_cpu and a.trajectory is not None:  # an unplaced trajectory's
-                unplaced_waiting.setdefault(a.trajectory, needed)
+                unplaced_waiting.setdefault(a.trajectory, ahead)
             blocked.update(needed)
             closed.update(needed)
-            wait_behind(a, needed)
+            wait_behind(a, ahead)
             # memory is only ever needed along with cores: once every other pool has a
             # blocked head, nothing later in the queue can start this round
             if blockable is None:
@@ -281,6 +282,20 @@ def _shape(a: Action, nd: Needs, bound: str | None, hostable) -> tuple:
     if bound is None and hostable and a.trajectory in hostable:
         return None, a.mem_mb, nd.shape, hostable[a.trajectory]
     return bound, a.mem_mb if bound is None else 0, nd.shape
+
+
+def _waits_for(a: Action, nd: Needs, bound, needed: list[str], snap: Snapshot) -> list[str]:
+    """The pools whose look-ahead a head that fits nowhere joins: those it blocks (the node it
+    reserves) and, for an action free to go to other nodes too, the same pools there: it starts
+    on whichever node frees first, so each node's estimate counts it."""
+    if bound is not None or not nd.has_cpu or nd.has_gpu or len(snap.nodes) < 2:
+        return needed
+    reserved = [p for p in needed if p.partition("@")[0] in nd.local]
+    if not reserved:  # a trajectory waiting for memory only: its cores are not what it waits for
+        return needed
+    nodes = snap.hostable.get(a.trajectory, snap.nodes) if a.trajectory is not None else snap.nodes
+    more = [p for n in nodes for p in nd.on(n)[0] if p in snap.pools and p not in needed]
+    return needed + more if more else needed
 
 
 def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int, snap: Snapshot, placed) -> None:
