@@ -197,3 +197,12 @@ def test_actions_free_to_go_to_any_node_wait_in_every_node_estimate():
     # as one node with the same queue decides for its two
     one = plan(_snap(acts, cpu=8, nodes=("n0",))).dispatches
     assert [(d.action.id, d.units["cpu"]) for d in one] == [("s0", 4), ("s1", 4)]
+
+
+def test_every_node_look_ahead_holds_the_first_waiting_actions_in_queue_order():
+    from tangram.policy.schedule import _select_candidates
+
+    acts = [make_action(f"s{i}", cpu={"min": 4, "max": 8}, t1=100.0, serial=0.05) for i in range(12)]
+    _, lookahead, _ = _select_candidates(_snap(acts, cpu=8, nodes=("n0", "n1"), params=PolicyParams(lookahead=3)))
+    assert {p: [a.id for a in lst] for p, lst in lookahead.items()} == {
+        "cpu@n0": ["s4", "s5", "s6"], "cpu@n1": ["s4", "s5", "s6"]}

@@ -138,12 +138,24 @@ def _select_candidates(snap: Snapshot):
                 closed.add(pname)
         return ok
 
-    def wait_behind(a: Action, pnames) -> None:
-        """``a`` waits behind the blocked heads of ``pnames``: the ACT estimate's look-ahead."""
+    # id -> a shape's list of pools (failed_shapes) every look-ahead of which is full, kept alive here
+    # so that its id stays its own: the list may name a pool on every node (_waits_for), and each
+    # action of that shape behind the head reads it
+    full: dict[int, list[str]] = {}
+
+    def wait_behind(a: Action, pnames, kept: bool = False) -> None:
+        """``a`` waits behind the blocked heads of ``pnames``: the ACT estimate's look-ahead.
+        ``kept``: ``pnames`` is a list this round reads again (a shape's)."""
+        if kept and id(pnames) in full:
+            return
+        room = False
         for pname in pnames:
             waiting = lookahead.setdefault(pname, [])
             if len(waiting) < limit:
                 waiting.append(a)
+                room = room or len(waiting) < limit
+        if kept and not room:  # look-aheads only grow within a round
+            full[id(pnames)] = pnames
 
     nodes = snap.nodes if type(snap.nodes) is tuple else tuple(snap.nodes)  # a memo key
     gpu_pools = [g for g in _gpu_pool_names(nodes) if g in pools]
@@ -177,7 +189,7 @@ def _select_candidates(snap: Snapshot):
         if unplaced_waiting and nd.has_cpu and traj in unplaced_waiting:
             # placing it elsewhere would bind the earlier action there too: its reservation would
             # move (a round later something else starts) or it would be bound to a node that cannot run it
-            wait_behind(a, unplaced_waiting[traj])
+            wait_behind(a, unplaced_waiting[traj], kept=True)
             continue
         shape = None
         if failed_shapes:
@@ -186,7 +198,7 @@ def _select_candidates(snap: Snapshot):
             if needed is not None:
                 # fast path: one of the same shape could not start this round, and free
                 # units only shrink (a queue of unplaced trajectories waiting for memory)
-                wait_behind(a, needed)
+                wait_behind(a, needed, kept=True)
                 if bound is None and nd.has_cpu and traj is not None:
                     unplaced_waiting.setdefault(traj, needed)
                 continue
@@ -209,7 +221,7 @@ def _select_candidates(snap: Snapshot):
                 unplaced_waiting.setdefault(a.trajectory, ahead)
             blocked.update(needed)
             closed.update(needed)
-            wait_behind(a, ahead)
+            wait_behind(a, ahead, kept=True)
             # memory is only ever needed along with cores: once every other pool has a
             # blocked head, nothing later in the queue can start this round
             if blockable is None:
