@@ -79,6 +79,27 @@ def test_compiled_walk_equals_the_source_walk(pair, seed):
         assert hot.start_time(ends, k, free, now, units) == src.start_time(ends, k, free, now, units)
 
 
+def test_the_walk_inserts_a_completion_where_insort_puts_it(pair):
+    """walk.insert compares the pair's parts in C where insort compares tuples: the same place,
+    after equal pairs, on ties of the end (and of the units) and at +inf; the compiled walks above
+    leave the source's lists behind, so this pins both to insort."""
+    from bisect import insort
+
+    _, src = pair
+    rng = random.Random(9200)
+    for _ in range(3000):
+        ends = _ends(rng, rng.randint(0, 12))
+        pick = rng.choice(ends) if ends and rng.random() < 0.5 else (rng.choice([0.0, 1.0, rng.uniform(0, 30)]), 3)
+        end, units = pick[0], rng.choice([pick[1], rng.randint(1, 9)])
+        lo = rng.randint(0, len(ends))
+        while lo > 0 and ends[lo - 1] > (end, units):
+            lo -= 1  # as the walk calls it: never past where the pair belongs
+        a, b = list(ends), list(ends)
+        src.insert(a, end, units, lo)
+        insort(b, (end, units), lo)
+        assert a == b and [type(x) for x in a] == [type(x) for x in b]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_compiled_arrivals_equal_the_source(pair, seed):
     hot, src = pair

@@ -19,5 +19,8 @@ cpdef double walk(list ends, Py_ssize_t k, long free, double now, waiters, Py_ss
                best=cython.double, u=cython.long, d=cython.double, t=cython.double, got=cython.long)
 cpdef double last_end(list ends, Py_ssize_t k, long free, double now, waiter, extra)
 
+@cython.locals(hi=cython.Py_ssize_t, mid=cython.Py_ssize_t, t=cython.double, u=cython.long)
+cdef void insert(list ends, double end, long units, Py_ssize_t lo) except *
+
 @cython.locals(size=cython.Py_ssize_t, t=cython.double, u=cython.long)
 cpdef tuple start_time(list ends, Py_ssize_t k, long free, double now, long units)
