@@ -16,8 +16,9 @@ package of its own (``_base_policy``; the rest of ``tangram`` is shared), then:
 
 Prints one JSON object: per size (or for the run) the median per-round ratio
 new / base with p10-p90, or the ratio of the summed times. The base's ACT
-estimate runs the installed compiled walk when its ``walk.py`` is unchanged
-(``estimate_compiled`` says which each side ran).
+estimate runs the installed compiled walk when its ``walk.py`` is unchanged, and
+its own, compiled here with Cython, when it is not (``estimate_compiled`` says
+which each side ran).
 """
 from __future__ import annotations
 
@@ -55,11 +56,29 @@ def load_base(rev: str, into: Path):
     if not same_walk:
         est = pkg / "estimate.py"
         est.write_text(est.read_text().replace("_hot = walk_module()", f"_hot = walk_module('{BASE}.walk')"))
+        _compile_walk(pkg)
     for name in [m for m in sys.modules if m == BASE or m.startswith(BASE + ".")]:
         del sys.modules[name]  # an earlier call's base
     sys.path.insert(0, str(into))
     import importlib
     return importlib.import_module(f"{BASE}.schedule"), importlib.import_module(f"{BASE}.estimate")
+
+
+def _compile_walk(pkg: Path) -> None:
+    """Build the base's ``walk.py`` (with its ``walk.pxd``) as setup.py builds the installed one, and
+    record its digest beside it, so that both sides run compiled; when it cannot be built the base
+    runs its source, and ``estimate_compiled`` says so."""
+    build = ("import sys; from setuptools import setup; from Cython.Build import cythonize; "
+             "sys.argv[1:] = ['-q', 'build_ext', '--inplace']; "
+             f"setup(ext_modules=cythonize(['{BASE}/walk.py'], language_level=3, quiet=True, force=True))")
+    done = subprocess.run([sys.executable, "-c", build], cwd=pkg.parent, capture_output=True, text=True)
+    libraries = sorted(pkg.glob("walk.*.so"))
+    if done.returncode != 0 or not libraries:
+        print(f"the base's walk.py was not compiled: {done.stderr.strip()[-400:]}", file=sys.stderr)
+        return
+    from tangram.policy.compiled import source_digest
+
+    Path(str(libraries[0]) + ".sha256").write_text(source_digest(pkg / "walk.py") + "\n")
 
 
 def _same(pa, pb) -> bool:

@@ -136,6 +136,35 @@ def test_bench_policy_ab_plans_both_policies_on_the_same_snapshots(capsys):
     assert sim["rounds"] > 0 and sim["base_policy_cpu_s"] > 0 and sim["new_policy_cpu_s"] > 0
 
 
+def test_bench_policy_ab_compiles_a_base_walk_that_differs(tmp_path):
+    """A base whose walk.py is not the installed one's runs its own, compiled here, digest recorded
+    (as setup.py does), so that the two sides compare compiled walks."""
+    import importlib
+    import shutil
+    import sys
+
+    from tangram.policy import compiled
+
+    ab = load("bench_policy_ab")
+    pkg = tmp_path / ab.BASE
+    pkg.mkdir()
+    for name in ("__init__.py", "walk.py", "walk.pxd"):
+        shutil.copy(ROOT / "tangram/policy" / name, pkg / name)
+    (pkg / "walk.py").write_text((pkg / "walk.py").read_text() + "\n# another version\n")
+    ab._compile_walk(pkg)
+    for name in [m for m in sys.modules if m.startswith(ab.BASE)]:
+        del sys.modules[name]  # another test's base
+    sys.path.insert(0, str(tmp_path))
+    try:
+        walk = compiled.walk_module(f"{ab.BASE}.walk")
+        assert walk.COMPILED and walk.__file__.startswith(str(pkg))
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m.startswith(ab.BASE)]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+
+
 def test_bench_policy_ab_stops_when_the_plans_differ():
     import dataclasses
 
