@@ -206,3 +206,33 @@ def test_every_node_look_ahead_holds_the_first_waiting_actions_in_queue_order():
     _, lookahead, _ = _select_candidates(_snap(acts, cpu=8, nodes=("n0", "n1"), params=PolicyParams(lookahead=3)))
     assert {p: [a.id for a in lst] for p, lst in lookahead.items()} == {
         "cpu@n0": ["s4", "s5", "s6"], "cpu@n1": ["s4", "s5", "s6"]}
+
+
+def test_a_waiting_action_counts_only_on_nodes_that_could_ever_run_it():
+    from tangram.policy.schedule import _select_candidates
+
+    big = make_action("big", cpu={"min": 8, "max": 8})  # n1 has 4 cores: it can never run there
+    small = [make_action(f"s{i}", cpu={"min": 1, "max": 4}, t1=10.0, serial=0.2) for i in range(2)]
+    pools = {"cpu@n0": PoolState("cpu@n0", "cpu", "n0", 16, 4), "cpu@n1": PoolState("cpu@n1", "cpu", "n1", 4, 4),
+             "mem@n0": PoolState("mem@n0", "mem", "n0", 10_000, 10_000),
+             "mem@n1": PoolState("mem@n1", "mem", "n1", 10_000, 10_000)}
+    snap = Snapshot(pools=pools, nodes=("n0", "n1"), waiting=(big, *small), params=PolicyParams(order="fcfs"))
+    _, lookahead, _ = _select_candidates(snap)
+    assert {p: [a.id for a in lst] for p, lst in lookahead.items()} == {"cpu@n0": ["big"]}
+    # a trajectory to place needs a node whose memory could hold it
+    traj = make_action("t", cpu=8, trajectory="T", mem=20_000)
+    pools = {**pools, "cpu@n1": PoolState("cpu@n1", "cpu", "n1", 16, 4),
+             "mem@n0": PoolState("mem@n0", "mem", "n0", 30_000, 30_000)}
+    snap = Snapshot(pools=pools, nodes=("n0", "n1"), waiting=(traj,))
+    _, lookahead, _ = _select_candidates(snap)
+    assert {p: [a.id for a in lst] for p, lst in lookahead.items()} == {"cpu@n0": ["t"], "mem@n0": ["t"]}
+
+
+def test_an_action_held_by_its_api_pool_counts_only_where_its_cores_wait():
+    from tangram.policy.schedule import _select_candidates
+
+    # cores fit on n0; the API pool is full: it waits for the API, not for cores on another node
+    c = make_action("c", cpu=1, api="llm")
+    snap = _snap([c], cpu=8, nodes=("n0", "n1"), api={"llm": (1, 0)})
+    _, lookahead, _ = _select_candidates(snap)
+    assert set(lookahead) == {"cpu@n0", "api:llm"}

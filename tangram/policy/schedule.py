@@ -215,7 +215,7 @@ def _select_candidates(snap: Snapshot):
             node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, affinity, rank)
         if node is _NO_NODE:
             shape = shape or _shape(a, nd, bound, hostable)
-            ahead = _waits_for(a, nd, bound, needed, snap)
+            ahead = _waits_for(a, nd, bound, needed, units, free, snap)
             failed_shapes[shape] = ahead
             if shape[0] is None and nd.has_cpu and a.trajectory is not None:  # an unplaced trajectory's
                 unplaced_waiting.setdefault(a.trajectory, ahead)
@@ -296,18 +296,37 @@ def _shape(a: Action, nd: Needs, bound: str | None, hostable) -> tuple:
     return bound, a.mem_mb if bound is None else 0, nd.shape
 
 
-def _waits_for(a: Action, nd: Needs, bound, needed: list[str], snap: Snapshot) -> list[str]:
+def _waits_for(a: Action, nd: Needs, bound, needed: list[str], units: dict[str, int], free,
+               snap: Snapshot) -> list[str]:
     """The pools whose look-ahead a head that fits nowhere joins: those it blocks (the node it
-    reserves) and, for an action free to go to other nodes too, the same pools there: it starts
-    on whichever node frees first, so each node's estimate counts it."""
+    reserves) and, for an action free to go to other nodes too, the same pools on every node that
+    could ever host it: it starts on whichever frees first, so each node's estimate counts it."""
     if bound is not None or not nd.has_cpu or nd.has_gpu or len(snap.nodes) < 2:
         return needed
-    reserved = [p for p in needed if p.partition("@")[0] in nd.local]
+    local = nd.local
+    reserved = [p for p in needed if p.partition("@")[0] in local]
     if not reserved:  # a trajectory waiting for memory only: its cores are not what it waits for
         return needed
+    if len(reserved) == len(local) and all(free[p] >= units[p.partition("@")[0]] for p in reserved):
+        return needed  # its cores fit where it waits: an API pool or memory holds it, not cores
     nodes = snap.hostable.get(a.trajectory, snap.nodes) if a.trajectory is not None else snap.nodes
-    more = [p for n in nodes for p in nd.on(n)[0] if p in snap.pools and p not in needed]
+    more = [p for n in nodes if _could_host(a, units, local, n, snap)
+            for p in nd.on(n)[0] if p not in needed]
     return needed + more if more else needed
+
+
+def _could_host(a: Action, units: dict[str, int], local, node, snap: Snapshot) -> bool:
+    """Whether ``node`` has the capacity to run ``a`` ever: its node-local pools hold its units, and
+    one memory pool its trajectory's memory when the trajectory is still to be placed."""
+    for t in local:
+        p = snap.pools.get(pool_name(t, node))
+        if p is None or p.capacity < units[t]:
+            return False
+    if "cpu" in a.demands and a.mem_mb and a.trajectory not in snap.placement:
+        m = snap.pools.get(pool_name("mem", node))
+        if m is None or m.capacity < a.mem_mb:
+            return False
+    return True
 
 
 def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int, snap: Snapshot, placed) -> None:
@@ -453,15 +472,12 @@ def _reservation_node(a: Action, units: dict[str, int], local: list[str], nodes,
     """
     best, best_key = _NO_NODE, None
     for node in nodes:
-        names = [pool_name(t, node) for t in local]
-        if any(n not in snap.pools or snap.pools[n].capacity < units[t] for n, t in zip(names, local)):
+        if not _could_host(a, units, local, node, snap):
             continue  # this node can never host it
+        names = [pool_name(t, node) for t in local]
         missing = sum(max(0, units[t] - free[n]) for n, t in zip(names, local))
         if "cpu" in a.demands and a.mem_mb and a.trajectory not in snap.placement:
-            mname = pool_name("mem", node)
-            if mname not in snap.pools or snap.pools[mname].capacity < a.mem_mb:
-                continue
-            missing += 1 if free[mname] < a.mem_mb else 0
+            missing += 1 if free[pool_name("mem", node)] < a.mem_mb else 0
         key = (-missing, sum(free[n] for n in names))
         if best_key is None or key > best_key:
             best, best_key = node, key
