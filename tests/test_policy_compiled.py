@@ -81,8 +81,9 @@ def test_compiled_walk_equals_the_source_walk(pair, seed):
 
 def test_the_walk_inserts_a_completion_where_insort_puts_it(pair):
     """walk.insert compares the pair's parts in C where insort compares tuples: the same place,
-    after equal pairs, on ties of the end (and of the units) and at +inf; the compiled walks above
-    leave the source's lists behind, so this pins both to insort."""
+    after equal pairs, on ties of the end (and of the units) and at +inf. The source's insert is
+    compared here (the compiled one is a C function, not callable from Python); the compiled walks
+    above leave the source's lists behind, which carries this to them."""
     from bisect import insort
 
     _, src = pair
