@@ -511,3 +511,19 @@ def test_units_back_that_no_round_has_read_are_reported_until_one_reads_them():
     list(m.pool_states())
     t[0] = 3.5
     assert m.next_wakeup(t[0]) is None and m.refilled_unseen(t[0])
+
+
+def test_the_engine_hears_of_units_back_unseen_through_the_node_gate():
+    """The scale-out build wraps every manager in a NodeGate: the engine must still hear of a refill
+    no round has read (the gate delegates it, as it does next_wakeup)."""
+    from tangram.scaleout.gate import DownNodes, gate_all
+
+    t = [0.0]
+    m = BasicManager({"s": {"quota": 1, "period_s": 1.0, "books": "conservative"}}, clock=lambda: t[0])
+    eng = Engine(gate_all([m], DownNodes()), clock=lambda: t[0])
+    list(eng.pool_states())
+    m.allocate("api:s", 1, "a")
+    m.release("api:s", "a")  # counted until 1.0
+    assert not eng.refilled_unseen()
+    t[0] = 2.0
+    assert eng.refilled_unseen()

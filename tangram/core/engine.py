@@ -259,7 +259,7 @@ class Engine:
     def refilled_unseen(self) -> bool:
         """A manager's pools gained units on their own since the last round read them (a round is due now)."""
         now = self.clock()
-        return any(f(now) for m in self.managers if (f := getattr(m, "refilled_unseen", None)) is not None)
+        return any(m.refilled_unseen(now) for m in self.managers)
 
     # ------------------------------------------------------------------ #
     # scheduling

@@ -44,6 +44,11 @@ class ResourceManager(ABC):
         """When the pools change on their own (a quota period refills), if ever."""
         return None
 
+    def refilled_unseen(self, now: float) -> bool:
+        """Whether pools gained units on their own since the engine last read them (a round is due
+        now, though :meth:`next_wakeup`'s time for it has passed)."""
+        return False
+
     def held(self) -> Mapping[str, Mapping[str, Any]]:
         """pool -> holder -> grant, for leak checks."""
         return {}

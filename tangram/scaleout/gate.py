@@ -74,6 +74,9 @@ class NodeGate(ResourceManager):
     def next_wakeup(self, now: float) -> float | None:
         return self.inner.next_wakeup(now)
 
+    def refilled_unseen(self, now: float) -> bool:
+        return self.inner.refilled_unseen(now)
+
     def held(self) -> Mapping[str, Mapping[str, Any]]:
         return self.inner.held()
 
