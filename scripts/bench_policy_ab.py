@@ -65,20 +65,16 @@ def load_base(rev: str, into: Path):
 
 
 def _compile_walk(pkg: Path) -> None:
-    """Build the base's ``walk.py`` (with its ``walk.pxd``) as setup.py builds the installed one, and
-    record its digest beside it, so that both sides run compiled; when it cannot be built the base
-    runs its source, and ``estimate_compiled`` says so."""
-    build = ("import sys; from setuptools import setup; from Cython.Build import cythonize; "
+    """Build the base's ``walk.py`` (with its ``walk.pxd``) with setup.py's own extension and build
+    command, which record its digest beside it, so that both sides run compiled; when it cannot be
+    built the base runs its source, and ``estimate_compiled`` says so."""
+    build = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from setuptools import setup; "
+             "from setup import OptionalBuildExt, extensions; "
              "sys.argv[1:] = ['-q', 'build_ext', '--inplace']; "
-             f"setup(ext_modules=cythonize(['{BASE}/walk.py'], language_level=3, quiet=True, force=True))")
+             f"setup(ext_modules=extensions('{BASE}/walk.py'), cmdclass={{'build_ext': OptionalBuildExt}})")
     done = subprocess.run([sys.executable, "-c", build], cwd=pkg.parent, capture_output=True, text=True)
-    libraries = sorted(pkg.glob("walk.*.so"))
-    if done.returncode != 0 or not libraries:
+    if done.returncode != 0 or not any(pkg.glob("walk.*.so.sha256")):
         print(f"the base's walk.py was not compiled: {done.stderr.strip()[-400:]}", file=sys.stderr)
-        return
-    from tangram.policy.compiled import source_digest
-
-    Path(str(libraries[0]) + ".sha256").write_text(source_digest(pkg / "walk.py") + "\n")
 
 
 def _same(pa, pb) -> bool:
