@@ -37,11 +37,10 @@ def elastic_allocation(snap: Snapshot, cands: list, lookahead) -> tuple[dict[str
     if snap.params.fixed_dop is not None:
         return {}, frozenset()  # the fixed-DoP baseline: FCFS at N units, no eviction
     groups: dict[str, list] = {}
-    for c in cands:
-        if c.group is not None:
-            groups.setdefault(c.group, []).append(c)
     users: dict[str, list[int]] = {}  # pool -> indices of the candidates taking units of it
     for i, c in enumerate(cands):
+        if c.group is not None:
+            groups.setdefault(c.group, []).append(c)
         for pname in c.pools.values():
             users.setdefault(pname, []).append(i)
     holdouts = {}

@@ -161,7 +161,7 @@ def _select_candidates(snap: Snapshot):
     gpu_pools = [g for g in _gpu_pool_names(nodes) if g in pools]
     affinity = Affinity({g: pools[g] for g in gpu_pools})  # resident instances live on GPU pools only
     waiting_iter = affinity_order(snap, affinity, gpu_pools, closed)
-    params = snap.params
+    elastic = snap.params.fixed_dop is None  # else the fixed-DoP baseline's units (_base_units)
     needs_memo = _NEEDS
     only_node = snap.nodes[0] if len(snap.nodes) == 1 and snap.nodes[0] is not None else None
     placement, hostable = snap.placement, snap.hostable
@@ -202,17 +202,19 @@ def _select_candidates(snap: Snapshot):
                 if bound is None and nd.has_cpu and traj is not None:
                     unplaced_waiting.setdefault(traj, needed)
                 continue
-        units = dict(nd.mins) if params.fixed_dop is None else _base_units(a, nd, snap, placed)
+        units = dict(nd.mins) if elastic else _base_units(a, nd, snap, placed)
         home = None
         if not nd.api:
             if a.trajectory is not None and nd.has_cpu:
                 home = snap.placement.get(a.trajectory)
             elif only_node is not None and nd.local and not (nd.has_cpu and a.mem_mb):
                 home = only_node  # one node, and nothing to place: _place would look at it alone
-        if home is not None and _open_and_fit(nd.on(home)[0], nd.local, units, pools, blocked, fits):
+        on = None
+        if home is not None and _open_and_fit((on := nd.on(home))[0], nd.local, units, pools, blocked, fits):
             node, place_mem = home, 0  # fast path, as _place decides it: the action fits on its one node
         else:
             node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, affinity, rank)
+            on = None
         if node is _NO_NODE:
             shape = shape or _shape(a, nd, bound, hostable)
             ahead = _waits_for(a, nd, bound, needed, units, free, snap)
@@ -230,7 +232,7 @@ def _select_candidates(snap: Snapshot):
                 _fill_lookahead(waiting_iter, lookahead, limit, snap, placed)
                 break
             continue
-        pools_of = nd.on(node)[1]
+        pools_of = (on or nd.on(node))[1]
         for t, u in units.items():
             pname = pools_of[t]
             free[pname] -= u
@@ -242,7 +244,7 @@ def _select_candidates(snap: Snapshot):
             rank.moved(node)
         if node is not None and nd.has_cpu and a.trajectory is not None:
             placed.setdefault(a.trajectory, node)
-        hits = affinity.claim(pools_of["gpu"], a) if "gpu" in pools_of and a.service is not None else frozenset()
+        hits = affinity.claim(pools_of["gpu"], a) if "gpu" in pools_of and a.service is not None else _NO_HITS
         cands.append(_Candidate(a, node, pools_of, units, place_mem, hits, nd.scalable, len(cands)))
     # a request above what is left after these candidates cannot fit either (the
     # elastic stage only adds units; evicted candidates' pools are dropped later)
@@ -343,6 +345,9 @@ def _fill_lookahead(rest, lookahead: dict[str, list[Action]], limit: int, snap: 
             for node, lst in by_type.get(t, ()):
                 if len(lst) < limit and (home is None or not node or node == home):
                     lst.append(a)
+
+
+_NO_HITS: frozenset[int] = frozenset()  # a candidate with no idle GPU instance to take
 
 
 class _NoNode:
