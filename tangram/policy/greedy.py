@@ -258,7 +258,10 @@ class GreedyTable:
 def _by_first(lists, nth) -> list[int]:
     """The rows that have positive gains, by ``-nth(desc, 0)`` descending (the order :func:`_popped`
     reads them in; ties in row order)."""
-    first = [-nth(desc, 0) if desc else 0.0 for _, _, desc in lists]
+    if nth is _largest_first:  # -nth(desc, 0), without a call per row
+        first = [desc[0] if desc else 0.0 for _, _, desc in lists]
+    else:
+        first = [-nth(desc, 0) if desc else 0.0 for _, _, desc in lists]
     rows = [i for i, (_, _, desc) in enumerate(lists) if desc]
     rows.sort(key=first.__getitem__, reverse=True)
     return rows
