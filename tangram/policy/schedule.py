@@ -209,12 +209,12 @@ def _select_candidates(snap: Snapshot):
                 home = snap.placement.get(a.trajectory)
             elif only_node is not None and nd.local and not (nd.has_cpu and a.mem_mb):
                 home = only_node  # one node, and nothing to place: _place would look at it alone
-        on = None
+        on = None  # the home node's Needs.on, read once for the fit and the candidate's pools
         if home is not None and _open_and_fit((on := nd.on(home))[0], nd.local, units, pools, blocked, fits):
             node, place_mem = home, 0  # fast path, as _place decides it: the action fits on its one node
         else:
             node, needed, place_mem = _place(a, nd, units, snap, placed, free, fits, blocked, affinity, rank)
-            on = None
+            on = None  # placed elsewhere, or nowhere
         if node is _NO_NODE:
             shape = shape or _shape(a, nd, bound, hostable)
             ahead = _waits_for(a, nd, bound, needed, units, free, snap)
