@@ -1,5 +1,6 @@
-"""Builds the one compiled module, the ACT estimate's hot loops (``tangram/policy/walk.py`` with the
-C types of ``walk.pxd``), with Cython. Everything else is in ``pyproject.toml``.
+"""Builds the compiled modules of the ACT estimate's hot loops with Cython: ``tangram/policy/walk.py``
+with the C types of ``walk.pxd``, and ``walk_arrays.pyx``, the same walk on C arrays. Everything
+else is in ``pyproject.toml``.
 
 The compile is optional: when Cython cannot translate the module or no C compiler builds it, the
 install goes on with a warning and the plain-Python module runs (the same results, ~3-4x slower
@@ -7,7 +8,8 @@ estimates; ``tangram/policy/compiled.py``). Cython itself is a build requirement
 so a normal install always has it; only ``--no-build-isolation`` without Cython skips it.
 
 Beside the library goes ``<library>.sha256``, the digest of the sources it was translated from:
-the package runs the library only while ``walk.py`` and ``walk.pxd`` still have that digest.
+the package runs a library only while its sources (``walk.py`` and ``walk.pxd``; ``walk_arrays.pyx``)
+still have that digest.
 The digest is taken once, just before the translation, which is forced (Cython would otherwise
 reuse a C file by file times, and a source copied with an older time would be recorded under
 its own digest while the old code was compiled).
@@ -22,6 +24,7 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 WALK = "tangram/policy/walk.py"
+ARRAYS = "tangram/policy/walk_arrays.pyx"  # the same walk on C arrays (optional like it)
 COMPILED = "tangram/policy/compiled.py"
 
 
@@ -37,9 +40,9 @@ def _compiled_module():
 source_digest = _compiled_module().source_digest
 
 
-def _warn(e: BaseException) -> None:
-    print(f"WARNING: arl-tangram: {WALK} was not compiled ({type(e).__name__}: {e}); "
-          "the plain-Python module runs instead (same results, slower scheduling rounds)", file=sys.stderr)
+def _warn(e: BaseException, path: str = WALK) -> None:
+    print(f"WARNING: arl-tangram: {path} was not compiled ({type(e).__name__}: {e}); "
+          "the plain-Python walk runs instead (same results, slower scheduling rounds)", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
@@ -73,19 +76,25 @@ def _record(library: Path, ext) -> None:
     Path(str(library) + ".sha256").write_text(ext.source_digest + "\n")
 
 
-def extensions(walk: str = WALK) -> list:
-    """The extension of ``walk``, translated now (with ``source_digest``, its sources' digest), or none."""
-    try:
-        from Cython.Build import cythonize
+def extensions(walk: str = WALK, arrays: str = ARRAYS) -> list:
+    """The extensions of ``walk`` and, where the file is there, ``arrays`` (the walk on C arrays),
+    each translated now with ``source_digest`` (its sources' digest); none that cannot be."""
+    exts = []
+    for path in (walk, arrays):
+        if path == arrays and not Path(path).exists():
+            continue  # an older tree (a benchmark's base): its walk alone
+        try:
+            from Cython.Build import cythonize
 
-        digest = source_digest(Path(walk))
-        exts = cythonize([walk], language_level=3, quiet=True, force=True)
-    except Exception as e:  # noqa: BLE001 - no Cython, or a module it cannot translate
-        _warn(e)
-        return []
-    for ext in exts:
-        ext.optional = True  # no C compiler: setuptools warns and installs without it
-        ext.source_digest = digest
+            digest = source_digest(Path(path))
+            built = cythonize([path], language_level=3, quiet=True, force=True)
+        except Exception as e:  # noqa: BLE001 - no Cython, or a module it cannot translate
+            _warn(e, path)
+            continue
+        for ext in built:
+            ext.optional = True  # no C compiler: setuptools warns and installs without it
+            ext.source_digest = digest
+        exts += built
     return exts
 
 

@@ -20,7 +20,8 @@ unplaced trajectories queued behind (heads blocked on memory), and the
 paper's CPU testbed: 15 nodes of 256 cores, 960 candidates, 30,000 queued.
 Prints one JSON object with ``--json``; ``estimate_compiled`` says whether the
 ACT estimate's hot loops ran compiled (``tangram/policy/walk.py``, built by
-``setup.py``). ``--against-source`` also times every size's round with the
+``setup.py``), ``estimate_on_c_arrays`` whether its walk ran on C arrays
+(``tangram/policy/walk_arrays.pyx``, built beside it). ``--against-source`` also times every size's round with the
 plain-Python loops, interleaved round by round in this process, and reports
 the per-round ratio compiled / source (``against_source``).
 
@@ -235,7 +236,8 @@ def _ratios(a: list[float], b: list[float]) -> dict:
 def against_source(sizes: list[Size], repeats: int) -> list[dict]:
     """Per size: CPU time of a full round with the estimate's loops as running and as the plain
     source, alternating which goes first, and the per-round ratio (running / source)."""
-    running, source = estimate._hot, compiled.source_module("walk")
+    running, running_walk, source = estimate._hot, estimate._walk, compiled.source_module("walk")
+    walks = {id(running): running_walk, id(source): source.walk}
     out = []
     try:
         for s in sizes:
@@ -244,7 +246,7 @@ def against_source(sizes: list[Size], repeats: int) -> list[dict]:
             for i in range(repeats + 1):
                 order = (("running", running), ("source", source))
                 for tag, mod in (order if i % 2 else order[::-1]):
-                    estimate._hot = mod
+                    estimate._hot, estimate._walk = mod, walks[id(mod)]
                     snap = eng.snapshot()
                     c0 = time.thread_time()
                     eng.policy(snap)
@@ -256,7 +258,7 @@ def against_source(sizes: list[Size], repeats: int) -> list[dict]:
                         "source_round_cpu_median_ms": round(statistics.median(times["source"]), 4),
                         "ratio": _ratios(times["source"], times["running"])})
     finally:
-        estimate._hot = running
+        estimate._hot, estimate._walk = running, running_walk
     return out
 
 
@@ -335,6 +337,7 @@ def _measure(args, specs: list[dict], frozen: int) -> dict:
         "round_cpu_median_ms": results[0]["round_cpu_median_ms"],
         "target_median_ms": 0.5,
         "estimate_compiled": bool(estimate._hot.COMPILED),
+        "estimate_on_c_arrays": estimate._walk is not estimate._hot.walk,  # walk_arrays.pyx, built
         "sizes": results,
         "gc": {  # the process's full collections while measuring (all sizes' queues in one heap)
             "frozen_at_start": frozen,

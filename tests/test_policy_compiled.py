@@ -79,6 +79,42 @@ def test_compiled_walk_equals_the_source_walk(pair, seed):
         assert hot.start_time(ends, k, free, now, units) == src.start_time(ends, k, free, now, units)
 
 
+def test_the_install_built_the_walk_on_c_arrays(pair):
+    """setup.py builds walk_arrays.pyx beside the compiled walk, and the estimate walks with it."""
+    hot, _ = pair
+    if os.environ.get(compiled.PURE_ENV) == "1":
+        assert estimate._walk is hot.walk
+    else:
+        from tangram.policy import walk_arrays
+
+        assert estimate._walk is walk_arrays.walk, "walk_arrays was not built (see the install's WARNING)"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_walk_on_c_arrays_equals_the_source_walk(pair, seed):
+    """Same floats to the last bit as walk.py's walk, from any completion k and waiter i, at every
+    search depth; the caller's completions are left as they were."""
+    from tangram.policy import walk_arrays  # built by the install (the test above), used or not
+
+    _, src = pair
+    rng = random.Random(9300 + seed)
+    for _ in range(300):
+        ends = _ends(rng, rng.choice([0, rng.randint(1, 6), rng.randint(1, 40)]))
+        waiters = [_waiter(rng) for _ in range(rng.choice([0, 1, 2, rng.randint(3, 35)]))]
+        free = rng.choice([rng.randint(-2, 12), 1 << 40])
+        k = rng.randint(0, len(ends))
+        i = rng.choice([0, rng.randint(0, len(waiters))])
+        now = rng.choice([0.0, rng.uniform(0, 5)])
+        for explore in range(4):
+            a = list(ends)
+            got = walk_arrays.walk(a, k, free, now, waiters, i, explore)
+            want = src.walk(list(ends), k, free, now, waiters, i, explore)
+            assert got == want or (math.isnan(got) and math.isnan(want))
+            assert a == ends
+    with pytest.raises(IndexError):
+        walk_arrays.walk([(1.0, 1)], 2, 0, 0.0, [], 0, 1)
+
+
 def test_the_walk_inserts_a_completion_where_insort_puts_it(pair):
     """walk.insert compares the pair's parts in C where insort compares tuples: the same place,
     after equal pairs, on ties of the end (and of the units) and at +inf. The source's insert is

@@ -70,6 +70,29 @@ def walk_module(name: str = WALK) -> ModuleType:
     return loaded if loaded is not None else importlib.import_module(name)
 
 
+ARRAYS = "tangram.policy.walk_arrays"
+
+
+def arrays_walk(hot: ModuleType, name: str = ARRAYS):
+    """``walk`` of the compiled ``walk_arrays`` (walk.walk on C arrays, the same floats) when it is
+    built from its ``.pyx`` as it is now and ``hot`` (the walk module in use) is compiled too;
+    else ``hot.walk``. Only a compiled build has it: a plain-Python run (``TANGRAM_PURE_PYTHON=1``,
+    or no compiler) runs the source throughout."""
+    if not getattr(hot, "COMPILED", False) or os.environ.get(PURE_ENV) == "1":
+        return hot.walk
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None or spec.origin.endswith(".py"):
+        return hot.walk
+    origin = Path(spec.origin)
+    source = origin.with_name(name.rsplit(".", 1)[-1] + ".pyx")
+    if not _built_from(origin, source):
+        if source.exists():
+            warnings.warn(f"{origin.name} was not built from {source} as it is now: the walk runs "
+                          "on Python lists (slower); rebuild with `pip install -e .`", RuntimeWarning, stacklevel=2)
+        return hot.walk
+    return importlib.import_module(name).walk
+
+
 def source_module(name: str = "walk") -> ModuleType:
     """The plain-Python module of ``tangram/policy/<name>.py``, loaded apart from the one imported
     (tests compare the two)."""

@@ -13,13 +13,14 @@ from __future__ import annotations
 from operator import index as _index
 
 from tangram.core.model import Action
-from tangram.policy.compiled import walk_module
+from tangram.policy.compiled import arrays_walk, walk_module
 from tangram.policy.rows import duration as _duration
 from tangram.policy.rows import explored_options as _explored_options
 from tangram.policy.rows import row as _row
 from tangram.policy.snapshot import PoolState, Snapshot
 
 _hot = walk_module()  # the hot loops: compiled when built (tangram/policy/walk.py)
+_walk = arrays_walk(_hot)  # _hot.walk, or the same walk on C arrays when built (walk_arrays.pyx)
 
 
 def waiter(a: Action, pool: PoolState, snap: Snapshot):
@@ -167,6 +168,6 @@ def estimate_sorted(ends: list, free_units: int, waiters: list, explore: int, ar
     # float here is refused, as the compiled walk would otherwise truncate it where the source does not
     free_units = _index(free_units)
     if not arrivals:
-        return _hot.walk(ends, 0, free_units, 0.0, waiters, 0, explore)
+        return _walk(ends, 0, free_units, 0.0, waiters, 0, explore)
     total, k, free, now = _arrive(ends, free_units, arrivals)
-    return total + _hot.walk(ends, k, free, now, waiters, 0, explore)
+    return total + _walk(ends, k, free, now, waiters, 0, explore)
