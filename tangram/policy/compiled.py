@@ -8,6 +8,9 @@ library would silently run the old code; a library without the file counts as th
 ``TANGRAM_PURE_PYTHON=1`` (profiling, or comparing the two). Both load the source instead; the
 first also warns, naming the rebuild command. A digest, not file times: an install writes the
 library and the source in an order of its own, and a copy may keep an older time.
+
+``walk_arrays.pyx`` (the walk on C arrays, the same floats) is built beside it and judged the same
+way; the estimate walks with it only when the compiled walk runs (:func:`arrays_walk`).
 """
 from __future__ import annotations
 
