@@ -76,12 +76,13 @@ def _record(library: Path, ext) -> None:
     Path(str(library) + ".sha256").write_text(ext.source_digest + "\n")
 
 
-def extensions(walk: str = WALK, arrays: str = ARRAYS) -> list:
+def extensions(walk: str | None = WALK, arrays: str | None = ARRAYS) -> list:
     """The extensions of ``walk`` and, where the file is there, ``arrays`` (the walk on C arrays),
-    each translated now with ``source_digest`` (its sources' digest); none that cannot be."""
+    each translated now with ``source_digest`` (its sources' digest); none that cannot be. None:
+    not that one (a benchmark builds only the modules its base has of its own)."""
     exts = []
     for path in (walk, arrays):
-        if path == arrays and not Path(path).exists():
+        if path is None or (path == arrays and not Path(path).exists()):
             continue  # an older tree (a benchmark's base): its walk alone
         try:
             from Cython.Build import cythonize

@@ -46,17 +46,24 @@ def load_base(rev: str, into: Path):
     subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
     pkg = into / BASE
     (into / "tangram" / "policy").rename(pkg)
-    # its walk: the installed compiled module when the base's source is the same, else the base's source
+    # its walk: the installed compiled module when the base's source is the same, else the base's source;
+    # its walk on C arrays (walk_arrays.pyx, when it has one) likewise, the installed one only beside
+    # the installed walk (it is that walk's copy)
     same_walk = (pkg / "walk.py").read_bytes() == (ROOT / "tangram/policy/walk.py").read_bytes()
+    arrays = pkg / "walk_arrays.pyx"
+    same_arrays = same_walk and arrays.exists() and \
+        arrays.read_bytes() == (ROOT / "tangram/policy/walk_arrays.pyx").read_bytes()
+    keep = r"walk\b|walk_arrays\b" if same_arrays else r"walk\b"
     for f in pkg.glob("*.py"):
         text = f.read_text()
-        text = re.sub(r"\btangram\.policy\.(?!walk\b)", f"{BASE}.", text)
+        text = re.sub(rf"\btangram\.policy\.(?!{keep})", f"{BASE}.", text)
         text = text.replace("from tangram.policy import", f"from {BASE} import")
         f.write_text(text)
     if not same_walk:
         est = pkg / "estimate.py"
         est.write_text(est.read_text().replace("_hot = walk_module()", f"_hot = walk_module('{BASE}.walk')"))
-        _compile_walk(pkg)
+    if not same_walk or (arrays.exists() and not same_arrays):
+        _compile_walk(pkg, walk=not same_walk, arrays=arrays.exists() and not same_arrays)
     for name in [m for m in sys.modules if m == BASE or m.startswith(BASE + ".")]:
         del sys.modules[name]  # an earlier call's base
     sys.path.insert(0, str(into))
@@ -64,17 +71,20 @@ def load_base(rev: str, into: Path):
     return importlib.import_module(f"{BASE}.schedule"), importlib.import_module(f"{BASE}.estimate")
 
 
-def _compile_walk(pkg: Path) -> None:
-    """Build the base's ``walk.py`` (with its ``walk.pxd``) with setup.py's own extension and build
-    command, which record its digest beside it, so that both sides run compiled; when it cannot be
-    built the base runs its source, and ``estimate_compiled`` says so."""
+def _compile_walk(pkg: Path, walk: bool = True, arrays: bool = False) -> None:
+    """Build the base's ``walk.py`` (with its ``walk.pxd``) and/or its ``walk_arrays.pyx`` with
+    setup.py's own extensions and build command, which record each digest beside it, so that both
+    sides run compiled; what cannot be built the base runs as its source, and ``estimate_compiled``
+    says so."""
+    paths = (repr(f"{BASE}/walk.py") if walk else "None", repr(f"{BASE}/walk_arrays.pyx") if arrays else "None")
     build = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from setuptools import setup; "
              "from setup import OptionalBuildExt, extensions; "
              "sys.argv[1:] = ['-q', 'build_ext', '--inplace']; "
-             f"setup(ext_modules=extensions('{BASE}/walk.py'), cmdclass={{'build_ext': OptionalBuildExt}})")
+             f"setup(ext_modules=extensions({paths[0]}, {paths[1]}), cmdclass={{'build_ext': OptionalBuildExt}})")
     done = subprocess.run([sys.executable, "-c", build], cwd=pkg.parent, capture_output=True, text=True)
-    if done.returncode != 0 or not any(pkg.glob("walk.*.so.sha256")):
-        print(f"the base's walk.py was not compiled: {done.stderr.strip()[-400:]}", file=sys.stderr)
+    for wanted, name in ((walk, "walk"), (arrays, "walk_arrays")):
+        if wanted and (done.returncode != 0 or not any(pkg.glob(f"{name}.*.so.sha256"))):
+            print(f"the base's {name} was not compiled: {done.stderr.strip()[-400:]}", file=sys.stderr)
 
 
 def _same(pa, pb) -> bool:
@@ -169,7 +179,11 @@ def main(argv=None) -> int:
         import tangram.policy.estimate as estimate
         from tangram.policy.schedule import plan as new_plan
         out = {"base": args.base, "estimate_compiled": {"base": bool(base_estimate._hot.COMPILED),
-                                                        "new": bool(estimate._hot.COMPILED)}}
+                                                        "new": bool(estimate._hot.COMPILED)},
+               # the walk on C arrays (walk_arrays.pyx): a base from before it has none
+               "estimate_on_c_arrays": {"base": getattr(base_estimate, "_walk", base_estimate._hot.walk)
+                                        is not base_estimate._hot.walk,
+                                        "new": estimate._walk is not estimate._hot.walk}}
         if args.simulate:
             out["simulate"] = simulate(base_schedule.plan, new_plan, args.simulate[0], int(args.simulate[1]),
                                        args.seed)

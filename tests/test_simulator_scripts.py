@@ -89,9 +89,9 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
 def test_bench_scheduler_times_the_plain_estimate_side_by_side(capsys):
     import tangram.policy.estimate as estimate
     bench = load("bench_scheduler")
-    running = estimate._hot
+    running, running_walk = estimate._hot, estimate._walk
     assert bench.main(["--smoke", "--repeats", "4", "--events", "2", "--against-source", "--json"]) == 0
-    assert estimate._hot is running  # the benchmark puts the running loops back
+    assert estimate._hot is running and estimate._walk is running_walk  # it puts the running loops back
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = out["against_source"]
     assert [(r["cores"], r["blocked_on_memory"]) for r in rows] == [
@@ -126,6 +126,7 @@ def test_bench_policy_ab_plans_both_policies_on_the_same_snapshots(capsys):
     assert ab.main(["--base", "HEAD", "--smoke", "--repeats", "3"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["base"] == "HEAD" and set(out["estimate_compiled"]) == {"base", "new"}
+    assert out["estimate_on_c_arrays"] == {"base": True, "new": True}  # HEAD has walk_arrays.pyx
     assert [(s["cores"], s["queued"], s["blocked_on_memory"]) for s in out["sizes"]] == [
         (256, 200, False), (1024, 800, False), (256, 200, True), (256, 2000, True), (3840, 3000, False)]
     for s in out["sizes"]:
@@ -148,16 +149,19 @@ def test_bench_policy_ab_compiles_a_base_walk_that_differs(tmp_path):
     ab = load("bench_policy_ab")
     pkg = tmp_path / ab.BASE
     pkg.mkdir()
-    for name in ("__init__.py", "walk.py", "walk.pxd"):
+    for name in ("__init__.py", "walk.py", "walk.pxd", "walk_arrays.pyx"):
         shutil.copy(ROOT / "tangram/policy" / name, pkg / name)
     (pkg / "walk.py").write_text((pkg / "walk.py").read_text() + "\n# another version\n")
-    ab._compile_walk(pkg)
+    (pkg / "walk_arrays.pyx").write_text((pkg / "walk_arrays.pyx").read_text() + "\n# another version\n")
+    ab._compile_walk(pkg, walk=True, arrays=True)
     for name in [m for m in sys.modules if m.startswith(ab.BASE)]:
         del sys.modules[name]  # another test's base
     sys.path.insert(0, str(tmp_path))
     try:
         walk = compiled.walk_module(f"{ab.BASE}.walk")
         assert walk.COMPILED and walk.__file__.startswith(str(pkg))
+        on_arrays = compiled.arrays_walk(walk, f"{ab.BASE}.walk_arrays")  # its own, built from its .pyx
+        assert on_arrays is not walk.walk and sys.modules[f"{ab.BASE}.walk_arrays"].__file__.startswith(str(pkg))
     finally:
         sys.path.remove(str(tmp_path))
         for name in [m for m in sys.modules if m.startswith(ab.BASE)]:

@@ -7,7 +7,8 @@ each read unboxes a tuple and each insertion builds one. Here both are copied on
 into C arrays (times as doubles, units as C longs, each waiter's counts flattened) and the walk,
 its bounded search included, runs on them: ~3.8x faster on the benchmark's estimates
 (``docs/scheduling.md``, "The cost of one round"). ``tests/test_policy_compiled.py`` compares
-the two on random completions, waiters and depths, bit for bit.
+the two on random completions, waiters and depths, bit for bit: a change to ``walk.py``'s walk
+is made here too, or that test fails.
 
 Built by ``setup.py`` beside the compiled ``walk`` (optional like it); ``tangram.policy.compiled``
 runs it only while this file has the digest recorded at the build. Unlike ``walk.walk`` it
@@ -147,34 +148,38 @@ cdef double _walk(double* ts, long* us, Py_ssize_t size, Py_ssize_t k, long free
 
 
 def walk(list ends, Py_ssize_t k, long free, double now, waiters, Py_ssize_t i, int explore):
-    """``walk.walk(ends, k, free, now, waiters, i, explore)``: the same float; ``ends`` is not changed."""
-    cdef Py_ssize_t m = len(ends), n = len(waiters), counts = 0, levels, cap, x, j, c
+    """``walk.walk(ends, k, free, now, waiters, i, explore)``: the same float for the inputs the
+    estimate passes (``0 <= k <= len(ends)``, ``i >= 0``, units that fit a C long, durations that
+    are numbers or +inf, never NaN); ``ends`` is not changed. ``k`` or ``i`` out of that range
+    raise IndexError."""
+    cdef Py_ssize_t m = len(ends), n = len(waiters), counts = 0, levels, cap, x, c
     if not 0 <= k <= m:
         raise IndexError(f"k={k} outside the {m} completions")
     if i < 0:
         raise IndexError(f"i={i}")
+    if i >= n:
+        return 0.0  # no waiter to walk: walk.py's total
     for x in range(i, n):
         options = waiters[x][2]
         if options is not None:
             counts += len(options)
-    levels = min(max(explore, 0), max(n - i, 0))
+    levels = min(max(explore, 0), n - i)
     cap = (m - k) + (n - i) + 1  # each waiter walked adds one completion; a copy drops those before k
     cdef Waiters w
     w.n = n
-    cdef char* block = <char*>malloc((levels + 1) * cap * (sizeof(double) + sizeof(long))
-                                     + n * (sizeof(long) + sizeof(double) + sizeof(char))
+    # one block; 8-byte items first (pointers, doubles, Py_ssize_t), then the longs (4 bytes where a C
+    # long is), then the chars, so that every array is aligned for its type
+    cdef char* block = <char*>malloc((levels + 1) * (sizeof(double*) + sizeof(long*))
+                                     + ((levels + 1) * cap + n + counts) * sizeof(double)
                                      + (n + 1) * sizeof(Py_ssize_t)
-                                     + (counts + 1) * (sizeof(long) + sizeof(double))
-                                     + (levels + 1) * (sizeof(double*) + sizeof(long*)) + 64)
+                                     + ((levels + 1) * cap + n + counts) * sizeof(long)
+                                     + n * sizeof(char))
     if block == NULL:
         raise MemoryError()
     cdef double** bt
     cdef long** bu
-    cdef double* ts
-    cdef long* us
     cdef char* p = block
     try:
-        # carve the block: doubles and longs first (8-byte aligned), chars last
         bt = <double**>p
         p += (levels + 1) * sizeof(double*)
         bu = <long**>p
@@ -182,32 +187,29 @@ def walk(list ends, Py_ssize_t k, long free, double now, waiters, Py_ssize_t i, 
         for x in range(levels + 1):
             bt[x] = <double*>p
             p += cap * sizeof(double)
-            bu[x] = <long*>p
-            p += cap * sizeof(long)
         w.dmin = <double*>p
         p += n * sizeof(double)
         w.od = <double*>p
-        p += (counts + 1) * sizeof(double)
+        p += counts * sizeof(double)
+        w.off = <Py_ssize_t*>p
+        p += (n + 1) * sizeof(Py_ssize_t)
+        for x in range(levels + 1):
+            bu[x] = <long*>p
+            p += cap * sizeof(long)
         w.umin = <long*>p
         p += n * sizeof(long)
         w.ou = <long*>p
-        p += (counts + 1) * sizeof(long)
-        w.off = <Py_ssize_t*>p
-        p += (n + 1) * sizeof(Py_ssize_t)
+        p += counts * sizeof(long)
         w.has = p
-        ts = bt[0]
-        us = bu[0]
         for x in range(k, m):
             t_u = ends[x]
-            ts[x - k] = t_u[0]
-            us[x - k] = t_u[1]
+            bt[0][x - k] = t_u[0]
+            bu[0][x - k] = t_u[1]
         c = 0
         for x in range(n):
             w.off[x] = c
-            if x < i:
+            if x < i:  # never read
                 w.has[x] = 0
-                w.umin[x] = 0
-                w.dmin[x] = 0.0
                 continue
             umin, dmin, options = waiters[x]
             w.umin[x] = umin
@@ -215,10 +217,12 @@ def walk(list ends, Py_ssize_t k, long free, double now, waiters, Py_ssize_t i, 
             w.has[x] = options is not None
             if options is not None:
                 for u_d in options:
+                    if c == counts:
+                        raise ValueError("a waiter's counts changed while they were copied")
                     w.ou[c] = u_d[0]
                     w.od[c] = u_d[1]
                     c += 1
         w.off[n] = c
-        return _walk(ts, us, m - k, 0, free, now, &w, i, explore, bt + 1, bu + 1)
+        return _walk(bt[0], bu[0], m - k, 0, free, now, &w, i, explore, bt + 1, bu + 1)
     finally:
         c_free(block)
