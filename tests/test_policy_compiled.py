@@ -53,6 +53,17 @@ def _waiter(rng: random.Random) -> tuple:
     return umin, dmin, options
 
 
+def _walk_inputs(rng: random.Random) -> tuple:
+    """Random ``(ends, waiters, free, k, now)`` for a walk: free below zero or as large as a memory
+    pool's units, a start anywhere in the completions."""
+    ends = _ends(rng, rng.choice([0, rng.randint(1, 6), rng.randint(1, 40)]))
+    waiters = [_waiter(rng) for _ in range(rng.choice([0, 1, 2, rng.randint(3, 35)]))]
+    free = rng.choice([rng.randint(-2, 12), 1 << 40])
+    k = rng.randint(0, len(ends))
+    now = rng.choice([0.0, rng.uniform(0, 5)])
+    return ends, waiters, free, k, now
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_compiled_walk_equals_the_source_walk(pair, seed):
     """Same floats to the last bit, on random completions, waiters and search depths (units as
@@ -60,11 +71,7 @@ def test_compiled_walk_equals_the_source_walk(pair, seed):
     hot, src = pair
     rng = random.Random(9000 + seed)
     for _ in range(300):
-        ends = _ends(rng, rng.choice([0, rng.randint(1, 6), rng.randint(1, 40)]))
-        waiters = [_waiter(rng) for _ in range(rng.choice([0, 1, 2, rng.randint(3, 35)]))]
-        free = rng.choice([rng.randint(-2, 12), 1 << 40])
-        k = rng.randint(0, len(ends))
-        now = rng.choice([0.0, rng.uniform(0, 5)])
+        ends, waiters, free, k, now = _walk_inputs(rng)
         for explore in range(4):
             a, b = list(ends), list(ends)
             got = hot.walk(a, k, free, now, waiters, 0, explore)
@@ -99,12 +106,8 @@ def test_the_walk_on_c_arrays_equals_the_source_walk(pair, seed):
     _, src = pair
     rng = random.Random(9300 + seed)
     for _ in range(300):
-        ends = _ends(rng, rng.choice([0, rng.randint(1, 6), rng.randint(1, 40)]))
-        waiters = [_waiter(rng) for _ in range(rng.choice([0, 1, 2, rng.randint(3, 35)]))]
-        free = rng.choice([rng.randint(-2, 12), 1 << 40])
-        k = rng.randint(0, len(ends))
+        ends, waiters, free, k, now = _walk_inputs(rng)
         i = rng.choice([0, rng.randint(0, len(waiters))])
-        now = rng.choice([0.0, rng.uniform(0, 5)])
         for explore in range(4):
             a = list(ends)
             got = walk_arrays.walk(a, k, free, now, waiters, i, explore)
