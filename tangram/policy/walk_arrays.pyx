@@ -49,10 +49,27 @@ cdef inline Py_ssize_t _insert(double* ts, long* us, Py_ssize_t size, double end
     return size + 1
 
 
+cdef inline Py_ssize_t _start_time(const double* ts, const long* us, Py_ssize_t size, Py_ssize_t k,
+                                   long* free, double* now, long units) noexcept nogil:
+    """walk.start_time: take completions from ``k`` until ``units`` are free (none left: take them as
+    free); ``free`` and ``now`` updated in place, the new ``k`` returned."""
+    cdef double t
+    while free[0] < units:
+        if k == size:
+            free[0] = units
+            break
+        t = ts[k]
+        free[0] += us[k]
+        k += 1
+        if t > now[0]:
+            now[0] = t
+    return k
+
+
 cdef double _walk(double* ts, long* us, Py_ssize_t size, Py_ssize_t k, long free, double now,
                   const Waiters* w, Py_ssize_t i, int explore, double** bt, long** bu) noexcept nogil:
     """walk.walk from waiter ``i``; ``bt``/``bu``: one spare pair of arrays per search level below."""
-    cdef double total = 0.0, best, t, d, end, rest, best_end, b_now = 0.0, dmin
+    cdef double total = 0.0, best, d, end, rest, best_end, b_now = 0.0, dmin
     cdef long u, umin, b_free = 0
     cdef Py_ssize_t n = w.n, j, b_k, hsize
     if explore > 0:
@@ -64,15 +81,7 @@ cdef double _walk(double* ts, long* us, Py_ssize_t size, Py_ssize_t k, long free
                 for j in range(w.off[i], w.off[i + 1]):
                     u = w.ou[j]
                     d = w.od[j]
-                    while free < u:  # start_time, continued from the previous count
-                        if k == size:
-                            free = u
-                            break
-                        t = ts[k]
-                        free += us[k]
-                        k += 1
-                        if t > now:
-                            now = t
+                    k = _start_time(ts, us, size, k, &free, &now, u)  # continued from the previous count
                     end = now + d
                     if i + 1 == n:
                         rest = end
@@ -86,15 +95,7 @@ cdef double _walk(double* ts, long* us, Py_ssize_t size, Py_ssize_t k, long free
                     if rest < best:
                         best = rest
                 return total + best
-            while free < umin:  # start_time
-                if k == size:
-                    free = umin
-                    break
-                t = ts[k]
-                free += us[k]
-                k += 1
-                if t > now:
-                    now = t
+            k = _start_time(ts, us, size, k, &free, &now, umin)
             total += now + dmin
             size = _insert(ts, us, size, now + dmin, umin, k)
             free -= umin
@@ -110,15 +111,7 @@ cdef double _walk(double* ts, long* us, Py_ssize_t size, Py_ssize_t k, long free
             for j in range(w.off[i], w.off[i + 1]):
                 u = w.ou[j]
                 d = w.od[j]
-                while free < u:
-                    if k == size:
-                        free = u
-                        break
-                    t = ts[k]
-                    free += us[k]
-                    k += 1
-                    if t > now:
-                        now = t
+                k = _start_time(ts, us, size, k, &free, &now, u)
                 if now + d < best_end or b_k < 0:
                     best_end = now + d
                     umin = u
@@ -130,15 +123,7 @@ cdef double _walk(double* ts, long* us, Py_ssize_t size, Py_ssize_t k, long free
             now = b_now
             k = b_k
         else:
-            while free < umin:
-                if k == size:
-                    free = umin
-                    break
-                t = ts[k]
-                free += us[k]
-                k += 1
-                if t > now:
-                    now = t
+            k = _start_time(ts, us, size, k, &free, &now, umin)
         end = now + dmin
         total += end
         size = _insert(ts, us, size, end, umin, k)
