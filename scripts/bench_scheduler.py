@@ -237,16 +237,15 @@ def against_source(sizes: list[Size], repeats: int) -> list[dict]:
     """Per size: CPU time of a full round with the estimate's loops as running and as the plain
     source, alternating which goes first, and the per-round ratio (running / source)."""
     running, running_walk, source = estimate._hot, estimate._walk, compiled.source_module("walk")
-    walks = {id(running): running_walk, id(source): source.walk}
     out = []
     try:
         for s in sizes:
             eng = s.engine
             times: dict[str, list[float]] = {"running": [], "source": []}
             for i in range(repeats + 1):
-                order = (("running", running), ("source", source))
-                for tag, mod in (order if i % 2 else order[::-1]):
-                    estimate._hot, estimate._walk = mod, walks[id(mod)]
+                order = (("running", running, running_walk), ("source", source, source.walk))
+                for tag, mod, walk in (order if i % 2 else order[::-1]):
+                    estimate._hot, estimate._walk = mod, walk
                     snap = eng.snapshot()
                     c0 = time.thread_time()
                     eng.policy(snap)
