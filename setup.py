@@ -1,15 +1,17 @@
-"""Builds the compiled modules of the ACT estimate's hot loops with Cython: ``tangram/policy/walk.py``
-with the C types of ``walk.pxd``, and ``walk_arrays.pyx``, the same walk on C arrays. Everything
-else is in ``pyproject.toml``.
+"""Builds the compiled modules of the policy with Cython: ``tangram/policy/walk.py`` (the ACT
+estimate's hot loops) with the C types of ``walk.pxd``, ``walk_arrays.pyx``, the same walk on C
+arrays, and the modules of a scheduling round whole from their plain source (``compiled.NATIVE``;
+``schedule.pxd`` gives its candidate a C layout). Everything else is in ``pyproject.toml``.
 
-The compile is optional: when Cython cannot translate the module or no C compiler builds it, the
+The compile is optional: when Cython cannot translate a module or no C compiler builds it, the
 install goes on with a warning and the plain-Python module runs (the same results, ~3-4x slower
-estimates; ``tangram/policy/compiled.py``). Cython itself is a build requirement (pyproject.toml),
-so a normal install always has it; only ``--no-build-isolation`` without Cython skips it.
+estimates, ~1.2x slower rounds; ``tangram/policy/compiled.py``). Cython itself is a build
+requirement (pyproject.toml), so a normal install always has it; only ``--no-build-isolation``
+without Cython skips it.
 
 Beside the library goes ``<library>.sha256``, the digest of the sources it was translated from:
-the package runs a library only while its sources (``walk.py`` and ``walk.pxd``; ``walk_arrays.pyx``)
-still have that digest.
+the package runs a library only while its sources (``walk.py`` and ``walk.pxd``; ``walk_arrays.pyx``;
+a native module's ``.py`` and its ``.pxd``, if any) still have that digest.
 The digest is taken once, just before the translation, which is forced (Cython would otherwise
 reuse a C file by file times, and a source copied with an older time would be recorded under
 its own digest while the old code was compiled).
@@ -37,12 +39,17 @@ def _compiled_module():
     return module
 
 
-source_digest = _compiled_module().source_digest
+_COMPILED = _compiled_module()
+source_digest = _COMPILED.source_digest
+# the round's modules, compiled whole (their annotations are documentation: a `list` one must not
+# refuse the tuple a caller passes, as Cython's typing of annotations would)
+NATIVE = tuple(f"tangram/policy/{name}.py" for name in _COMPILED.NATIVE)
+_NATIVE_DIRECTIVES = {"annotation_typing": False}
 
 
 def _warn(e: BaseException, path: str = WALK) -> None:
     print(f"WARNING: arl-tangram: {path} was not compiled ({type(e).__name__}: {e}); "
-          "the plain-Python walk runs instead (same results, slower scheduling rounds)", file=sys.stderr)
+          "its plain-Python source runs instead (same results, slower scheduling rounds)", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
@@ -50,6 +57,11 @@ class OptionalBuildExt(build_ext):
 
     The extensions are ``optional`` (setuptools' own flag): a compiler's failure is a warning and
     leaves no library, so no record. Each carries ``source_digest``, taken when it was translated."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = True  # one compiler per core: a dozen modules
 
     def run(self):
         self._built: set[str] = set()
@@ -76,19 +88,20 @@ def _record(library: Path, ext) -> None:
     Path(str(library) + ".sha256").write_text(ext.source_digest + "\n")
 
 
-def extensions(walk: str | None = WALK, arrays: str | None = ARRAYS) -> list:
-    """The extensions of ``walk`` and, where the file is there, ``arrays`` (the walk on C arrays),
-    each translated now with ``source_digest`` (its sources' digest); none that cannot be. None:
-    not that one (a benchmark builds only the modules its base has of its own)."""
+def extensions(walk: str | None = WALK, arrays: str | None = ARRAYS, native=NATIVE) -> list:
+    """The extensions of ``walk``, where the file is there ``arrays`` (the walk on C arrays), and
+    the ``native`` modules, each translated now with ``source_digest`` (its sources' digest); none
+    that cannot be. None: not that one (a benchmark builds only the modules its base has of its own)."""
     exts = []
-    for path in (walk, arrays):
-        if path is None or (path == arrays and not Path(path).exists()):
-            continue  # an older tree (a benchmark's base): its walk alone
+    for path in (walk, arrays, *native):
+        if path is None or (path != walk and not Path(path).exists()):
+            continue  # an older tree (a benchmark's base): the modules it has
         try:
             from Cython.Build import cythonize
 
             digest = source_digest(Path(path))
-            built = cythonize([path], language_level=3, quiet=True, force=True)
+            directives = _NATIVE_DIRECTIVES if path in native else {}
+            built = cythonize([path], language_level=3, quiet=True, force=True, compiler_directives=directives)
         except Exception as e:  # noqa: BLE001 - no Cython, or a module it cannot translate
             _warn(e, path)
             continue

@@ -18,11 +18,15 @@ Prints one JSON object: per size (or for the run) the median per-round ratio
 new / base with p10-p90, or the ratio of the summed times. The base's ACT
 estimate runs the installed compiled walk when its ``walk.py`` is unchanged, and
 its own, compiled here with Cython, when it is not (``estimate_compiled`` says
-which each side ran).
+which each side ran). A base whose policy compiles the modules of a round whole
+(``compiled.NATIVE``) has them compiled here too, as its setup.py would
+(``policy_compiled`` lists, per side, the modules that ran compiled): both sides
+run what their own install builds.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import statistics
@@ -62,29 +66,46 @@ def load_base(rev: str, into: Path):
     if not same_walk:
         est = pkg / "estimate.py"
         est.write_text(est.read_text().replace("_hot = walk_module()", f"_hot = walk_module('{BASE}.walk')"))
-    if not same_walk or (arrays.exists() and not same_arrays):
-        _compile_walk(pkg, walk=not same_walk, arrays=arrays.exists() and not same_arrays)
+    native = _native_of(pkg)
+    if not same_walk or (arrays.exists() and not same_arrays) or native:
+        _compile_base(pkg, walk=not same_walk, arrays=arrays.exists() and not same_arrays, native=native)
     for name in [m for m in sys.modules if m == BASE or m.startswith(BASE + ".")]:
         del sys.modules[name]  # an earlier call's base
     sys.path.insert(0, str(into))
     import importlib
+    importlib.invalidate_caches()  # the libraries just built in a directory imported from before
     return importlib.import_module(f"{BASE}.schedule"), importlib.import_module(f"{BASE}.estimate")
 
 
-def _compile_walk(pkg: Path, walk: bool = True, arrays: bool = False) -> None:
-    """Build the base's ``walk.py`` (with its ``walk.pxd``) and/or its ``walk_arrays.pyx`` with
-    setup.py's own extensions and build command, which record each digest beside it, so that both
-    sides run compiled; what cannot be built the base runs as its source, and ``estimate_compiled``
-    says so."""
-    paths = (repr(f"{BASE}/walk.py") if walk else "None", repr(f"{BASE}/walk_arrays.pyx") if arrays else "None")
+def _native_of(pkg: Path) -> tuple[str, ...]:
+    """The modules the base's policy compiles whole (its ``compiled.NATIVE``; none before it had them)."""
+    for node in ast.parse((pkg / "compiled.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NATIVE" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return ()
+
+
+def _compile_base(pkg: Path, walk: bool = True, arrays: bool = False, native: tuple[str, ...] = ()) -> None:
+    """Build the base's ``walk.py`` (with its ``walk.pxd``), its ``walk_arrays.pyx`` and/or its
+    ``native`` modules with setup.py's own extensions and build command, which record each digest
+    beside it, so that both sides run compiled; what cannot be built the base runs as its source,
+    and ``estimate_compiled`` / ``policy_compiled`` say so."""
+    paths = (repr(f"{BASE}/walk.py") if walk else "None", repr(f"{BASE}/walk_arrays.pyx") if arrays else "None",
+             repr(tuple(f"{BASE}/{name}.py" for name in native)))
     build = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from setuptools import setup; "
              "from setup import OptionalBuildExt, extensions; "
              "sys.argv[1:] = ['-q', 'build_ext', '--inplace']; "
-             f"setup(ext_modules=extensions({paths[0]}, {paths[1]}), cmdclass={{'build_ext': OptionalBuildExt}})")
+             f"setup(ext_modules=extensions({', '.join(paths)}), cmdclass={{'build_ext': OptionalBuildExt}})")
     done = subprocess.run([sys.executable, "-c", build], cwd=pkg.parent, capture_output=True, text=True)
-    for wanted, name in ((walk, "walk"), (arrays, "walk_arrays")):
+    for wanted, name in ((walk, "walk"), (arrays, "walk_arrays"), *((True, n) for n in native)):
         if wanted and (done.returncode != 0 or not any(pkg.glob(f"{name}.*.so.sha256"))):
             print(f"the base's {name} was not compiled: {done.stderr.strip()[-400:]}", file=sys.stderr)
+
+
+def _compiled_modules(compiled) -> list[str]:
+    """The modules of a round that side runs compiled (none for a base from before they were)."""
+    native = getattr(compiled, "native_modules", None)
+    return sorted(name for name, yes in native().items() if yes) if native is not None else []
 
 
 def _same(pa, pb) -> bool:
@@ -177,13 +198,16 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base_schedule, base_estimate = load_base(args.base, Path(tmp))
         import tangram.policy.estimate as estimate
+        from tangram.policy import compiled
         from tangram.policy.schedule import plan as new_plan
         out = {"base": args.base, "estimate_compiled": {"base": bool(base_estimate._hot.COMPILED),
                                                         "new": bool(estimate._hot.COMPILED)},
                # the walk on C arrays (walk_arrays.pyx): a base from before it has none
                "estimate_on_c_arrays": {"base": getattr(base_estimate, "_walk", base_estimate._hot.walk)
                                         is not base_estimate._hot.walk,
-                                        "new": estimate._walk is not estimate._hot.walk}}
+                                        "new": estimate._walk is not estimate._hot.walk},
+               "policy_compiled": {"base": _compiled_modules(sys.modules.get(f"{BASE}.compiled")),
+                                   "new": _compiled_modules(compiled)}}
         if args.simulate:
             out["simulate"] = simulate(base_schedule.plan, new_plan, args.simulate[0], int(args.simulate[1]),
                                        args.seed)

@@ -4,7 +4,7 @@
 The simulator drives the real engine and policy on a virtual clock, so a seeded
 run's per-action records (submit, start, end, run time, units, restore,
 retries, failure) are the decisions the policy made. Two interpreters, two
-builds (compiled or plain estimate loops) or two commits that print the same
+builds (the policy compiled or its plain source) or two commits that print the same
 digests made the same decisions, to the last bit of every float.
 ``scripts/check_python.sh`` compares this under another Python with the
 default one; run it by hand around a change meant to keep decisions.

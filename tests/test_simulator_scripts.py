@@ -153,7 +153,7 @@ def test_bench_policy_ab_compiles_a_base_walk_that_differs(tmp_path):
         shutil.copy(ROOT / "tangram/policy" / name, pkg / name)
     (pkg / "walk.py").write_text((pkg / "walk.py").read_text() + "\n# another version\n")
     (pkg / "walk_arrays.pyx").write_text((pkg / "walk_arrays.pyx").read_text() + "\n# another version\n")
-    ab._compile_walk(pkg, walk=True, arrays=True)
+    ab._compile_base(pkg, walk=True, arrays=True)
     for name in [m for m in sys.modules if m.startswith(ab.BASE)]:
         del sys.modules[name]  # another test's base
     sys.path.insert(0, str(tmp_path))

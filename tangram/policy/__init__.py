@@ -3,7 +3,11 @@
 Public, stable API: :func:`arrange`, :class:`UnitsOperator`,
 :class:`ChunkOperator`, :class:`Arrangement`.
 """
-from tangram.policy.arrange import (
+from tangram.policy.compiled import install_native_finder
+
+install_native_finder()  # before any module it judges is imported (tangram/policy/compiled.py)
+
+from tangram.policy.arrange import (  # noqa: E402
     Arrangement,
     ChunkOperator,
     UnitsOperator,

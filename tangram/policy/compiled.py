@@ -11,11 +11,18 @@ library and the source in an order of its own, and a copy may keep an older time
 
 ``walk_arrays.pyx`` (the walk on C arrays, the same floats) is built beside it and judged the same
 way; the estimate walks with it only when the compiled walk runs (:func:`arrays_walk`).
+
+The modules of a round (:data:`NATIVE`) are compiled whole, from their plain source (Cython reads
+a ``.pxd`` beside one where there is one: ``schedule.pxd``). They are imported by name all over
+the package, so they are judged on import: :class:`NativeFinder`, ahead of Python's own finders
+(``tangram/policy/__init__.py`` puts it there before any of them is imported), sends a stale
+library, and every one under ``TANGRAM_PURE_PYTHON=1``, to its source.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -100,3 +107,57 @@ def source_module(name: str = "walk") -> ModuleType:
     """The plain-Python module of ``tangram/policy/<name>.py``, loaded apart from the one imported
     (tests compare the two)."""
     return _load_source(f"tangram.policy._source_{name}", Path(__file__).with_name(f"{name}.py"))
+
+
+# the policy modules setup.py compiles whole (the round's hot path): the same source, ~0.8x the round
+NATIVE = ("affinity", "arrange", "elastic", "estimate", "greedy", "needs", "node_rank", "rows", "schedule",
+          "snapshot")
+_PACKAGE = __name__.rpartition(".")[0]  # tangram.policy (a benchmark loads an older copy under another name)
+_HERE = Path(__file__).parent
+
+
+def native_library(short: str, here: Path = _HERE) -> Path | None:
+    """The library setup.py built of ``here/<short>.py`` for this interpreter, if there is one."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        library = here / f"{short}{suffix}"
+        if library.exists():
+            return library
+    return None
+
+
+class NativeFinder:
+    """A meta path finder for the :data:`NATIVE` modules of this package: says nothing (Python's
+    own finders then import the library, which they prefer to the source) unless the library must
+    not run, and then gives the source's spec. Imports nothing itself: it only judges."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path=None, target=None):
+        package, _, short = fullname.rpartition(".")
+        if package != _PACKAGE or short not in NATIVE:
+            return None
+        library = native_library(short)
+        if library is None:
+            return None  # nothing built: the source is all there is
+        source = _HERE / f"{short}.py"
+        if os.environ.get(PURE_ENV) != "1":
+            if _built_from(library, source):
+                return None
+            warnings.warn(f"{library.name} was not built from {source} as it is now: running the source "
+                          "(slower); rebuild with `pip install -e .`", RuntimeWarning, stacklevel=2)
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+def install_native_finder() -> None:
+    """Put :class:`NativeFinder` first on ``sys.meta_path`` (once)."""
+    if NativeFinder not in sys.meta_path:
+        sys.meta_path.insert(0, NativeFinder)
+
+
+def native_modules() -> dict[str, bool]:
+    """Each imported :data:`NATIVE` module: whether it runs compiled (its library) or as its source."""
+    out = {}
+    for short in NATIVE:
+        module = sys.modules.get(f"{_PACKAGE}.{short}")
+        if module is not None:
+            out[short] = not (module.__file__ or "").endswith(".py")
+    return out

@@ -1,0 +1,107 @@
+"""The modules of a round compiled whole (setup.py, ``compiled.NATIVE``): in use after the install,
+the same decisions as their plain source, and left for the source when stale or when asked."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tangram.policy import compiled
+
+ROOT = Path(__file__).resolve().parent.parent
+_READ = """
+import json, warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    import tangram.core.engine  # imports the whole policy, as the service and the simulator do
+    from tangram.policy import compiled
+    import tangram.policy.rows as rows
+print(json.dumps({"native": compiled.native_modules(), "mark": getattr(rows, "MARK", None),
+                  "stale": [str(w.message) for w in caught if "was not built from" in str(w.message)]}))
+"""
+
+
+def _read(root: Path, **env) -> dict:
+    done = subprocess.run([sys.executable, "-c", _READ], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root), **env}, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _built() -> None:
+    if os.environ.get(compiled.PURE_ENV) == "1":
+        pytest.fail("TANGRAM_PURE_PYTHON=1: nothing compiled to check")
+    missing = [n for n in compiled.NATIVE if compiled.native_library(n) is None]
+    assert not missing, f"`pip install -e .` built no library of {missing} (see the install's WARNING)"
+
+
+def test_the_install_compiled_every_module_of_a_round():
+    """`pip install -e .` builds them (without a C compiler it only warns: this says so); each
+    library records the digest of its source as checked out, and the package runs it."""
+    _built()
+    here = Path(compiled.__file__).parent
+    for name in compiled.NATIVE:
+        library = compiled.native_library(name)
+        recorded = Path(str(library) + ".sha256").read_text().strip()
+        assert recorded == compiled.source_digest(here / f"{name}.py"), name
+    seen = _read(ROOT)
+    assert seen["native"] == {name: True for name in compiled.NATIVE} and not seen["stale"]
+
+
+@pytest.fixture
+def copy_of_the_package(tmp_path) -> Path:
+    """The installed package (its libraries and their records included) copied apart, to edit."""
+    shutil.copytree(ROOT / "tangram", tmp_path / "tangram", ignore=shutil.ignore_patterns("__pycache__", "*.c"))
+    return tmp_path
+
+
+def test_a_module_edited_after_the_build_runs_its_source(copy_of_the_package):
+    """Python's import prefers a library to its source: an edited source (or one checked out after
+    the build) must run as it is now, with a warning naming the rebuild, and the others compiled."""
+    _built()
+    rows = copy_of_the_package / "tangram" / "policy" / "rows.py"
+    rows.write_text(rows.read_text() + "\nMARK = 1\n")
+    seen = _read(copy_of_the_package)
+    assert seen["mark"] == 1
+    assert seen["native"] == {name: name != "rows" for name in compiled.NATIVE}
+    assert len(seen["stale"]) == 1 and "rows" in seen["stale"][0] and "pip install -e ." in seen["stale"][0]
+
+
+def test_a_library_without_its_record_is_not_run(copy_of_the_package):
+    """No digest beside the library (a build that did not record it, a copy without it): the source."""
+    _built()
+    library = compiled.native_library("schedule", copy_of_the_package / "tangram" / "policy")
+    Path(str(library) + ".sha256").unlink()
+    seen = _read(copy_of_the_package)
+    assert seen["native"] == {name: name != "schedule" for name in compiled.NATIVE}
+
+
+def test_pure_python_runs_every_module_as_its_source():
+    seen = _read(ROOT, **{compiled.PURE_ENV: "1"})
+    assert seen["native"] == {name: False for name in compiled.NATIVE} and not seen["stale"]
+
+
+def test_the_finder_judges_the_round_modules_of_this_package_alone():
+    assert compiled.NativeFinder in sys.meta_path
+    assert compiled.NativeFinder.find_spec("tangram.policy.memo") is None  # not compiled whole
+    assert compiled.NativeFinder.find_spec("tangram.policy.walk") is None  # judged by walk_module
+    assert compiled.NativeFinder.find_spec("other.schedule") is None
+    assert compiled.NativeFinder.find_spec("tangram.policy.schedule") is None or \
+        os.environ.get(compiled.PURE_ENV) == "1"  # a fresh library: Python's own finders import it
+
+
+def test_compiled_and_source_modules_decide_alike():
+    """Eight seeded simulations of the built-in workloads (scripts/decision_digest.py: every
+    action's submit, start, end, units and restore): the libraries and the sources give the same records."""
+    def digests(**env):
+        done = subprocess.run([sys.executable, "scripts/decision_digest.py", "--json"], cwd=ROOT, check=True,
+                              capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+        return json.loads(done.stdout)
+
+    compiled_run = digests()
+    assert len(compiled_run) >= 8
+    assert compiled_run == digests(**{compiled.PURE_ENV: "1"})
