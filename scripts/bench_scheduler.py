@@ -21,9 +21,13 @@ paper's CPU testbed: 15 nodes of 256 cores, 960 candidates, 30,000 queued.
 Prints one JSON object with ``--json``; ``estimate_compiled`` says whether the
 ACT estimate's hot loops ran compiled (``tangram/policy/walk.py``, built by
 ``setup.py``), ``estimate_on_c_arrays`` whether its walk ran on C arrays
-(``tangram/policy/walk_arrays.pyx``, built beside it). ``--against-source`` also times every size's round with the
-plain-Python loops, interleaved round by round in this process, and reports
-the per-round ratio compiled / source (``against_source``).
+(``tangram/policy/walk_arrays.pyx``, built beside it), ``policy_compiled`` which of the
+round's modules ran compiled whole (``compiled.NATIVE``). ``--against-source`` also times
+every size's round with the estimate's plain-Python loops (the rest as it runs),
+interleaved round by round in this process, and reports the per-round ratio
+compiled / source (``against_source``); ``scripts/bench_policy_ab.py --base`` a
+commit from before ``compiled.NATIVE`` compares the whole policy compiled against
+its plain source.
 
 Garbage collection: the objects that exist once the script has imported what it
 needs are frozen, as ``tangram serve`` freezes its own once it listens
@@ -337,6 +341,8 @@ def _measure(args, specs: list[dict], frozen: int) -> dict:
         "target_median_ms": 0.5,
         "estimate_compiled": bool(estimate._hot.COMPILED),
         "estimate_on_c_arrays": estimate._walk is not estimate._hot.walk,  # walk_arrays.pyx, built
+        # the modules of a round setup.py compiled whole that ran compiled (compiled.NATIVE)
+        "policy_compiled": sorted(name for name, yes in compiled.native_modules().items() if yes),
         "sizes": results,
         "gc": {  # the process's full collections while measuring (all sizes' queues in one heap)
             "frozen_at_start": frozen,

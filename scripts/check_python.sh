@@ -49,8 +49,9 @@ print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))
 PY
 )
 "$venv/bin/python" -m pip install -q "${deps[@]}"
-# from the source tree: the compiled estimate of the default Python is not this one's, so the plain
-# loops run here (the compiled module's own tests, which need the build, are in the full suite)
+# from the source tree: the compiled policy of the default Python (the estimate's walk, the modules of
+# a round) is not this one's, so the plain sources run here (the compiled modules' own tests, which
+# need the build, are in the full suite); the decisions below are compared with the compiled ones
 PYTHONPATH="$PWD" env -u CI "$venv/bin/python" -m pytest -q -p no:cacheprovider \
     tests/test_layers.py tests/test_model.py tests/test_engine.py tests/test_engine_queue.py \
     tests/test_policy_arrange.py tests/test_policy_greedy.py tests/test_policy_schedule.py \

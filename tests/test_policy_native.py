@@ -105,3 +105,19 @@ def test_compiled_and_source_modules_decide_alike():
     compiled_run = digests()
     assert len(compiled_run) >= 8
     assert compiled_run == digests(**{compiled.PURE_ENV: "1"})
+
+
+@pytest.mark.parametrize("as_source", [(), ("rows", "schedule")])
+async def test_the_service_names_the_modules_that_run_as_source(monkeypatch, caplog, as_source):
+    """pip hides a failed build's warning: `tangram serve` names them at start instead."""
+    import tangram.service.build as build
+    from tangram.service.config import parse_config
+
+    monkeypatch.setattr(build, "native_modules", lambda: {n: n not in as_source for n in compiled.NATIVE})
+    cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "api_pools": {"search": {"concurrency": 1}}})
+    with caplog.at_level("WARNING", logger="tangram.service"):
+        async with await build.build_runtime(cfg):
+            pass
+    said = [r.getMessage() for r in caplog.records if "run as plain Python" in r.getMessage()]
+    assert said == ([] if not as_source else ["the policy's modules rows, schedule run as plain Python: rounds are "
+                                              "~1.2x slower; reinstall with a C compiler at hand (pip install -e .)"])

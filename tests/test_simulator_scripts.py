@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tangram.policy import compiled
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -78,6 +80,7 @@ def test_bench_scheduler_reports_every_size_and_growth(capsys):
     assert out["round_cpu_median_ms"] == out["sizes"][0]["round_cpu_median_ms"]
     import tangram.policy.estimate as estimate
     assert out["estimate_compiled"] is estimate._hot.COMPILED and "against_source" not in out
+    assert out["policy_compiled"] == sorted(n for n, yes in compiled.native_modules().items() if yes)
     # its imports frozen as `tangram serve` freezes its own; the process left as found
     import gc
     assert out["gc"]["frozen_at_start"] > 1000
@@ -127,6 +130,8 @@ def test_bench_policy_ab_plans_both_policies_on_the_same_snapshots(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["base"] == "HEAD" and set(out["estimate_compiled"]) == {"base", "new"}
     assert out["estimate_on_c_arrays"] == {"base": True, "new": True}  # HEAD has walk_arrays.pyx
+    # HEAD compiles the modules of a round whole: its own built here, as its setup.py would
+    assert out["policy_compiled"]["base"] == out["policy_compiled"]["new"] == sorted(compiled.NATIVE)
     assert [(s["cores"], s["queued"], s["blocked_on_memory"]) for s in out["sizes"]] == [
         (256, 200, False), (1024, 800, False), (256, 200, True), (256, 2000, True), (3840, 3000, False)]
     for s in out["sizes"]:

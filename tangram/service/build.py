@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from tangram.core.engine import Engine
-from tangram.policy.compiled import walk_module
+from tangram.policy.compiled import native_modules, walk_module
 from tangram.policy.snapshot import PolicyParams
 from tangram.profiles import load_profiles
 from tangram.runtime import Runtime
@@ -84,6 +84,10 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
     if not hot.COMPILED:  # the install could not build it (pip hides the build's warning) or was told not to
         log.warning("the ACT estimate runs as plain Python (%s): rounds with long look-aheads are slower; "
                     "reinstall with a C compiler at hand (pip install -e .)", hot.__file__)
+    as_source = sorted(name for name, yes in native_modules().items() if not yes)
+    if as_source:  # the same: the modules of a round compiled whole (tangram/policy/compiled.py)
+        log.warning("the policy's modules %s run as plain Python: rounds are ~1.2x slower; "
+                    "reinstall with a C compiler at hand (pip install -e .)", ", ".join(as_source))
     if scale is not None:  # scale-out hook: gated managers, ClusterRuntime with its health loop
         return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
                              model_executors=model_executors, models=models, profiles=profiles,
