@@ -7,3 +7,10 @@ import cython
                r4=cython.double, r5=cython.double, r6=cython.double, r7=cython.double, i=cython.Py_ssize_t,
                stop=cython.Py_ssize_t, half=cython.Py_ssize_t)
 cpdef double _pairwise_sum(list values, Py_ssize_t lo, Py_ssize_t n) except? -1.0
+
+
+# the merge greedy eviction goes on popping prefix after prefix: its counters as C integers
+cdef class _Merge:
+    cdef public Py_ssize_t t, joined, total
+    cdef public dict counts
+    cdef public list heap
