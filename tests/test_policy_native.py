@@ -71,6 +71,22 @@ def test_a_module_edited_after_the_build_runs_its_source(copy_of_the_package):
     assert len(seen["stale"]) == 1 and "rows" in seen["stale"][0] and "pip install -e ." in seen["stale"][0]
 
 
+def test_a_library_of_a_module_no_longer_compiled_is_judged_too(copy_of_the_package):
+    """A module taken off ``compiled.NATIVE`` may leave its library behind (an install does not
+    delete it): edited since, it runs as its source all the same."""
+    _built()
+    policy = copy_of_the_package / "tangram" / "policy"
+    compiled_py = policy / "compiled.py"
+    compiled_py.write_text(compiled_py.read_text().replace('"node_rank", ', ""))
+    node_rank = policy / "node_rank.py"
+    node_rank.write_text(node_rank.read_text() + "\n# edited\n")
+    done = subprocess.run([sys.executable, "-W", "always", "-c",
+                           "import tangram.core.engine, tangram.policy.node_rank as m; print(m.__file__)"],
+                          cwd=copy_of_the_package, capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "PYTHONPATH": str(copy_of_the_package)})
+    assert done.stdout.strip().endswith("node_rank.py") and "was not built from" in done.stderr
+
+
 def test_a_library_without_its_record_is_not_run(copy_of_the_package):
     """No digest beside the library (a build that did not record it, a copy without it): the source."""
     _built()
@@ -85,10 +101,11 @@ def test_pure_python_runs_every_module_as_its_source():
     assert seen["native"] == {name: False for name in compiled.NATIVE} and not seen["stale"]
 
 
-def test_the_finder_judges_the_round_modules_of_this_package_alone():
+def test_the_finder_judges_the_libraries_of_this_package_alone():
     assert compiled.NativeFinder in sys.meta_path
-    assert compiled.NativeFinder.find_spec("tangram.policy.memo") is None  # not compiled whole
+    assert compiled.NativeFinder.find_spec("tangram.policy.memo") is None  # no library
     assert compiled.NativeFinder.find_spec("tangram.policy.walk") is None  # judged by walk_module
+    assert compiled.NativeFinder.find_spec("tangram.policy.walk_arrays") is None  # a .pyx: arrays_walk
     assert compiled.NativeFinder.find_spec("other.schedule") is None
     assert compiled.NativeFinder.find_spec("tangram.policy.schedule") is None or \
         os.environ.get(compiled.PURE_ENV) == "1"  # a fresh library: Python's own finders import it

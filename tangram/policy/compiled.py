@@ -126,19 +126,23 @@ def native_library(short: str, here: Path = _HERE) -> Path | None:
 
 
 class NativeFinder:
-    """A meta path finder for the :data:`NATIVE` modules of this package: says nothing (Python's
-    own finders then import the library, which they prefer to the source) unless the library must
-    not run, and then gives the source's spec. Imports nothing itself: it only judges."""
+    """A meta path finder for the modules of this package: says nothing (Python's own finders then
+    import the library, which they prefer to the source) unless a library must not run, and then
+    gives the source's spec. Imports nothing itself: it only judges. Every library beside a ``.py``
+    is judged, not only :data:`NATIVE`'s (a module that leaves the list may leave its library
+    behind), but the walk's, which :func:`walk_module` judges."""
 
     @classmethod
     def find_spec(cls, fullname: str, path=None, target=None):
         package, _, short = fullname.rpartition(".")
-        if package != _PACKAGE or short not in NATIVE:
+        if package != _PACKAGE or short == WALK.rpartition(".")[2]:
             return None
         library = native_library(short)
         if library is None:
             return None  # nothing built: the source is all there is
         source = _HERE / f"{short}.py"
+        if not source.exists():
+            return None  # built from another kind of source (walk_arrays.pyx: arrays_walk judges it)
         if os.environ.get(PURE_ENV) != "1":
             if _built_from(library, source):
                 return None
