@@ -1,7 +1,8 @@
 """Builds the compiled modules of the policy with Cython: ``tangram/policy/walk.py`` (the ACT
 estimate's hot loops) with the C types of ``walk.pxd``, ``walk_arrays.pyx``, the same walk on C
 arrays, and the modules of a scheduling round whole from their plain source (``compiled.NATIVE``;
-``schedule.pxd`` gives its candidate a C layout). Everything else is in ``pyproject.toml``.
+``schedule.pxd`` and ``greedy.pxd`` type a few of their parts). Everything else is in
+``pyproject.toml``.
 
 The compile is optional: when Cython cannot translate a module or no C compiler builds it, the
 install goes on with a warning and the plain-Python module runs (the same results, ~3-4x slower

@@ -19,9 +19,9 @@ new / base with p10-p90, or the ratio of the summed times. The base's ACT
 estimate runs the installed compiled walk when its ``walk.py`` is unchanged, and
 its own, compiled here with Cython, when it is not (``estimate_compiled`` says
 which each side ran). A base whose policy compiles the modules of a round whole
-(``compiled.NATIVE``) has them compiled here too, as its setup.py would
+(``compiled.NATIVE``) has them compiled here too, by this checkout's setup.py
 (``policy_compiled`` lists, per side, the modules that ran compiled): both sides
-run what their own install builds.
+run compiled, with this checkout's build settings.
 """
 from __future__ import annotations
 
@@ -80,7 +80,9 @@ def load_base(rev: str, into: Path):
 def _native_of(pkg: Path) -> tuple[str, ...]:
     """The modules the base's policy compiles whole (its ``compiled.NATIVE``; none before it had them)."""
     for node in ast.parse((pkg / "compiled.py").read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "NATIVE" for t in node.targets):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) and node.value is not None else []
+        if any(getattr(t, "id", None) == "NATIVE" for t in targets):
             return tuple(ast.literal_eval(node.value))
     return ()
 

@@ -7,7 +7,10 @@ retries, failure) are the decisions the policy made. Two interpreters, two
 builds (the policy compiled or its plain source) or two commits that print the same
 digests made the same decisions, to the last bit of every float.
 ``scripts/check_python.sh`` compares this under another Python with the
-default one; run it by hand around a change meant to keep decisions.
+default one; run it by hand around a change meant to keep decisions. Run an
+older commit from a worktree of its own (``git worktree add``): one from before
+``tangram/policy/compiled.py``'s finder, checked out in this tree, would import
+the libraries built from this tree's sources and print this tree's digests.
 
     python scripts/decision_digest.py [--json] [RUN ...]   RUN: workload/batch[/policy]
 """

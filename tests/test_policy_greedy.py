@@ -130,19 +130,24 @@ def test_small_tables_on_lists_give_the_arrays_floats(seed):
     assert merged > 100
 
 
-def test_list_sums_are_numpys_bit_for_bit():
+@pytest.mark.parametrize("as_run", [True, False], ids=["as-installed", "source"])
+def test_list_sums_are_numpys_bit_for_bit(as_run):
     """numpy sums a short array left to right and a long one pairwise (blocks of 128 with eight
     running sums, longer runs halved); Python's ``sum`` compensates rounding from 3.12 on, so the
-    lists must not use it. Signs, zeros of both signs and magnitudes 40 decades apart included."""
+    lists must not use it. Signs, zeros of both signs and magnitudes 40 decades apart included;
+    the module as it runs (compiled, after an install) and its plain source."""
+    from tangram.policy import compiled
+
+    module = greedy_module if as_run else compiled.source_module("greedy")
     rng = random.Random(7)
     for _ in range(6000):
         n = rng.choice([rng.randint(0, 20), rng.randint(0, 300), rng.randint(100, 2000)])
         values = [rng.choice([rng.uniform(0.1, 100.0) * 10.0 ** rng.randint(-8, 8), rng.uniform(-1e6, 1e6),
                               rng.random() * 10.0 ** rng.randint(-20, 20), 0.0, -0.0]) for _ in range(n)]
         want = float(np.array(values, dtype=np.float64).sum())
-        got = greedy_module._numpy_sum(values)
+        got = module._numpy_sum(values)
         assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want), (n, got, want)
-    assert math.copysign(1.0, greedy_module._numpy_sum([-0.0])) == math.copysign(1.0, float(np.sum([-0.0])))
+    assert math.copysign(1.0, module._numpy_sum([-0.0])) == math.copysign(1.0, float(np.sum([-0.0])))
 
 
 def _table_cases(rng: random.Random, rows_lo: int, rows_hi: int) -> list:

@@ -124,17 +124,36 @@ def test_compiled_and_source_modules_decide_alike():
     assert compiled_run == digests(**{compiled.PURE_ENV: "1"})
 
 
-@pytest.mark.parametrize("as_source", [(), ("rows", "schedule")])
-async def test_the_service_names_the_modules_that_run_as_source(monkeypatch, caplog, as_source):
-    """pip hides a failed build's warning: `tangram serve` names them at start instead."""
+@pytest.mark.parametrize("as_source,pure", [((), False), (("rows", "schedule"), False), (("rows", "schedule"), True)])
+async def test_the_service_names_the_modules_that_run_as_source(monkeypatch, caplog, as_source, pure):
+    """pip hides a failed build's warning: `tangram serve` names them at start instead (and does
+    not advise a rebuild when the sources were asked for)."""
     import tangram.service.build as build
     from tangram.service.config import parse_config
 
     monkeypatch.setattr(build, "native_modules", lambda: {n: n not in as_source for n in compiled.NATIVE})
+    if pure:
+        monkeypatch.setenv(compiled.PURE_ENV, "1")
+    else:
+        monkeypatch.delenv(compiled.PURE_ENV, raising=False)
     cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "api_pools": {"search": {"concurrency": 1}}})
     with caplog.at_level("WARNING", logger="tangram.service"):
         async with await build.build_runtime(cfg):
             pass
     said = [r.getMessage() for r in caplog.records if "run as plain Python" in r.getMessage()]
-    assert said == ([] if not as_source else ["the policy's modules rows, schedule run as plain Python: rounds are "
-                                              "~1.2x slower; reinstall with a C compiler at hand (pip install -e .)"])
+    why = "TANGRAM_PURE_PYTHON=1 asks for it" if pure else "reinstall with a C compiler at hand (pip install -e .)"
+    assert said == ([] if not as_source else
+                    [f"the policy's modules rows, schedule run as plain Python: rounds are ~1.2x slower; {why}"])
+
+
+def test_a_library_whose_source_is_gone_is_not_imported(copy_of_the_package):
+    """A module deleted from the package may leave its library behind: importing it says so
+    instead of running code nothing in the tree has any more."""
+    _built()
+    policy = copy_of_the_package / "tangram" / "policy"
+    library = compiled.native_library("node_rank", policy)
+    shutil.copy(library, policy / library.name.replace("node_rank", "ghost"))
+    done = subprocess.run([sys.executable, "-c", "import tangram.policy.ghost"], cwd=copy_of_the_package,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(copy_of_the_package)})
+    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr and "no longer has" in done.stderr

@@ -13,10 +13,11 @@ library and the source in an order of its own, and a copy may keep an older time
 way; the estimate walks with it only when the compiled walk runs (:func:`arrays_walk`).
 
 The modules of a round (:data:`NATIVE`) are compiled whole, from their plain source (Cython reads
-a ``.pxd`` beside one where there is one: ``schedule.pxd``). They are imported by name all over
-the package, so they are judged on import: :class:`NativeFinder`, ahead of Python's own finders
-(``tangram/policy/__init__.py`` puts it there before any of them is imported), sends a stale
-library, and every one under ``TANGRAM_PURE_PYTHON=1``, to its source.
+a ``.pxd`` beside one where there is one: ``schedule.pxd``, ``greedy.pxd``). They are imported by
+name all over the package, so they are judged on import: :class:`NativeFinder`, ahead of Python's
+own finders (``tangram/policy/__init__.py`` puts it there before any of them is imported), sends a
+stale library, one without its record, and every one under ``TANGRAM_PURE_PYTHON=1``, to its
+source.
 """
 from __future__ import annotations
 
@@ -142,7 +143,10 @@ class NativeFinder:
             return None  # nothing built: the source is all there is
         source = _HERE / f"{short}.py"
         if not source.exists():
-            return None  # built from another kind of source (walk_arrays.pyx: arrays_walk judges it)
+            if (_HERE / f"{short}.pyx").exists():
+                return None  # built from another kind of source (walk_arrays.pyx: arrays_walk judges it)
+            raise ModuleNotFoundError(f"{library}: left from a module this package no longer has (remove it)",
+                                      name=fullname)
         if os.environ.get(PURE_ENV) != "1":
             if _built_from(library, source):
                 return None

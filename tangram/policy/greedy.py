@@ -63,7 +63,8 @@ def _numpy_sum(values: list[float]) -> float:
 def _pairwise_sum(values: list[float], lo: int, n: int) -> float:
     """numpy's ``pairwise_sum`` of ``values[lo:lo + n]`` (numpy/_core/src/umath/loops_utils.h.src):
     left to right below 8 values; up to a block of 128, eight running sums over strides of 8,
-    added in pairs, then the rest left to right; a longer run halved at a multiple of 8."""
+    added in pairs, then the rest left to right; a longer run halved at a multiple of 8.
+    ``values`` is a list (``greedy.pxd`` types it so when compiled): :func:`_numpy_sum` sees to it."""
     if n < _PAIRWISE_FROM:
         total = -0.0  # numpy's start: keeps a lone -0.0
         for i in range(lo, lo + n):

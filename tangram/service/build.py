@@ -7,10 +7,11 @@ names them, so a CPU-only local service never loads them.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from tangram.core.engine import Engine
-from tangram.policy.compiled import native_modules, walk_module
+from tangram.policy.compiled import PURE_ENV, native_modules, walk_module
 from tangram.policy.snapshot import PolicyParams
 from tangram.profiles import load_profiles
 from tangram.runtime import Runtime
@@ -86,8 +87,9 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
                     "reinstall with a C compiler at hand (pip install -e .)", hot.__file__)
     as_source = sorted(name for name, yes in native_modules().items() if not yes)
     if as_source:  # the same: the modules of a round compiled whole (tangram/policy/compiled.py)
-        log.warning("the policy's modules %s run as plain Python: rounds are ~1.2x slower; "
-                    "reinstall with a C compiler at hand (pip install -e .)", ", ".join(as_source))
+        log.warning("the policy's modules %s run as plain Python: rounds are ~1.2x slower; %s", ", ".join(as_source),
+                    f"{PURE_ENV}=1 asks for it" if os.environ.get(PURE_ENV) == "1"
+                    else "reinstall with a C compiler at hand (pip install -e .)")
     if scale is not None:  # scale-out hook: gated managers, ClusterRuntime with its health loop
         return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
                              model_executors=model_executors, models=models, profiles=profiles,
