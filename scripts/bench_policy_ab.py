@@ -104,12 +104,6 @@ def _compile_base(pkg: Path, walk: bool = True, arrays: bool = False, native: tu
             print(f"the base's {name} was not compiled: {done.stderr.strip()[-400:]}", file=sys.stderr)
 
 
-def _compiled_modules(compiled) -> list[str]:
-    """The modules of a round that side runs compiled (none for a base from before they were)."""
-    native = getattr(compiled, "native_modules", None)
-    return sorted(name for name, yes in native().items() if yes) if native is not None else []
-
-
 def _same(pa, pb) -> bool:
     """Every field of the two plans: dispatches (action, node, units, pools, memory placed,
     estimate), what could not start, and the held groups with the classes their inputs read."""
@@ -200,6 +194,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base_schedule, base_estimate = load_base(args.base, Path(tmp))
         import tangram.policy.estimate as estimate
+        from bench_scheduler import compiled_modules
         from tangram.policy import compiled
         from tangram.policy.schedule import plan as new_plan
         out = {"base": args.base, "estimate_compiled": {"base": bool(base_estimate._hot.COMPILED),
@@ -208,8 +203,8 @@ def main(argv=None) -> int:
                "estimate_on_c_arrays": {"base": getattr(base_estimate, "_walk", base_estimate._hot.walk)
                                         is not base_estimate._hot.walk,
                                         "new": estimate._walk is not estimate._hot.walk},
-               "policy_compiled": {"base": _compiled_modules(sys.modules.get(f"{BASE}.compiled")),
-                                   "new": _compiled_modules(compiled)}}
+               "policy_compiled": {"base": compiled_modules(sys.modules.get(f"{BASE}.compiled")),
+                                   "new": compiled_modules(compiled)}}
         if args.simulate:
             out["simulate"] = simulate(base_schedule.plan, new_plan, args.simulate[0], int(args.simulate[1]),
                                        args.seed)

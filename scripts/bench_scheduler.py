@@ -226,6 +226,13 @@ def _measure_together(args, specs: list[dict]) -> tuple[list[Size], list[dict] |
     return sizes, against
 
 
+def compiled_modules(compiled_module) -> list[str]:
+    """The modules of a round that ``compiled_module`` (a ``tangram/policy/compiled.py``) reports
+    running compiled; none for a policy from before they were (bench_policy_ab.py's base)."""
+    native = getattr(compiled_module, "native_modules", None)
+    return sorted(name for name, yes in native().items() if yes) if native is not None else []
+
+
 def _p99(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
 
@@ -342,7 +349,7 @@ def _measure(args, specs: list[dict], frozen: int) -> dict:
         "estimate_compiled": bool(estimate._hot.COMPILED),
         "estimate_on_c_arrays": estimate._walk is not estimate._hot.walk,  # walk_arrays.pyx, built
         # the modules of a round setup.py compiled whole that ran compiled (compiled.NATIVE)
-        "policy_compiled": sorted(name for name, yes in compiled.native_modules().items() if yes),
+        "policy_compiled": compiled_modules(compiled),
         "sizes": results,
         "gc": {  # the process's full collections while measuring (all sizes' queues in one heap)
             "frozen_at_start": frozen,

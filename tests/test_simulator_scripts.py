@@ -130,7 +130,7 @@ def test_bench_policy_ab_plans_both_policies_on_the_same_snapshots(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["base"] == "HEAD" and set(out["estimate_compiled"]) == {"base", "new"}
     assert out["estimate_on_c_arrays"] == {"base": True, "new": True}  # HEAD has walk_arrays.pyx
-    # HEAD compiles the modules of a round whole: its own built here, as its setup.py would
+    # HEAD compiles the modules of a round whole: its own built here, by this checkout's setup.py
     assert out["policy_compiled"]["base"] == out["policy_compiled"]["new"] == sorted(compiled.NATIVE)
     assert [(s["cores"], s["queued"], s["blocked_on_memory"]) for s in out["sizes"]] == [
         (256, 200, False), (1024, 800, False), (256, 200, True), (256, 2000, True), (3840, 3000, False)]
