@@ -1,7 +1,8 @@
 """The stored load sweeps and the documents that quote them say what this code does.
 
 ``docs/results/load-sweep-all/`` (seed 0) and ``docs/results/load-sweep-seeds/`` (seeds 1 and
-2) are the sweeps the project's claims rest on (README, ``docs/results/README.md``). A change
+2) are the sweeps the project's claims rest on (README, ``docs/results/README.md``, whose two
+tables of them are checked against the stored results here). A change
 to the policy that moves a schedule must come with a rerun of them; these tests say so when it
 does not, on the sweeps' cheapest points (batch 256 on every seed, 512 on seed 0): a change
 that moves only larger batches, or only the baselines, passes them.
@@ -56,6 +57,39 @@ def test_the_results_table_is_the_sweeps_own():
     assert quoted.keys() == written.keys(), "the table's (workload, batch) rows are not load_sweep.md's"
     stale = [key for key in written if quoted[key] != written[key]]
     assert not stale, f"docs/results/README.md quotes other numbers than load_sweep.md for {stale}"
+
+
+def _losses(row: dict) -> str:
+    """The seeds table's cell for one point: each measure where tangram is above the best baseline
+    that did all its work, its ratio to it, and that baseline (those tied, by name)."""
+    results, tangram = row["results"], row["results"]["tangram"]
+    parts = []
+    for m in MEASURES:
+        fair = {k: v[m] for k, v in results.items() if k not in ("tangram", "tangram:fcfs") and not v.get("failed")}
+        best = min(fair.values())
+        if tangram[m] > best:
+            parts.append((m.split("_")[0], tangram[m] / best, ", ".join(k for k, v in fair.items() if v == best)))
+    cells = []
+    for i, (name, ratio, who) in enumerate(parts):
+        shared = i + 1 < len(parts) and parts[i + 1][2] == who  # the next measure names the same baseline
+        cells.append(f"{name} {ratio:.3f}x" + ("" if shared else f" ({who})"))
+    return ", ".join(cells) or "nothing"
+
+
+def test_the_seeds_table_is_the_stored_sweeps():
+    """The table of "The same sweep on seeds 1 and 2" is computed from the three sweeps' results:
+    every point that loses on a seed, and nothing else."""
+    sweeps = [json.loads((where / "results.json").read_text())["load_sweep"]["workloads"] for where, _, _ in SWEEPS]
+    expected = []
+    for workload, runs in sweeps[0].items():
+        for i, row in enumerate(runs["rows"]):
+            cells = [_losses(sweep[workload]["rows"][i]) for sweep in sweeps]
+            if any(c != "nothing" for c in cells):
+                expected.append(f"| `{workload}` | {row['batch']:,} | " + " | ".join(cells) + " |")
+    doc = (RESULTS / "README.md").read_text()
+    section = _section(doc, "### The same sweep on seeds 1 and 2", "## Random workloads")
+    quoted = [line for line in section.splitlines() if line.startswith("| `")]
+    assert quoted == expected
 
 
 @pytest.mark.parametrize("workload", builtin_names())
