@@ -81,15 +81,17 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
                           dop_caps=dict(cfg.dop_caps), order=cfg.order, aging_k=cfg.aging_k,
                           aging_cap_s=cfg.aging_cap_s, progress_s=cfg.progress_s,
                           affinity_k=cfg.affinity_k, expect_arrivals=cfg.expect_arrivals)
+    # why the policy runs as plain Python, below: asked for, or an install that could not compile it
+    advice = (f"{PURE_ENV}=1 asks for it" if os.environ.get(PURE_ENV) == "1"
+              else "reinstall with a C compiler at hand (pip install -e .)")
     hot = walk_module()
     if not hot.COMPILED:  # the install could not build it (pip hides the build's warning) or was told not to
-        log.warning("the ACT estimate runs as plain Python (%s): rounds with long look-aheads are slower; "
-                    "reinstall with a C compiler at hand (pip install -e .)", hot.__file__)
+        log.warning("the ACT estimate runs as plain Python (%s): rounds with long look-aheads are slower; %s",
+                    hot.__file__, advice)
     as_source = sorted(name for name, yes in native_modules().items() if not yes)
     if as_source:  # the same: the modules of a round compiled whole (tangram/policy/compiled.py)
         log.warning("the policy's modules %s run as plain Python: rounds are ~1.2x slower; %s", ", ".join(as_source),
-                    f"{PURE_ENV}=1 asks for it" if os.environ.get(PURE_ENV) == "1"
-                    else "reinstall with a C compiler at hand (pip install -e .)")
+                    advice)
     if scale is not None:  # scale-out hook: gated managers, ClusterRuntime with its health loop
         return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
                              model_executors=model_executors, models=models, profiles=profiles,
