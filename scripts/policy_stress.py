@@ -14,8 +14,10 @@ against), and lists every measure (mean ACT, p99 ACT, step time) where a baselin
 more than ``--tolerance`` below tangram. A loss to a baseline that gave up on actions
 (``api-naive``: a call fails after its retries) carries ``baseline_failed``, the
 count: its ACT and step leave that work out. The summary gives how many workloads lose
-somewhere (``losing_workloads``) and to a baseline that did all its work
-(``losing_like_for_like``), and per measure the geometric mean and the largest of
+somewhere (``losing_workloads``), to a baseline that did all its work
+(``losing_like_for_like``), and to one that tangram beats on no measure (``dominated_by``
+per draw, ``dominated_workloads``: a loss no other measure pays for, where the rest
+trade one measure for another), and per measure the geometric mean and the largest of
 tangram / the best baseline that did all its work on that draw (below 1: tangram ahead).
 
 The ranges are not fitted to any result: each spans the built-ins' value and the
@@ -254,6 +256,22 @@ def mark_failed(found: list[dict], failed: dict[str, int]) -> list[dict]:
     return found
 
 
+def dominated_by(res: dict[str, list[float]], tolerance: float, failed: dict[str, int]) -> list[str]:
+    """The baselines that did all their work and beat tangram by more than ``tolerance`` on one
+    measure or more while tangram beats them by more than it on none: losses no other measure of
+    the same baseline pays for (a trade-off is a loss on one measure and a win on another)."""
+    t = res["tangram"]
+    out = []
+    for name, v in res.items():
+        if name == "tangram" or name in failed:
+            continue
+        loses = any(v[i] > 0 and t[i] > v[i] * (1.0 + tolerance) for i in range(len(MEASURES)))
+        wins = any(v[i] > t[i] * (1.0 + tolerance) for i in range(len(MEASURES)))
+        if loses and not wins:
+            out.append(name)
+    return out
+
+
 def summarize(rows: list[dict], tolerance: float) -> dict:
     """How many workloads lose somewhere (and to a baseline that did all its work), and tangram /
     the best baseline per measure, among the baselines that did all their work on that draw."""
@@ -270,6 +288,7 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
         "tolerance": tolerance,
         "losing_workloads": sum(1 for row in rows if row["losses"]),
         "losing_like_for_like": sum(1 for row in rows if any("baseline_failed" not in x for x in row["losses"])),
+        "dominated_workloads": sum(1 for row in rows if row.get("dominated_by")),
         "tangram_over_best": {m: {"geomean": round(statistics.geometric_mean(v), 4), "max": round(max(v), 4)}
                               for m, v in ratios.items() if v},
     }
@@ -298,7 +317,8 @@ def _run_one(job: tuple) -> dict | None:
             failed[name] = s["failed"]  # actions it gave up on (api-naive): its ACT and step skip that work
     found = mark_failed(losses(results, tolerance), failed)
     return {"family": family, "seed": seed, "workload": raw, "results": results, "failed": failed,
-            "losses": found, "wall_s": round(time.perf_counter() - t0, 2)}
+            "losses": found, "dominated_by": dominated_by(results, tolerance, failed),
+            "wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def _stored_baselines(path: str, sim_seed: int) -> dict[tuple[str, int], dict]:
@@ -380,11 +400,14 @@ def main(argv=None) -> int:
         if r["losses"]:
             worst = max(r["losses"], key=lambda x: x["ratio"])
             failed = f", it failed {worst['baseline_failed']} actions" if "baseline_failed" in worst else ""
+            dominated = f"; behind on every measure it loses to {', '.join(r['dominated_by'])}" if r[
+                "dominated_by"] else ""
             print(f"{r['family']} {r['seed']:>3}: loses {len(r['losses'])} (worst {worst['measure']} "
-                  f"vs {worst['baseline']} {worst['ratio']:.2f}x{failed})")
+                  f"vs {worst['baseline']} {worst['ratio']:.2f}x{failed}){dominated}")
     for f, s in out["summary"].items():
         print(f"{f}: {s['losing_workloads']} of {s['workloads']} workloads lose somewhere by > "
-              f"{s['tolerance']:.0%} ({s['losing_like_for_like']} to a baseline that did all its work); "
+              f"{s['tolerance']:.0%} ({s['losing_like_for_like']} to a baseline that did all its work, "
+              f"{s['dominated_workloads']} to one that tangram beats on no measure); "
               f"tangram / best such baseline: {json.dumps(s['tangram_over_best'])}")
     return 0
 

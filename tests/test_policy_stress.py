@@ -47,6 +47,21 @@ def test_a_loss_to_a_baseline_that_gave_up_on_actions_says_how_many():
         ("api-naive", "mean_act_s"): 12, ("api-naive", "step_time_s"): 12, ("api-retry", "mean_act_s"): None}
 
 
+def test_a_baseline_dominates_when_tangram_beats_it_on_no_measure():
+    res = {"tangram": [10.0, 50.0, 100.0],
+           "a": [9.0, 50.4, 100.5],  # ahead on the mean, within 1% on the rest: dominates
+           "b": [9.0, 60.0, 100.0],  # ahead on the mean, behind on the p99: a trade-off
+           "c": [9.0, 40.0, 90.0],  # ahead on all three
+           "d": [10.05, 50.0, 100.0],  # ahead on none (within 1%)
+           "e": [5.0, 40.0, 90.0]}  # ahead on all three, but it gave up on actions
+    assert stress.dominated_by(res, 0.01, {"e": 3}) == ["a", "c"]
+    # at no tolerance "a" is behind tangram on the p99 and the step: a trade-off too
+    assert stress.dominated_by(res, 0.0, {"e": 3}) == ["c"]
+    rows = [{"results": res, "failed": {"e": 3}, "losses": [{"baseline": "a"}], "dominated_by": ["a", "c"]},
+            {"results": res, "failed": {}, "losses": [{"baseline": "b"}], "dominated_by": []}]
+    assert stress.summarize(rows, 0.01)["dominated_workloads"] == 1
+
+
 def test_static_services_reproduce_mopd_skewed_deployment():
     wl = load_workload("mopd-skewed")
     names = sorted(wl.services, key=lambda n: wl.services[n].size_gb)
@@ -83,9 +98,11 @@ def test_smoke_run_reports_every_policy_and_its_losses(capsys):
         assert row["workload"]["trajectories"] == 32
         # every loss is found, and one to a baseline that gave up on actions says how many
         assert row["losses"] == stress.mark_failed(stress.losses(row["results"], 0.01), row["failed"])
+        assert row["dominated_by"] == stress.dominated_by(row["results"], 0.01, row["failed"])
     for fam, s in out["summary"].items():
         rows = [r for r in out["workloads"] if r["family"] == fam]
         assert s["workloads"] == len(rows) and s["losing_workloads"] == sum(1 for r in rows if r["losses"])
+        assert s["dominated_workloads"] == sum(1 for r in rows if r["dominated_by"])
 
 
 def test_a_policy_param_reaches_tangram_and_a_bad_one_is_refused(capsys):
