@@ -12,7 +12,8 @@ without Cython skips it.
 
 Beside the library goes ``<library>.sha256``, the digest of the sources it was translated from:
 the package runs a library only while its sources (``walk.py`` and ``walk.pxd``; ``walk_arrays.pyx``;
-a native module's ``.py`` and its ``.pxd``, if any) still have that digest.
+a native module's ``.py`` and its ``.pxd``, if any, with the directives it was translated under,
+``compiled.NATIVE_DIRECTIVES``) still have that digest.
 The digest is taken once, just before the translation, which is forced (Cython would otherwise
 reuse a C file by file times, and a source copied with an older time would be recorded under
 its own digest while the old code was compiled).
@@ -42,10 +43,8 @@ def _compiled_module():
 
 _COMPILED = _compiled_module()
 source_digest = _COMPILED.source_digest
-# the round's modules, compiled whole (their annotations are documentation: a `list` one must not
-# refuse the tuple a caller passes, as Cython's typing of annotations would)
+# the round's modules, compiled whole under compiled.NATIVE_DIRECTIVES (part of their digest)
 NATIVE = tuple(f"tangram/policy/{name}.py" for name in _COMPILED.NATIVE)
-_NATIVE_DIRECTIVES = {"annotation_typing": False}
 
 
 def _warn(e: BaseException, path: str = WALK) -> None:
@@ -100,8 +99,8 @@ def extensions(walk: str | None = WALK, arrays: str | None = ARRAYS, native=NATI
         try:
             from Cython.Build import cythonize
 
-            digest = source_digest(Path(path))
-            directives = _NATIVE_DIRECTIVES if path in native else {}
+            directives = dict(_COMPILED.NATIVE_DIRECTIVES) if path in native else {}
+            digest = source_digest(Path(path), directives)
             built = cythonize([path], language_level=3, quiet=True, force=True, compiler_directives=directives)
         except Exception as e:  # noqa: BLE001 - no Cython, or a module it cannot translate
             _warn(e, path)

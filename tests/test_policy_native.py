@@ -87,6 +87,34 @@ def test_a_library_of_a_module_no_longer_compiled_is_judged_too(copy_of_the_pack
     assert done.stdout.strip().endswith("node_rank.py") and "was not built from" in done.stderr
 
 
+def test_a_library_built_under_other_directives_is_not_run(copy_of_the_package):
+    """The directives are part of a library's digest: changed in compiled.py (which setup.py
+    compiles with), every library of a round is stale until the rebuild, and the sources run."""
+    _built()
+    compiled_py = copy_of_the_package / "tangram" / "policy" / "compiled.py"
+    text = compiled_py.read_text()
+    assert 'NATIVE_DIRECTIVES = {"annotation_typing": False}' in text
+    compiled_py.write_text(text.replace('NATIVE_DIRECTIVES = {"annotation_typing": False}',
+                                        'NATIVE_DIRECTIVES = {"annotation_typing": False, "cdivision": True}'))
+    seen = _read(copy_of_the_package)
+    assert seen["native"] == {name: False for name in compiled.NATIVE}
+    assert len(seen["stale"]) == len(compiled.NATIVE)
+
+
+def test_the_digest_covers_a_native_modules_directives(tmp_path, monkeypatch):
+    here = Path(compiled.__file__).parent
+    rows, walk = here / "rows.py", here / "walk.py"
+    assert compiled.source_digest(rows) == compiled.source_digest(rows, compiled.NATIVE_DIRECTIVES)
+    assert compiled.source_digest(rows) != compiled.source_digest(rows, {})
+    assert compiled.source_digest(walk) == compiled.source_digest(walk, {})  # the walk: Cython's defaults
+    before = compiled.source_digest(rows)
+    monkeypatch.setattr(compiled, "NATIVE_DIRECTIVES", {"annotation_typing": False, "cdivision": True})
+    assert compiled.source_digest(rows) != before
+    copy = tmp_path / "rows.py"  # another module of that name is judged alike: the name says native
+    shutil.copy(rows, copy)
+    assert compiled.source_digest(copy) == compiled.source_digest(rows)
+
+
 def test_a_library_without_its_record_is_not_run(copy_of_the_package):
     """No digest beside the library (a build that did not record it, a copy without it): the source."""
     _built()

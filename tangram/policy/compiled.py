@@ -2,7 +2,8 @@
 
 ``setup.py`` compiles ``walk.py`` (with the C types of ``walk.pxd``) with Cython when it can; the
 shared library then sits beside the source and Python's import prefers it, and beside it
-``<library>.sha256`` holds the digest of the two files it was translated from. Two cases must
+``<library>.sha256`` holds the digest of the two files it was translated from (and, for the
+modules below, of the directives: :func:`source_digest`). Two cases must
 not run it: sources that no longer have that digest (edited or checked out after the build: the
 library would silently run the old code; a library without the file counts as that), and
 ``TANGRAM_PURE_PYTHON=1`` (profiling, or comparing the two). Both load the source instead; the
@@ -43,12 +44,31 @@ def _load_source(name: str, source: Path) -> ModuleType:
     return module
 
 
-def source_digest(source: Path) -> str:
-    """sha256 of ``source`` followed by its ``.pxd`` (when there is one), as setup.py records it."""
+# the Cython directives setup.py translates the NATIVE modules with (their annotations are
+# documentation: a `list` one must not refuse the tuple a caller passes, as Cython's typing of
+# annotations would). Part of those libraries' digests: a library built under other directives
+# is stale, as one built from another source is
+NATIVE_DIRECTIVES = {"annotation_typing": False}
+
+
+def build_directives(source: Path) -> dict:
+    """The Cython directives setup.py translates ``source`` with: :data:`NATIVE_DIRECTIVES` for
+    the ``.py`` of a :data:`NATIVE` module, none for the walk's sources."""
+    return dict(NATIVE_DIRECTIVES) if source.suffix == ".py" and source.stem in NATIVE else {}
+
+
+def source_digest(source: Path, directives: dict | None = None) -> str:
+    """sha256 of ``source``, its ``.pxd`` (when there is one) and the directives it is translated
+    with (``None``: :func:`build_directives`'; none adds nothing), as setup.py records it. Not the
+    Cython version: the build takes any 3.x (pyproject.toml), whose translations of one source
+    under one set of directives behave alike."""
     h = hashlib.sha256(source.read_bytes())
     pxd = source.with_suffix(".pxd")
     if pxd.exists():
         h.update(pxd.read_bytes())
+    directives = build_directives(source) if directives is None else directives
+    if directives:
+        h.update(repr(sorted(directives.items())).encode())
     return h.hexdigest()
 
 
