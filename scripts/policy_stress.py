@@ -400,8 +400,7 @@ def main(argv=None) -> int:
         if r["losses"]:
             worst = max(r["losses"], key=lambda x: x["ratio"])
             failed = f", it failed {worst['baseline_failed']} actions" if "baseline_failed" in worst else ""
-            dominated = f"; behind on every measure it loses to {', '.join(r['dominated_by'])}" if r[
-                "dominated_by"] else ""
+            dominated = f"; ahead of {', '.join(r['dominated_by'])} on no measure" if r["dominated_by"] else ""
             print(f"{r['family']} {r['seed']:>3}: loses {len(r['losses'])} (worst {worst['measure']} "
                   f"vs {worst['baseline']} {worst['ratio']:.2f}x{failed}){dominated}")
     for f, s in out["summary"].items():
