@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import json
 import re
 import statistics
@@ -89,8 +90,9 @@ def _native_of(pkg: Path) -> tuple[str, ...]:
 
 def _compile_base(pkg: Path, walk: bool = True, arrays: bool = False, native: tuple[str, ...] = ()) -> None:
     """Build the base's ``walk.py`` (with its ``walk.pxd``), its ``walk_arrays.pyx`` and/or its
-    ``native`` modules with setup.py's own extensions and build command, which record each digest
-    beside it, so that both sides run compiled; what cannot be built the base runs as its source,
+    ``native`` modules with setup.py's own extensions and build command (this checkout's
+    directives), which record each digest beside it, rewritten as the base's own ``compiled.py``
+    checks it, so that both sides run compiled; what cannot be built the base runs as its source,
     and ``estimate_compiled`` / ``policy_compiled`` say so."""
     paths = (repr(f"{BASE}/walk.py") if walk else "None", repr(f"{BASE}/walk_arrays.pyx") if arrays else "None",
              repr(tuple(f"{BASE}/{name}.py" for name in native)))
@@ -99,9 +101,25 @@ def _compile_base(pkg: Path, walk: bool = True, arrays: bool = False, native: tu
              "sys.argv[1:] = ['-q', 'build_ext', '--inplace']; "
              f"setup(ext_modules=extensions({', '.join(paths)}), cmdclass={{'build_ext': OptionalBuildExt}})")
     done = subprocess.run([sys.executable, "-c", build], cwd=pkg.parent, capture_output=True, text=True)
+    _record_as_the_base_judges(pkg)
     for wanted, name in ((walk, "walk"), (arrays, "walk_arrays"), *((True, n) for n in native)):
         if wanted and (done.returncode != 0 or not any(pkg.glob(f"{name}.*.so.sha256"))):
             print(f"the base's {name} was not compiled: {done.stderr.strip()[-400:]}", file=sys.stderr)
+
+
+def _record_as_the_base_judges(pkg: Path) -> None:
+    """Rewrite each record this checkout's setup.py left beside a base library with the digest the
+    base's own ``compiled.py`` checks (an older one covers other inputs, e.g. no directives):
+    otherwise the base would judge its fresh libraries stale and run its sources."""
+    if not (pkg / "compiled.py").exists():
+        return  # nothing of the base judges them but this checkout's compiled.py
+    spec = importlib.util.spec_from_file_location("_base_policy_compiled", pkg / "compiled.py")
+    own = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(own)  # the standard library only, as setup.py loads this checkout's
+    for record in pkg.glob("*.so.sha256"):
+        short = record.name.split(".", 1)[0]
+        source = pkg / f"{short}.py" if (pkg / f"{short}.py").exists() else pkg / f"{short}.pyx"
+        record.write_text(own.source_digest(source) + "\n")
 
 
 def _same(pa, pb) -> bool:

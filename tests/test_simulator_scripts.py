@@ -174,6 +174,31 @@ def test_bench_policy_ab_compiles_a_base_walk_that_differs(tmp_path):
         importlib.invalidate_caches()
 
 
+def test_bench_policy_ab_records_the_digest_the_base_checks(tmp_path):
+    """A base's compiled.py may digest other inputs than this checkout's (an older one has no
+    directives in it): each library's record is rewritten with the base's own digest of its source."""
+    import shutil
+
+    ab = load("bench_policy_ab")
+    pkg = tmp_path / ab.BASE
+    pkg.mkdir()
+    for name in ("compiled.py", "rows.py", "walk.py", "walk.pxd", "walk_arrays.pyx"):
+        shutil.copy(ROOT / "tangram/policy" / name, pkg / name)
+    base_compiled = pkg / "compiled.py"
+    text = base_compiled.read_text()
+    assert "    return h.hexdigest()" in text
+    base_compiled.write_text(text.replace("    return h.hexdigest()", "    h.update(b'older')\n    return h.hexdigest()"))
+    for short in ("rows", "walk", "walk_arrays"):
+        (pkg / f"{short}.cpython-311-x86_64-linux-gnu.so.sha256").write_text("as this checkout digests it\n")
+    ab._record_as_the_base_judges(pkg)
+    spec = importlib.util.spec_from_file_location("_older_compiled", base_compiled)
+    older = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(older)
+    for short, source in (("rows", "rows.py"), ("walk", "walk.py"), ("walk_arrays", "walk_arrays.pyx")):
+        recorded = (pkg / f"{short}.cpython-311-x86_64-linux-gnu.so.sha256").read_text().strip()
+        assert recorded == older.source_digest(pkg / source) != compiled.source_digest(pkg / source)
+
+
 def test_bench_policy_ab_stops_when_the_plans_differ():
     import dataclasses
 

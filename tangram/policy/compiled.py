@@ -59,7 +59,7 @@ def build_directives(source: Path) -> dict:
 
 def source_digest(source: Path, directives: dict | None = None) -> str:
     """sha256 of ``source``, its ``.pxd`` (when there is one) and the directives it is translated
-    with (``None``: :func:`build_directives`'; none adds nothing), as setup.py records it. Not the
+    with (``None``: :func:`build_directives`; none adds nothing), as setup.py records it. Not the
     Cython version: the build takes any 3.x (pyproject.toml), and two of them translating one
     source under one set of directives are taken to behave alike."""
     h = hashlib.sha256(source.read_bytes())
