@@ -2,7 +2,8 @@
 
 ``docs/results/load-sweep-all/`` (seed 0) and ``docs/results/load-sweep-seeds/`` (seeds 1 and
 2) are the sweeps the project's claims rest on (README, ``docs/results/README.md``, whose two
-tables of them are checked against the stored results here). A change
+tables of them are checked against the stored results here, as is its table of the random
+families' dominated draws against ``docs/results/policy-stress/``). A change
 to the policy that moves a schedule must come with a rerun of them; these tests say so when it
 does not, on the sweeps' cheapest points (batch 256 on every seed, 512 on seed 0): a change
 that moves only larger batches, or only the baselines, passes them.
@@ -10,6 +11,7 @@ that moves only larger batches, or only the baselines, passes them.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from functools import cache
 from pathlib import Path
@@ -120,6 +122,44 @@ def test_no_baseline_is_ahead_of_tangram_without_being_behind_it_somewhere():
                 failed = {p: r["failed"] for p, r in row["results"].items() if r.get("failed")}
                 dominated += [(seed, workload, row["batch"], p) for p in stress.dominated_by(res, 0.0, failed)]
     assert points == 90 and not dominated
+
+
+STRESS = RESULTS / "policy-stress"
+# the stored runs the table of "Which losses trade one measure for another" reads, by its rows
+STRESS_RUNS = {("cpu", 0): "sim-seed-0.json", ("cpu", 1): "sim-seed-1.json", ("gpu", 0): "sim-seed-0.json",
+               ("gpu", 1): "sim-seed-1.json", ("api", 0): "api-adaptive-books-sim-seed-0.json",
+               ("api", 1): "api-adaptive-books-sim-seed-1.json"}
+
+
+def test_the_table_of_dominated_draws_is_the_stored_runs():
+    """Each row: the draws losing to a baseline that did all its work, how many of them lose to one
+    tangram beats on no measure (policy_stress.dominated_by, 1%), which draws, and the largest
+    ratio of tangram to such a baseline per measure, with its draw."""
+    doc = (RESULTS / "README.md").read_text()
+    section = _section(doc, "### Which losses trade one measure for another", "So the families differ")
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0][:3] in ("cpu", "gpu", "api"):
+            family, seed = cells[0].split(" ")[0].rstrip(","), int(cells[0].split(" ")[1])
+            rows[(family, seed)] = cells
+    assert rows.keys() == STRESS_RUNS.keys()
+    for (family, seed), cells in rows.items():
+        stored = json.loads((STRESS / STRESS_RUNS[(family, seed)]).read_text())
+        assert stored["sim_seed"] == seed
+        draws = [w for w in stored["workloads"] if w["family"] == family]
+        fair = [w for w in draws if any("baseline_failed" not in x for x in w["losses"])]
+        dominated = {w["seed"]: stress.dominated_by(w["results"], 0.01, w["failed"]) for w in draws}
+        dominated = {d: names for d, names in dominated.items() if names}
+        assert cells[1:3] == [str(len(fair)), str(len(dominated))], (family, seed)
+        named = {int(n) for n in re.findall(r"\d+", re.sub(r"`[^`]*`", "", cells[3]))}
+        assert named == set(dominated), (family, seed)
+        largest = []
+        for i, cell in enumerate(cells[4].split(", ")):
+            ratio, draw = max((w["results"]["tangram"][i] / w["results"][b][i], w["seed"])
+                              for w in draws if w["seed"] in dominated for b in dominated[w["seed"]])
+            largest.append(f"{ratio:.2f} ({draw})" if "(" in cell else f"{ratio:.2f}")
+        assert cells[4] == ", ".join(largest), (family, seed)
 
 
 @pytest.mark.parametrize("workload", builtin_names())
