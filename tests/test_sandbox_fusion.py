@@ -331,6 +331,38 @@ async def test_no_key_no_token_serves_the_plain_route():
         assert_whole(svc.runtime)
 
 
+async def test_a_client_gone_as_the_gate_hands_its_call_over_cancels_it(monkeypatch):
+    """As for /v1/actions (tests/test_service_api.py): the handler's cancellation landing as the
+    gate hands the call to the engine cancels it in the runtime."""
+    import asyncio
+
+    import aiohttp
+
+    from tangram.service.keys import GATE_KEY
+
+    async with running_service(config()) as svc:
+        rt, gate = svc.runtime, svc.app[GATE_KEY]
+        handed_over = gate.submitted
+
+        async def submitted_as_the_client_goes(action_id):
+            await handed_over(action_id)
+            raise asyncio.CancelledError
+
+        monkeypatch.setattr(gate, "submitted", submitted_as_the_client_goes)
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(aiohttp.ClientError):
+                async with s.post(svc.url + "/sandbox/run_code",
+                                  json={"code": "import time; time.sleep(60)", "language": "python"}) as r:
+                    await r.read()
+        for _ in range(500):
+            if not rt.engine.running and not rt.engine.waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert not rt.engine.running and not rt.engine.waiting
+        assert rt.counts.get(("exec", "cancelled")) == 1
+        assert_whole(svc.runtime)
+
+
 async def test_body_limit_and_malformed_bodies():
     import aiohttp
 

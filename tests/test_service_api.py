@@ -142,6 +142,33 @@ async def test_client_disconnect_while_queued_cancels_the_action():
         assert_whole(rt)
 
 
+async def test_a_client_gone_as_the_gate_hands_its_action_over_cancels_it(monkeypatch):
+    """The handler's cancellation (its client went) can land just as the admission gate hands the
+    action to the engine: no longer held, so not cancelled there, it must be cancelled in the
+    runtime (else it ran to its end for nobody: the cleanup test's hung-up client once saw it)."""
+    from tangram.service.keys import GATE_KEY
+
+    async with running_service() as svc:
+        rt, gate = svc.runtime, svc.app[GATE_KEY]
+        marker = f"sleep 30.{uuid.uuid4().int % 10**6}"
+        handed_over = gate.submitted
+
+        async def submitted_as_the_client_goes(action_id):
+            await handed_over(action_id)  # the engine has it now
+            raise asyncio.CancelledError  # and the client's cancellation lands at this await
+
+        monkeypatch.setattr(gate, "submitted", submitted_as_the_client_goes)
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(aiohttp.ClientError):
+                async with s.post(f"{svc.url}/v1/actions", json={"kind": "exec", "command": marker}) as r:
+                    await r.read()
+        await settle(rt, timeout_s=5)
+        assert_whole(rt)
+        assert rt.counts.get(("exec", "cancelled")) == 1
+        await asyncio.sleep(0.1)
+        assert not [p for p in find_pids(marker) if p != os.getpid()]
+
+
 async def test_environment_creation_failure_is_a_502(monkeypatch):
     async with running_service() as svc, svc.client() as c:
         async def broken(*a, **kw):

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tangram.core.errors import UnavailableError
+from tangram.core.errors import UnavailableError, UnknownActionError
 
 log = logging.getLogger("tangram.service")
 
@@ -233,6 +233,20 @@ class FairGate:
                 self.on_finished(action_id, outcome)
             except Exception:  # noqa: BLE001 - as the runtime's listeners: never break the gate
                 log.exception("recording the outcome of %s failed", action_id)
+
+    def drop(self, action_id: str) -> bool:
+        """The client waiting for ``action_id`` went: cancel it held here, else in the runtime (the
+        gate may have handed it over at the moment the client went, when nobody waits for it any
+        more); False when it had already ended."""
+        if self.cancel_held(action_id):
+            return True
+        try:
+            if self.rt.cancel(action_id):
+                log.info("action %s cancelled: its client disconnected", action_id)
+                return True
+        except UnknownActionError:
+            pass  # it ended, and the runtime forgot it, meanwhile
+        return False
 
     def cancelled_outcome(self, action_id: str) -> dict | None:
         return self._cancelled.get(action_id)

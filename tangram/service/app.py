@@ -142,13 +142,7 @@ async def _disconnect_watcher(app: web.Application) -> AsyncIterator[None]:
             gone = [aid for aid, req in waiters.items() if req.transport is None or req.transport.is_closing()]
             for aid in gone:
                 waiters.pop(aid, None)
-                if app[GATE_KEY].cancel_held(aid):
-                    continue
-                try:
-                    if app[RUNTIME_KEY].cancel(aid):
-                        log.info("action %s cancelled: its client disconnected", aid)
-                except UnknownActionError:
-                    pass
+                app[GATE_KEY].drop(aid)
 
     task = asyncio.get_running_loop().create_task(watch())
     try:
@@ -398,9 +392,11 @@ async def _wait_for(request: web.Request, action_id: str) -> web.Response:
         try:
             await gate.submitted(action_id)  # held for its job's turn
         except asyncio.CancelledError:
-            if gate.cancel_held(action_id) or gate.cancelled_outcome(action_id) is None:
-                raise
-            return web.json_response(gate.cancelled_outcome(action_id))  # cancelled by DELETE meanwhile
+            if not gate.cancel_held(action_id):
+                if (cancelled := gate.cancelled_outcome(action_id)) is not None:
+                    return web.json_response(cancelled)  # cancelled by DELETE meanwhile
+                gate.drop(action_id)  # handed to the engine as its client went: nobody waits for it now
+            raise
         outcome = await rt.wait(action_id)  # a cancelled handler (client gone) cancels the action
     finally:
         waiters.pop(action_id, None)

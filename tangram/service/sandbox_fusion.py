@@ -102,7 +102,7 @@ class SandboxFusionEndpoint:
             try:
                 await gate.submitted(action_id)  # held for its job's turn
             except asyncio.CancelledError:
-                gate.cancel_held(action_id)
+                gate.drop(action_id)  # held, or handed to the engine as its client went
                 raise
             except DemandError as exc:  # refused by the engine when its turn came
                 return _invalid(FIELD_OF_RESOURCE.get(exc.field, exc.field), exc.reason)
