@@ -261,15 +261,9 @@ def dominated_by(res: dict[str, list[float]], tolerance: float, failed: dict[str
     measure or more while tangram beats them by more than it on none: losses no other measure of
     the same baseline pays for (a trade-off is a loss on one measure and a win on another)."""
     t = res["tangram"]
-    out = []
-    for name, v in res.items():
-        if name == "tangram" or name in failed:
-            continue
-        loses = any(v[i] > 0 and t[i] > v[i] * (1.0 + tolerance) for i in range(len(MEASURES)))
-        wins = any(v[i] > t[i] * (1.0 + tolerance) for i in range(len(MEASURES)))
-        if loses and not wins:
-            out.append(name)
-    return out
+    lost_to = {x["baseline"] for x in losses(res, tolerance)}
+    return [name for name, v in res.items() if name in lost_to and name not in failed
+            and not any(v[i] > t[i] * (1.0 + tolerance) for i in range(len(MEASURES)))]
 
 
 def summarize(rows: list[dict], tolerance: float) -> dict:

@@ -392,10 +392,9 @@ async def _wait_for(request: web.Request, action_id: str) -> web.Response:
         try:
             await gate.submitted(action_id)  # held for its job's turn
         except asyncio.CancelledError:
-            if not gate.cancel_held(action_id):
-                if (cancelled := gate.cancelled_outcome(action_id)) is not None:
-                    return web.json_response(cancelled)  # cancelled by DELETE meanwhile
-                gate.drop(action_id)  # handed to the engine as its client went: nobody waits for it now
+            if (cancelled := gate.cancelled_outcome(action_id)) is not None:
+                return web.json_response(cancelled)  # cancelled by DELETE meanwhile
+            gate.drop(action_id)  # held, or handed to the engine as its client went: nobody waits for it now
             raise
         outcome = await rt.wait(action_id)  # a cancelled handler (client gone) cancels the action
     finally:
