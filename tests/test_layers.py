@@ -24,6 +24,7 @@ LAYER_OF = {
     "tangram.core.feasibility": "engine",
     "tangram.core.skips": "engine",
     "tangram.core.last_round": "engine",
+    "tangram.core.offered": "engine",
     "tangram.policy": "policy",
     "tangram.managers": "managers",
     "tangram.executors": "executors",

@@ -104,6 +104,9 @@ BAD_CONFIGS = [
     ({"scheduler": {"lookahead": "far"}}, "scheduler.lookahead"),
     ({"scheduler": {"order": "sjf"}}, "scheduler.order"),
     ({"scheduler": {"aging_k": -1}}, "scheduler.aging_k"),
+    ({"scheduler": {"offered_load_caps": {"gpu": -0.5}}}, "scheduler.offered_load_caps.gpu"),
+    ({"scheduler": {"offered_load_caps": {"gpus": 0.5}}}, "scheduler.offered_load_caps.gpus"),
+    ({"scheduler": {"offered_load_caps": [0.5]}}, "scheduler.offered_load_caps"),
     ({"service": {"port": 70000}}, "service.port"),
     ({"profiles": [3]}, "profiles[0]"),
 ]

@@ -21,6 +21,7 @@ from tangram.core.model import Action
 from tangram.core import feasibility, skips
 from tangram.core.generating import Generating
 from tangram.core.last_round import LastRound
+from tangram.core.offered import OfferedLoad
 from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_pools
 from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started, check_grants
 from tangram.core.running import RunningView
@@ -68,6 +69,7 @@ class Engine:
         self.finished: OrderedDict[str, ActionRecord] = OrderedDict()
         self.placement: dict[str, str] = {}  # trajectory -> node
         self._generating = Generating()  # placed trajectories with nothing queued or running
+        self._offered = OfferedLoad()  # elastic work submitted lately, per type (PolicyParams.offered_load_caps)
         self._placed_mem: dict[str, tuple[str, int]] = {}  # holder -> (mem pool, MiB)
         # pool -> action id -> (estimated end, units), in start order: the snapshot's
         # completion-heap seed, kept incrementally instead of walking every running action
@@ -122,7 +124,9 @@ class Engine:
         pools = self.pool_states()
         self.check_feasible(action, pools)
         action = self.estimator.refine(self.cap_to_capacity(action, pools))  # a stale profile heals online
-        rec = ActionRecord(action, submitted_at=self.clock())
+        now = self.clock()
+        action = self._offered.cap(action, pools, self._params.offered_load_caps, now)
+        rec = ActionRecord(action, submitted_at=now)
         hostable = self._hostable.get(action.trajectory)  # where its trajectory may go (a change runs the round)
         key = self._enqueue(rec)
         arrivals_moved = self._generating.submitted(action, rec.submitted_at)
@@ -272,12 +276,8 @@ class Engine:
         view = self._lanes.view(lambda lane: lane_bound(lane, pools, nodes) + extra, only)
         now = self.clock()
         return Snapshot(
-            pools=pools,
-            nodes=nodes,
-            waiting=view,
-            waiting_keys=view.keys,
-            running=RunningView(self._running_by_pool, now),
-            running_services=RunningView(self._running_by_service, now),
+            pools=pools, nodes=nodes, waiting=view, waiting_keys=view.keys,
+            running=RunningView(self._running_by_pool, now), running_services=RunningView(self._running_by_service, now),
             placement=MappingProxyType(self.placement),  # read only during the synchronous call
             class_estimates=self.estimator.class_estimates(),  # read only during the synchronous call
             upcoming=self._generating.view(self.clock(), self.params.lookahead),

@@ -17,6 +17,7 @@ __all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "pool_na
            "upcoming_inputs"]
 
 _EMPTY: Mapping = MappingProxyType({})
+_GPU_LOAD_CAP: Mapping = MappingProxyType({"gpu": 0.5})
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,10 @@ class PolicyParams:
     # estimate, and let an elastic group leave them headroom when the estimate says so (rewards no
     # longer take the cores a shell action asks for a moment later); False: only submitted actions
     expect_arrivals: bool = True
+    # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load): an elastic
+    # action of that key type gets no DoP m with E(m) below factor x the type's offered load at its
+    # submission; GPU only by default (on CPU pools it measured worse), {} turns it off
+    offered_load_caps: Mapping[str, float] = field(default_factory=lambda: _GPU_LOAD_CAP)
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -69,6 +74,12 @@ class PolicyParams:
             raise ValueError(f"affinity_k: must be a finite number >= 0, got {self.affinity_k}")
         if not isinstance(self.expect_arrivals, bool):
             raise ValueError(f"expect_arrivals: must be true or false, got {self.expect_arrivals!r}")
+        if not isinstance(self.offered_load_caps, Mapping):
+            raise ValueError(f"offered_load_caps: must map a resource type to a factor, got {self.offered_load_caps!r}")
+        for rtype, factor in self.offered_load_caps.items():
+            if not isinstance(rtype, str) or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+                    0 <= factor < float("inf")):
+                raise ValueError(f"offered_load_caps[{rtype!r}]: must be a finite number >= 0, got {factor!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from tangram.core.fields import Fields
 from tangram.core.grants import parse_cpulist
 from tangram.managers.basic import ADAPTIVE, BOOKS_NEED, CONSERVATIVE
 from tangram.service.sandbox_protocol import SandboxFusionConfig, parse_sandbox_fusion
+from tangram.service.scheduler_config import parse_scheduler
 from tangram.service.tokens import (  # noqa: F401 - re-exported: where tangram serve and clients find tokens
     DEFAULT_TOKEN_FILE,
     client_token,
@@ -123,6 +124,8 @@ class ClusterConfig:
     progress_s: float = 0.0  # key credit per ended action of the same trajectory (tangram.policy.order); 0: off
     affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
     expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
+    # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load); {}: off
+    offered_load_caps: Mapping[str, float] = field(default_factory=lambda: {"gpu": 0.5})
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray
     scaleout: Mapping[str, Any] | None = None
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
@@ -191,23 +194,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     _known(root, "<root>", {"service", "scheduler", "cpu_nodes", "gpu_nodes", "api_pools", "profiles", "scaleout",
                             "sandbox_fusion"})
     service = _service(root.get("service", {}), "service", base_dir)
-    sched = _mapping(root.get("scheduler", {}), "scheduler")
-    _known(sched, "scheduler", {"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k",
-                                 "aging_cap_s", "progress_s", "affinity_k", "expect_arrivals"})
-    depth = _int(sched.get("depth", 2), "scheduler.depth", lo=1)
-    lookahead = _int(sched.get("lookahead", 32), "scheduler.lookahead", lo=0)
-    dflt = _number(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s")
-    caps = _mapping(sched.get("dop_caps", {}) or {}, "scheduler.dop_caps")
-    dop_caps = {str(k): _int(v, f"scheduler.dop_caps.{k}", lo=1) for k, v in caps.items()}
-    order = sched.get("order", "aging")
-    if order not in ("fcfs", "aging"):
-        raise ConfigError("scheduler.order", f"must be 'fcfs' or 'aging', got {order!r}")
-    aging_k = _number(sched.get("aging_k", 4.0), "scheduler.aging_k")
-    cap = sched.get("aging_cap_s")
-    aging_cap_s = None if cap is None else _FIELDS.number(cap, "scheduler.aging_cap_s", lo=0)
-    progress_s = _FIELDS.number(sched.get("progress_s", 0.0), "scheduler.progress_s", lo=0)
-    affinity_k = _FIELDS.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
-    expect_arrivals = _bool(sched.get("expect_arrivals", True), "scheduler.expect_arrivals")
+    sched = parse_scheduler(root.get("scheduler", {}))
     if "cpu_nodes" in root:
         cpu_nodes = tuple(_cpu_node(n, f"cpu_nodes[{i}]") for i, n in enumerate(_list(root["cpu_nodes"], "cpu_nodes")))
     else:
@@ -245,10 +232,7 @@ def parse_config(doc: Any, *, base_dir: str | Path | None = None) -> ClusterConf
     if sandbox.key is not None and sandbox.key == service.token:
         raise ConfigError("sandbox_fusion.key", "must differ from the service token (it goes into URLs)")
     return ClusterConfig(service=service, cpu_nodes=cpu_nodes, gpu_nodes=gpu_nodes, api_pools=api_pools,
-                         profiles=profiles, depth=depth, lookahead=lookahead, default_duration_s=dflt,
-                         dop_caps=dop_caps, order=order, aging_k=aging_k, aging_cap_s=aging_cap_s,
-                         progress_s=progress_s, affinity_k=affinity_k, expect_arrivals=expect_arrivals,
-                         scaleout=scaleout, sandbox_fusion=sandbox)
+                         profiles=profiles, **sched, scaleout=scaleout, sandbox_fusion=sandbox)
 
 
 def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> ServiceConfig:
