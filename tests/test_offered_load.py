@@ -34,6 +34,17 @@ def test_load_is_the_work_of_the_window_over_the_capacity():
     assert books.load("gpu", 12.0, 10.0, 0) is None
 
 
+def test_a_window_back_to_the_first_submission_counts_it():
+    """``now - (now - first)`` can round past ``first`` (0.3 here): the first submission still counts."""
+    books = OfferedLoad()
+    books.add("gpu", 0.3, 5.0)
+    books.add("gpu", 1.0, 5.0)
+    assert 1.0 - (1.0 - 0.3) > 0.3  # the rounding this test is about
+    assert books.load("gpu", 1.0, 10.0, 1) == pytest.approx(10.0 / 0.7)
+    books.add("gpu", 1.0, 5.0)  # at the same instant: both count, and the first
+    assert books.load("gpu", 1.0, 10.0, 1) == pytest.approx(15.0 / 0.7)
+
+
 def test_the_books_stay_bounded_and_keep_the_latest(monkeypatch):
     monkeypatch.setattr(offered, "MAX_KEPT", 4)
     books = OfferedLoad()
@@ -62,7 +73,9 @@ def test_a_burst_of_gpu_requests_is_capped_and_a_lone_one_is_not():
     for i in range(8):  # eight requests of 4 GPU-seconds at one GPU within 0.8 s, on 8 GPUs
         clock.t += 0.1
         engine.submit(teacher(f"r{i}"))
-    assert engine.record("r7").action.demands["gpu"].max < 8
+    # r7 at 0.8 s: 9 x 4 GPU-seconds over 0.8 s x 8 GPUs, a load of 5.6: only E(1) = 1 >= 2.8
+    assert engine.record("r7").action.demands["gpu"].options == (1,)
+    assert engine.record("r7").action.key == "gpu"  # still elastic in kind: its class's T1 is learnt from it
     late = Engine([GpuManager([GpuNode("g0", 8, 80_000)], [ModelSpec("rm", 10_000)])], clock=clock)
     late.submit(teacher("a"))
     clock.t += 100.0  # one request every 100 s: a load far below the capacity
@@ -90,13 +103,26 @@ def test_off_and_on_cpu_only_when_asked():
     assert cpu.record("c8").action.demands["cpu"].max < 16
 
 
-@pytest.mark.parametrize("bad", [{"gpu": -1.0}, {"gpu": float("inf")}, {"gpu": True}, [("gpu", 0.5)]])
-def test_the_knob_is_validated(bad):
-    with pytest.raises(ValueError, match="offered_load_caps"):
+@pytest.mark.parametrize("bad, says", [({"gpu": -1.0}, "'gpu'"), ({"gpu": float("inf")}, "'gpu'"),
+                                       ({"gpu": True}, "'gpu'"), ([("gpu", 0.5)], "must map"),
+                                       ({1: 0.5}, "a key must name a resource type")])
+def test_the_knob_is_validated(bad, says):
+    with pytest.raises(ValueError, match="offered_load_caps") as e:
         PolicyParams(offered_load_caps=bad)
+    assert says in str(e.value)
 
 
-def test_the_service_config_reaches_the_policy():
-    assert parse_config({}).offered_load_caps == dict(PolicyParams().offered_load_caps) == {"gpu": 0.5}
-    assert parse_config({"scheduler": {"offered_load_caps": {}}}).offered_load_caps == {}
-    assert parse_config({"scheduler": {"offered_load_caps": {"cpu": 1}}}).offered_load_caps == {"cpu": 1.0}
+def _config(**scheduler):
+    return parse_config({"cpu_nodes": [], "gpu_nodes": [], "api_pools": {"search": {"concurrency": 2}},
+                         "scheduler": scheduler})
+
+
+async def test_the_service_config_reaches_the_engine():
+    from tangram.service.build import build_runtime
+
+    assert _config().offered_load_caps == dict(PolicyParams().offered_load_caps) == {"gpu": 0.5}
+    for given, expected in (({}, {}), ({"cpu": 1}, {"cpu": 1.0}), (None, {"gpu": 0.5})):
+        cfg = _config() if given is None else _config(offered_load_caps=given)
+        assert cfg.offered_load_caps == expected
+        async with await build_runtime(cfg) as rt:
+            assert dict(rt.engine.params.offered_load_caps) == expected

@@ -107,6 +107,8 @@ BAD_CONFIGS = [
     ({"scheduler": {"offered_load_caps": {"gpu": -0.5}}}, "scheduler.offered_load_caps.gpu"),
     ({"scheduler": {"offered_load_caps": {"gpus": 0.5}}}, "scheduler.offered_load_caps.gpus"),
     ({"scheduler": {"offered_load_caps": [0.5]}}, "scheduler.offered_load_caps"),
+    ({"scheduler": {"offered_load_caps": None}}, "scheduler.offered_load_caps"),
+    ({"scheduler": {"depth": 0, "order": "sjf"}}, "scheduler.depth"),  # two errors: the first is named
     ({"service": {"port": 70000}}, "service.port"),
     ({"profiles": [3]}, "profiles[0]"),
 ]

@@ -18,9 +18,9 @@ from tangram.core.model import Action
 from tangram.core.pools import PoolState
 from tangram.policy.offered_load import offered_load_cap
 
-# submissions kept per type: a window that spans more submissions than this reads only
-# the latest ones (a lower load, so a looser cap), and the books stay bounded whatever the
-# service's uptime
+# submissions kept per type (between MAX_KEPT and twice that: the older half goes at once): a
+# window that spans more reads only the latest ones (a lower load, so a looser cap), and the
+# books stay bounded whatever the service's uptime
 MAX_KEPT = 1 << 16
 
 
@@ -60,11 +60,13 @@ class OfferedLoad:
         b = self._books.get(rtype)
         if b is None or capacity <= 0:
             return None
-        span = min(window, now - b.first)
-        if not span > 0.0:
-            return None
-        i = bisect_left(b.times, now - span)
-        return (b.cumulative[-1] - b.cumulative[i]) / (span * capacity)
+        since = now - b.first
+        if since <= window:  # every submission kept (not ``now - since``: it may round past the first)
+            if not since > 0.0:
+                return None
+            return (b.cumulative[-1] - b.cumulative[0]) / (since * capacity)
+        i = bisect_left(b.times, now - window)  # the window's edge included
+        return (b.cumulative[-1] - b.cumulative[i]) / (window * capacity)
 
     def cap(self, a: Action, pools: Mapping[str, PoolState], factors: Mapping[str, float], now: float) -> Action:
         """Record elastic ``a``, submitted at ``now``, on its key type if ``factors`` names the type,
@@ -80,4 +82,6 @@ class OfferedLoad:
         capped = offered_load_cap(a, rtype, self.load(rtype, now, t_min, capacity), factor)
         if capped is None:
             return a
+        # ``key`` stays even when one option is left (feasibility.cap_to_capacity drops it there):
+        # the action is still elastic in kind, and the estimator learns its class's T1 from it
         return dataclasses.replace(a, demands=MappingProxyType({**a.demands, rtype: capped}))

@@ -17,7 +17,8 @@ __all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "pool_na
            "upcoming_inputs"]
 
 _EMPTY: Mapping = MappingProxyType({})
-_GPU_LOAD_CAP: Mapping = MappingProxyType({"gpu": 0.5})
+# PolicyParams.offered_load_caps' default (the service's config reads it too)
+DEFAULT_OFFERED_LOAD_CAPS: Mapping[str, float] = MappingProxyType({"gpu": 0.5})
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class PolicyParams:
     # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load): an elastic
     # action of that key type gets no DoP m with E(m) below factor x the type's offered load at its
     # submission; GPU only by default (on CPU pools it measured worse), {} turns it off
-    offered_load_caps: Mapping[str, float] = field(default_factory=lambda: _GPU_LOAD_CAP)
+    offered_load_caps: Mapping[str, float] = field(default_factory=lambda: DEFAULT_OFFERED_LOAD_CAPS)
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -77,8 +78,9 @@ class PolicyParams:
         if not isinstance(self.offered_load_caps, Mapping):
             raise ValueError(f"offered_load_caps: must map a resource type to a factor, got {self.offered_load_caps!r}")
         for rtype, factor in self.offered_load_caps.items():
-            if not isinstance(rtype, str) or isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
-                    0 <= factor < float("inf")):
+            if not isinstance(rtype, str):
+                raise ValueError(f"offered_load_caps: a key must name a resource type, got {rtype!r}")
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (0 <= factor < float("inf")):
                 raise ValueError(f"offered_load_caps[{rtype!r}]: must be a finite number >= 0, got {factor!r}")
 
 

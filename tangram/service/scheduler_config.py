@@ -9,6 +9,7 @@ from typing import Any
 
 from tangram.core.errors import ConfigError
 from tangram.core.fields import Fields
+from tangram.policy.snapshot import DEFAULT_OFFERED_LOAD_CAPS
 
 _FIELDS = Fields(ConfigError)
 KEYS = frozenset({"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k", "aging_cap_s",
@@ -22,27 +23,28 @@ def parse_scheduler(raw: Any) -> dict[str, Any]:
     f = _FIELDS
     sched = f.mapping(raw, "scheduler")
     f.known(sched, "scheduler", set(KEYS))
+    out: dict[str, Any] = {  # validated in this order (a config with two errors names the first)
+        "depth": f.integer(sched.get("depth", 2), "scheduler.depth", lo=1),
+        "lookahead": f.integer(sched.get("lookahead", 32), "scheduler.lookahead", lo=0),
+        "default_duration_s": f.positive(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s"),
+    }
     caps = f.mapping(sched.get("dop_caps", {}) or {}, "scheduler.dop_caps")
+    out["dop_caps"] = {str(k): f.integer(v, f"scheduler.dop_caps.{k}", lo=1) for k, v in caps.items()}
     order = sched.get("order", "aging")
     if order not in ("fcfs", "aging"):
         raise ConfigError("scheduler.order", f"must be 'fcfs' or 'aging', got {order!r}")
+    out["order"] = order
+    out["aging_k"] = f.positive(sched.get("aging_k", 4.0), "scheduler.aging_k")
     cap = sched.get("aging_cap_s")
-    loads = sched.get("offered_load_caps", {"gpu": 0.5})
-    loads = f.mapping({} if loads is None else loads, "scheduler.offered_load_caps")
+    out["aging_cap_s"] = None if cap is None else f.number(cap, "scheduler.aging_cap_s", lo=0)
+    out["progress_s"] = f.number(sched.get("progress_s", 0.0), "scheduler.progress_s", lo=0)
+    out["affinity_k"] = f.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
+    out["expect_arrivals"] = f.boolean(sched.get("expect_arrivals", True), "scheduler.expect_arrivals")
+    # {} turns the cap off; a null is refused (it would read as "the default" to some, "off" to others)
+    loads = f.mapping(sched.get("offered_load_caps", DEFAULT_OFFERED_LOAD_CAPS), "scheduler.offered_load_caps")
     for k in loads:
         if k not in ELASTIC_TYPES:
             raise ConfigError(f"scheduler.offered_load_caps.{k}",
                               f"must name an elastic resource type ({' or '.join(ELASTIC_TYPES)})")
-    return {
-        "depth": f.integer(sched.get("depth", 2), "scheduler.depth", lo=1),
-        "lookahead": f.integer(sched.get("lookahead", 32), "scheduler.lookahead", lo=0),
-        "default_duration_s": f.positive(sched.get("default_duration_s", 1.0), "scheduler.default_duration_s"),
-        "dop_caps": {str(k): f.integer(v, f"scheduler.dop_caps.{k}", lo=1) for k, v in caps.items()},
-        "order": order,
-        "aging_k": f.positive(sched.get("aging_k", 4.0), "scheduler.aging_k"),
-        "aging_cap_s": None if cap is None else f.number(cap, "scheduler.aging_cap_s", lo=0),
-        "progress_s": f.number(sched.get("progress_s", 0.0), "scheduler.progress_s", lo=0),
-        "affinity_k": f.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0),
-        "expect_arrivals": f.boolean(sched.get("expect_arrivals", True), "scheduler.expect_arrivals"),
-        "offered_load_caps": {k: f.number(v, f"scheduler.offered_load_caps.{k}", lo=0) for k, v in loads.items()},
-    }
+    out["offered_load_caps"] = {k: f.number(v, f"scheduler.offered_load_caps.{k}", lo=0) for k, v in loads.items()}
+    return out
