@@ -54,6 +54,7 @@ PER_SERVICE = {
                                        "assert_whole)",
     "app.runtime.engine._owner": "pool -> its manager",
     "app.runtime.engine._generating._fixed": "one (empty) entry per node",
+    "app.runtime.engine._params*": "the policy's knobs (config: scheduler.offered_load_caps, dop_caps)",
     "app.metrics.gc_pauses*": "garbage-collection pauses: a count per bucket and a sum per generation",
 }
 
@@ -61,6 +62,7 @@ PER_SERVICE = {
 def _bounded(rt) -> dict[str, int]:
     """Containers that keep finished work, or per-class or per-pool state, up to a cap (pattern -> cap)."""
     from tangram.core.estimator import MAX_CLASSES as ESTIMATED_CLASSES
+    from tangram.core.offered import MAX_KEPT
     from tangram.runtime.stats import _RECENT, MAX_CLASSES
 
     return {
@@ -77,6 +79,8 @@ def _bounded(rt) -> dict[str, int]:
         "app.runtime.statistics._overhead": _RECENT,
         "app.runtime.engine.estimator*": ESTIMATED_CLASSES,  # each of its per-class tables
         "app.runtime.engine._last.unfit": len(rt.engine.pool_states()),  # what the last round left: per pool
+        # the offered-load books: per elastic type (cpu, gpu), the latest MAX_KEPT to 2 x MAX_KEPT submissions
+        "app.runtime.engine._offered*": 2 * (2 * MAX_KEPT + 1),
     }
 
 
