@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """What a knob of the queue order does: mean, p99 and step per value.
 
-The knob is ``--param``: ``aging_cap_s`` (a cap on the aging window, the default) or
-``progress_s`` (key credit per ended action of the same trajectory), both PolicyParams
-fields read by ``tangram.policy.order``. Runs ``tangram`` (the default policy) with the
+The knob is ``--param``: ``aging_cap_s`` (a cap on the aging window, the default),
+``progress_s`` (key credit per ended action of the same trajectory) or
+``generation_credit`` (an API call's key credit per second of its trajectory's
+generation), PolicyParams fields read by ``tangram.policy.order``. Runs ``tangram`` (the default policy) with the
 knob at its default ("none") and at each value given, on each workload, batch and seed,
 next to the workload's baselines (which the knob does not touch), and prints one JSON
 object with ``--json``: per point, every value's measures and the best baseline per
@@ -33,7 +34,7 @@ def _measures(summary: dict) -> dict:
     return {m: round(summary[m], 3) for m in MEASURES}
 
 
-KNOBS = ("aging_cap_s", "progress_s")
+KNOBS = ("aging_cap_s", "progress_s", "generation_credit")
 
 
 def point(workload: str, batch: int, seed: int, caps: list[float], param: str = "aging_cap_s") -> dict:

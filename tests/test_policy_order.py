@@ -157,6 +157,94 @@ def test_aging_with_progress_credit_is_starvation_free_within_its_documented_bou
     assert bool(passed) is (progress > 0)
 
 
+def test_generation_credit_moves_an_api_actions_key_earlier_per_second_of_generation():
+    call = make_action("x", api="search", t1=1.0, trajectory="t")
+    shell = make_action("y", cpu=1, t1=1.0, trajectory="t")
+    assert order_key(call, 10.0, "aging", 4.0, {}, 1.0, generation_credit=2.0, generated_s=30.0) == 10.0 + 4.0 - 60.0
+    assert order_key(call, 10.0, "aging", 4.0, {}, 1.0, generation_credit=0.0, generated_s=30.0) == 14.0  # off
+    assert order_key(call, 10.0, "fcfs", 4.0, {}, 1.0, generation_credit=2.0, generated_s=30.0) == 10.0
+    # only calls of an API pool: on CPU and GPU pools the window by expected size orders the queue
+    assert order_key(shell, 10.0, "aging", 4.0, {}, 1.0, generation_credit=2.0, generated_s=30.0) == 14.0
+    # with progress_s both count
+    assert order_key(call, 10.0, "aging", 4.0, {}, 1.0, progress_s=1.0, done=3, generation_credit=0.5,
+                     generated_s=8.0) == 14.0 - 3.0 - 4.0
+
+
+def test_the_trajectory_that_generated_longest_calls_first_with_generation_credit():
+    """One API slot; trajectory "slow" generates 6.1 s between its two calls, "fast" 1 s and 3 s between
+    its three; their last calls wait together behind a busy one. With the credit slow's goes first
+    (key 7.1 + 4 - 6.1 against 7.0 + 4 - 4.0); without it, in arrival order (fast's first)."""
+    first = {}
+    for credit in (0.0, 1.0):
+        eng, clock = make_engine(api={"search": 1}, params=PolicyParams(order="aging", generation_credit=credit))
+        arrivals = [(0.0, make_action("slow-0", api="search", t1=1.0, trajectory="slow")),
+                    (1.0, make_action("fast-0", api="search", t1=1.0, trajectory="fast")),
+                    (3.0, make_action("fast-1", api="search", t1=1.0, trajectory="fast")),
+                    (3.5, make_action("busy", api="search", t1=4.0)),
+                    (7.0, make_action("fast-2", api="search", t1=1.0, trajectory="fast")),
+                    (7.1, make_action("slow-1", api="search", t1=1.0, trajectory="slow"))]
+        drive(eng, clock, arrivals, lambda s: s.action.t1_s)
+        assert all(eng.record(i).state == "succeeded" for i in ("slow-1", "fast-2"))
+        first[credit] = min(("fast-2", "slow-1"), key=lambda i: eng.record(i).started_at)
+    assert first == {0.0: "fast-2", 1.0: "slow-1"}
+
+
+@pytest.mark.parametrize("credit", [0.0, 2.0])
+def test_aging_with_generation_credit_is_starvation_free_within_its_documented_bound(credit):
+    """docs/scheduling.md ("Order"): with ``generation_credit`` an API call can also be passed by one
+    submitted up to ``generation_credit x G`` after its own key, G the passer's trajectory's generation
+    so far; so every arrival after ``key + credit x G_max`` (minus its own window) sorts behind it,
+    G_max the most any trajectory generated.
+
+    One API slot, 1 s calls every 0.9 s (1.1x overloaded) in trajectories of 6 calls 7.2 s apart (each
+    trajectory quiet while its call is done and the next not yet made), one 10 s call at 2 s; its key
+    is 2 + 4 x 10 = 42 s."""
+    length, k, every, in_flight = 6, 4.0, 0.9, 8
+    eng, clock = make_engine(api={"search": 1},
+                             params=PolicyParams(order="aging", aging_k=k, generation_credit=credit))
+    n = 300
+
+    def traj(i):
+        return f"t{i // (in_flight * length)}-{i % in_flight}"
+    arrivals = [(every * i, make_action(f"s{i}", api="search", t1=1.0, trajectory=traj(i))) for i in range(n)]
+    arrivals.insert(3, (2.0, make_action("long", api="search", t1=10.0)))
+    drive(eng, clock, arrivals, lambda s: s.action.t1_s)
+    long = eng.record("long")
+    assert long.state == "succeeded"
+    key = 2.0 + k * 10.0
+    # each trajectory's generation once its last call ended (now = 0: its closed quiet spells alone)
+    g_max = max(eng._generating.generated_s(traj(i), 0.0) for i in range(n))
+    assert g_max > 5.0  # the early trajectories were quiet for most of their 7.2 s between calls
+    ahead = sum(1 for i in range(n) if every * i + k * 1.0 - credit * g_max < key)
+    assert long.started_at <= 2.0 + ahead * 1.0 + 1.0
+    later = [eng.record(f"s{i}") for i in range(n) if every * i + k * 1.0 - credit * g_max > key]
+    assert later and all(r.started_at >= long.started_at for r in later)
+    # the credit was used: some call whose key without it is after the long one's started first
+    passed = [i for i in range(n) if every * i + k * 1.0 > key and eng.record(f"s{i}").started_at < long.started_at]
+    assert bool(passed) is (credit > 0)
+
+
+def test_generating_counts_a_trajectorys_generation_between_its_actions():
+    from tangram.core.generating import Generating
+
+    g = Generating()
+    a, b, c = (make_action(i, api="search", trajectory="t") for i in "abc")
+    g.submitted(a, 5.0)  # its first action: the engine did not see it start, nothing counted
+    assert g.generated_s("t", 5.0) == 0.0
+    g.ended(a, None, 6.0)
+    assert g.generated_s("t", 9.5) == 3.5  # quiet since 6 s: the spell so far counts
+    g.submitted(b, 10.0)
+    assert g.generated_s("t", 50.0) == 4.0  # not quiet now: the closed spells alone
+    g.ended(b, None, 11.0)
+    g.submitted(c, 13.0)
+    assert g.generated_s("t", 13.0) == 6.0
+    assert g.order_inputs("t", 13.0, PolicyParams(generation_credit=1.0)) == (0, 6.0)
+    assert g.order_inputs("t", 13.0, PolicyParams(progress_s=1.0)) == (2, 0.0)
+    assert g.order_inputs(None, 13.0, PolicyParams(progress_s=1.0, generation_credit=1.0)) == (0, 0.0)
+    g.closed("t")
+    assert g.generated_s("t", 20.0) == 0.0
+
+
 def test_generating_counts_ended_actions_per_trajectory_until_it_closes():
     from tangram.core.generating import Generating
 
@@ -182,6 +270,8 @@ def test_order_is_validated():
             PolicyParams(aging_cap_s=bad)
         with pytest.raises(ValueError, match="progress_s"):
             PolicyParams(progress_s=bad)
+        with pytest.raises(ValueError, match="generation_credit"):
+            PolicyParams(generation_credit=bad)
 
 
 def test_the_cluster_config_chooses_the_order():
@@ -203,8 +293,13 @@ def test_the_cluster_config_chooses_the_order():
             parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"aging_cap_s": bad}})
         with pytest.raises(ConfigError, match="scheduler.progress_s"):
             parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"progress_s": bad}})
+        with pytest.raises(ConfigError, match="scheduler.generation_credit"):
+            parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"generation_credit": bad}})
     assert default.progress_s == 0.0
     assert parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"progress_s": 8}}).progress_s == 8.0
+    assert default.generation_credit == PolicyParams().generation_credit
+    assert parse_config({"cpu_nodes": [], "gpu_nodes": [],
+                         "scheduler": {"generation_credit": 1.5}}).generation_credit == 1.5
 
 
 async def test_the_service_engine_gets_the_configured_cap():
@@ -212,6 +307,7 @@ async def test_the_service_engine_gets_the_configured_cap():
     from tangram.service.config import parse_config
 
     cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [], "api_pools": {"search": {"concurrency": 2}},
-                        "scheduler": {"aging_cap_s": 12.5, "progress_s": 4}})
+                        "scheduler": {"aging_cap_s": 12.5, "progress_s": 4, "generation_credit": 0.75}})
     async with await build_runtime(cfg) as rt:
-        assert (rt.engine.params.aging_cap_s, rt.engine.params.progress_s) == (12.5, 4.0)
+        p = rt.engine.params
+        assert (p.aging_cap_s, p.progress_s, p.generation_credit) == (12.5, 4.0, 0.75)

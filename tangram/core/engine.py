@@ -409,9 +409,9 @@ class Engine:
         """Into its lane at its order key (``first``: ahead of everything); returns the key."""
         a = rec.action
         self.waiting.setdefault(a.id, rec)
-        done = self._generating.done(a.trajectory) if a.trajectory is not None and self.params.progress_s else 0
+        done, gen = self._generating.order_inputs(a.trajectory, rec.submitted_at, self.params)
         key = float("-inf") if first else params_key(a, rec.submitted_at, self.params, self.estimator.class_estimates(),
-                                                     done)
+                                                     done, gen)
         self._lanes.add(a, self._lane(a), key)
         if a.trajectory is not None and "cpu" in a.demands:
             ids = self._waiting_cpu_of.setdefault(a.trajectory, set())

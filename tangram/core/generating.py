@@ -17,7 +17,7 @@ from tangram.core.model import Action
 class Generating:
     """Bookkeeping of the quiet trajectories, per node, and of the generation gap."""
 
-    __slots__ = ("_active", "_done", "_since", "_fixed", "_gap_sum", "_gap_n", "_published_gap")
+    __slots__ = ("_active", "_done", "_generated", "_since", "_fixed", "_gap_sum", "_gap_n", "_published_gap")
 
     # the gap the policy sees is republished when the mean moves by more than this share of it:
     # an arrival's own spread around the gap is far wider (generation times of cv 0.8 in the
@@ -27,6 +27,7 @@ class Generating:
     def __init__(self) -> None:
         self._active: dict[str, int] = {}  # trajectory -> its waiting and running actions
         self._done: dict[str, int] = {}  # trajectory -> its actions that have ended (its progress)
+        self._generated: dict[str, float] = {}  # trajectory -> seconds it was quiet between its actions
         self._since: dict[str, tuple[float, str | None]] = {}  # quiet trajectory -> (quiet since, node)
         # node -> trajectory -> (quiet since, last action), for those whose last action had a fixed
         # demand: an elastic next action takes what is free when it comes, a fixed one needs its units
@@ -50,6 +51,21 @@ class Generating:
         """How many of ``trajectory``'s actions have ended so far."""
         return self._done.get(trajectory, 0)
 
+    def order_inputs(self, trajectory: str | None, now: float, params) -> tuple[int, float]:
+        """``(done, generated_s)`` of ``trajectory`` as the order key reads them (``order.params_key``),
+        each only when its knob (``params.progress_s``, ``params.generation_credit``) is on."""
+        if trajectory is None:
+            return 0, 0.0
+        return (self.done(trajectory) if params.progress_s else 0,
+                self.generated_s(trajectory, now) if params.generation_credit else 0.0)
+
+    def generated_s(self, trajectory: str, now: float) -> float:
+        """Seconds ``trajectory`` has spent in generation between its actions, up to ``now`` (its
+        current quiet spell included): what ``PolicyParams.generation_credit`` weighs."""
+        total = self._generated.get(trajectory, 0.0)
+        quiet = self._since.get(trajectory)
+        return total + (now - quiet[0]) if quiet is not None and now > quiet[0] else total
+
     def submitted(self, a: Action, now: float) -> str | bool:
         """``a`` was queued; returns whose expected arrivals changed: True, every node's (the
         published gap, :attr:`published_gap_s`, moved), a node, that node's (its trajectory was
@@ -62,6 +78,7 @@ class Generating:
         if quiet is not None:
             since, node = quiet
             self._gap_sum += now - since
+            self._generated[t] = self._generated.get(t, 0.0) + (now - since)
             self._gap_n += 1
             if node is not None:
                 self._fixed[node].pop(t, None)
@@ -94,6 +111,7 @@ class Generating:
         """The trajectory ended: nothing more will come from it."""
         self._active.pop(trajectory, None)
         self._done.pop(trajectory, None)
+        self._generated.pop(trajectory, None)
         quiet = self._since.pop(trajectory, None)
         if quiet is not None and quiet[1] is not None:
             del self._fixed[quiet[1]][trajectory]

@@ -19,6 +19,8 @@ __all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "pool_na
 _EMPTY: Mapping = MappingProxyType({})
 # PolicyParams.offered_load_caps' default (the service's config reads it too)
 DEFAULT_OFFERED_LOAD_CAPS: Mapping[str, float] = MappingProxyType({"gpu": 0.5})
+# PolicyParams.generation_credit's default (the service's config reads it too)
+DEFAULT_GENERATION_CREDIT = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,10 @@ class PolicyParams:
     # seconds by which each ended action of the same trajectory moves an action's key earlier (aging
     # only; tangram.policy.order): trajectories further along finish first, 0 turns it off
     progress_s: float = 0.0
+    # seconds by which each second its trajectory has spent in generation (between its actions so
+    # far) moves an API action's key earlier (aging only; tangram.policy.order): on a pool of one
+    # class of call, trajectories that have generated longest, the ones a step waits for, go first
+    generation_credit: float = DEFAULT_GENERATION_CREDIT
     # GPU affinity window (aging order only): an action whose service has no idle resident instance
     # is considered affinity_k times its restore time later than its key, so queued actions of a
     # resident service claim their instance first (tangram.policy.schedule); 0 turns it off
@@ -71,6 +77,8 @@ class PolicyParams:
             raise ValueError(f"aging_cap_s: must be None or a finite number >= 0, got {self.aging_cap_s!r}")
         if isinstance(self.progress_s, bool) or not (0 <= self.progress_s < float("inf")):
             raise ValueError(f"progress_s: must be a finite number >= 0, got {self.progress_s!r}")
+        if isinstance(self.generation_credit, bool) or not (0 <= self.generation_credit < float("inf")):
+            raise ValueError(f"generation_credit: must be a finite number >= 0, got {self.generation_credit!r}")
         if not (0 <= self.affinity_k < float("inf")):
             raise ValueError(f"affinity_k: must be a finite number >= 0, got {self.affinity_k}")
         if not isinstance(self.expect_arrivals, bool):

@@ -18,7 +18,7 @@ from tangram.core.errors import ConfigError  # re-exported: the service's config
 from tangram.core.fields import Fields
 from tangram.core.grants import parse_cpulist
 from tangram.managers.basic import ADAPTIVE, BOOKS_NEED, CONSERVATIVE
-from tangram.policy.snapshot import DEFAULT_OFFERED_LOAD_CAPS
+from tangram.policy.snapshot import DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS
 from tangram.service.sandbox_protocol import SandboxFusionConfig, parse_sandbox_fusion
 from tangram.service.scheduler_config import parse_scheduler
 from tangram.service.tokens import (  # noqa: F401 - re-exported: where tangram serve and clients find tokens
@@ -123,6 +123,7 @@ class ClusterConfig:
     aging_k: float = 4.0
     aging_cap_s: float | None = None  # cap on the aging window in seconds (tangram.policy.order); None: none
     progress_s: float = 0.0  # key credit per ended action of the same trajectory (tangram.policy.order); 0: off
+    generation_credit: float = DEFAULT_GENERATION_CREDIT  # API key credit per second of the trajectory's generation
     affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
     expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
     # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load); {}: off

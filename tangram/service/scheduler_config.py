@@ -9,11 +9,11 @@ from typing import Any
 
 from tangram.core.errors import ConfigError
 from tangram.core.fields import Fields
-from tangram.policy.snapshot import DEFAULT_OFFERED_LOAD_CAPS
+from tangram.policy.snapshot import DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS
 
 _FIELDS = Fields(ConfigError)
 KEYS = frozenset({"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k", "aging_cap_s",
-                  "progress_s", "affinity_k", "expect_arrivals", "offered_load_caps"})
+                  "progress_s", "generation_credit", "affinity_k", "expect_arrivals", "offered_load_caps"})
 # the types whose elastic actions the offered-load cap may narrow (tangram.policy.offered_load)
 ELASTIC_TYPES = ("cpu", "gpu")
 
@@ -38,6 +38,8 @@ def parse_scheduler(raw: Any) -> dict[str, Any]:
     cap = sched.get("aging_cap_s")
     out["aging_cap_s"] = None if cap is None else f.number(cap, "scheduler.aging_cap_s", lo=0)
     out["progress_s"] = f.number(sched.get("progress_s", 0.0), "scheduler.progress_s", lo=0)
+    out["generation_credit"] = f.number(sched.get("generation_credit", DEFAULT_GENERATION_CREDIT),
+                                        "scheduler.generation_credit", lo=0)
     out["affinity_k"] = f.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
     out["expect_arrivals"] = f.boolean(sched.get("expect_arrivals", True), "scheduler.expect_arrivals")
     # {} turns the cap off; a null is refused (it would read as "the default" to some, "off" to others)
