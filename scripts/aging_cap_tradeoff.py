@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--param", choices=KNOBS, default="aging_cap_s", help="the PolicyParams field to vary")
     ap.add_argument("--caps", "--values", nargs="+", type=float, default=[5.0, 10.0, 20.0],
-                    help="its values, seconds")
+                    help="its values (seconds; generation_credit: seconds per second of generation)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     rows = []

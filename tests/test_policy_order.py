@@ -297,7 +297,7 @@ def test_the_cluster_config_chooses_the_order():
             parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"generation_credit": bad}})
     assert default.progress_s == 0.0
     assert parse_config({"cpu_nodes": [], "gpu_nodes": [], "scheduler": {"progress_s": 8}}).progress_s == 8.0
-    assert default.generation_credit == PolicyParams().generation_credit
+    assert default.generation_credit == PolicyParams().generation_credit == 0.0  # off by default
     assert parse_config({"cpu_nodes": [], "gpu_nodes": [],
                          "scheduler": {"generation_credit": 1.5}}).generation_credit == 1.5
 

@@ -77,8 +77,9 @@ class Generating:
         quiet = self._since.pop(t, None)
         if quiet is not None:
             since, node = quiet
-            self._gap_sum += now - since
-            self._generated[t] = self._generated.get(t, 0.0) + (now - since)
+            gap = now - since
+            self._gap_sum += gap
+            self._generated[t] = self._generated.get(t, 0.0) + gap
             self._gap_n += 1
             if node is not None:
                 self._fixed[node].pop(t, None)

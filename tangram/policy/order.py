@@ -18,12 +18,14 @@ and a round reads a prefix of it (candidate selection stays O(candidates)).
   ``progress_s`` (off by default) moves the key that many seconds earlier per
   ended action of the same trajectory (counted by the engine at submission),
   so trajectories further along finish first.
-  ``generation_credit`` (PolicyParams) moves an API action's key that many
+  ``generation_credit`` (off by default) moves an API action's key that many
   seconds earlier per second its trajectory has spent in generation so far
   (the engine's count at submission). An API pool serves one class of call,
   where the size-based window orders nothing and the pool is shared evenly
   over trajectories; the credit lets the trajectories that have generated
-  longest go first, the ones a step waits for.
+  longest go first, the ones most likely to set the step. Either credit
+  widens the starvation bound above by the most credit a passer can have
+  (docs/scheduling.md, "Order").
 """
 from __future__ import annotations
 

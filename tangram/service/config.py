@@ -123,7 +123,8 @@ class ClusterConfig:
     aging_k: float = 4.0
     aging_cap_s: float | None = None  # cap on the aging window in seconds (tangram.policy.order); None: none
     progress_s: float = 0.0  # key credit per ended action of the same trajectory (tangram.policy.order); 0: off
-    generation_credit: float = DEFAULT_GENERATION_CREDIT  # API key credit per second of the trajectory's generation
+    # API key credit per second of the trajectory's generation (tangram.policy.order); 0: off
+    generation_credit: float = DEFAULT_GENERATION_CREDIT
     affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
     expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
     # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load); {}: off
