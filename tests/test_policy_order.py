@@ -112,18 +112,20 @@ def test_progress_moves_the_key_earlier_per_ended_action_of_the_trajectory():
 def test_a_trajectory_further_along_goes_first_with_progress_s():
     """One API slot; trajectory "old" has had two actions end, "new" none. With progress_s their next
     calls, submitted together, run old's first; without it, in arrival order (new's first)."""
-    first = {}
-    for progress in (0.0, 5.0):
-        eng, clock = make_engine(api={"search": 1}, params=PolicyParams(order="aging", progress_s=progress))
-        arrivals = [(0.0, make_action("old-0", api="search", t1=1.0, trajectory="old")),
-                    (1.0, make_action("old-1", api="search", t1=1.0, trajectory="old")),
-                    (2.0, make_action("busy", api="search", t1=3.0)),
-                    (2.5, make_action("new-0", api="search", t1=1.0, trajectory="new")),
-                    (2.6, make_action("old-2", api="search", t1=1.0, trajectory="old"))]
-        drive(eng, clock, arrivals, lambda s: s.action.t1_s)
-        assert all(eng.record(i).state == "succeeded" for i in ("old-2", "new-0"))
-        first[progress] = min(("new-0", "old-2"), key=lambda i: eng.record(i).started_at)
+    calls = [(0.0, "old-0", 1.0, "old"), (1.0, "old-1", 1.0, "old"), (2.0, "busy", 3.0, None),
+             (2.5, "new-0", 1.0, "new"), (2.6, "old-2", 1.0, "old")]
+    first = {p: _first_on_one_slot(PolicyParams(order="aging", progress_s=p), calls, ("new-0", "old-2"))
+             for p in (0.0, 5.0)}
     assert first == {0.0: "new-0", 5.0: "old-2"}
+
+
+def _first_on_one_slot(params, calls, pair):
+    """Which of ``pair`` starts first when ``calls`` [(time, id, seconds, trajectory)] share one API slot."""
+    eng, clock = make_engine(api={"search": 1}, params=params)
+    arrivals = [(t, make_action(i, api="search", t1=d, trajectory=traj)) for t, i, d, traj in calls]
+    drive(eng, clock, arrivals, lambda s: s.action.t1_s)
+    assert all(eng.record(i).state == "succeeded" for i in pair)
+    return min(pair, key=lambda i: eng.record(i).started_at)
 
 
 @pytest.mark.parametrize("progress", [0.0, 2.0])
@@ -174,18 +176,10 @@ def test_the_trajectory_that_generated_longest_calls_first_with_generation_credi
     """One API slot; trajectory "slow" generates 6.1 s between its two calls, "fast" 1 s and 3 s between
     its three; their last calls wait together behind a busy one. With the credit slow's goes first
     (key 7.1 + 4 - 6.1 against 7.0 + 4 - 4.0); without it, in arrival order (fast's first)."""
-    first = {}
-    for credit in (0.0, 1.0):
-        eng, clock = make_engine(api={"search": 1}, params=PolicyParams(order="aging", generation_credit=credit))
-        arrivals = [(0.0, make_action("slow-0", api="search", t1=1.0, trajectory="slow")),
-                    (1.0, make_action("fast-0", api="search", t1=1.0, trajectory="fast")),
-                    (3.0, make_action("fast-1", api="search", t1=1.0, trajectory="fast")),
-                    (3.5, make_action("busy", api="search", t1=4.0)),
-                    (7.0, make_action("fast-2", api="search", t1=1.0, trajectory="fast")),
-                    (7.1, make_action("slow-1", api="search", t1=1.0, trajectory="slow"))]
-        drive(eng, clock, arrivals, lambda s: s.action.t1_s)
-        assert all(eng.record(i).state == "succeeded" for i in ("slow-1", "fast-2"))
-        first[credit] = min(("fast-2", "slow-1"), key=lambda i: eng.record(i).started_at)
+    calls = [(0.0, "slow-0", 1.0, "slow"), (1.0, "fast-0", 1.0, "fast"), (3.0, "fast-1", 1.0, "fast"),
+             (3.5, "busy", 4.0, None), (7.0, "fast-2", 1.0, "fast"), (7.1, "slow-1", 1.0, "slow")]
+    first = {c: _first_on_one_slot(PolicyParams(order="aging", generation_credit=c), calls, ("fast-2", "slow-1"))
+             for c in (0.0, 1.0)}
     assert first == {0.0: "fast-2", 1.0: "slow-1"}
 
 
