@@ -46,7 +46,7 @@ class PolicyParams:
     progress_s: float = 0.0
     # seconds by which each second its trajectory has spent in generation (between its actions so
     # far) moves an API action's key earlier (aging only; tangram.policy.order): on a pool of one
-    # class of call, trajectories that have generated longest, the ones a step waits for, go first
+    # class of call, trajectories that have generated longest, the likeliest to set the step, go first
     generation_credit: float = DEFAULT_GENERATION_CREDIT
     # GPU affinity window (aging order only): an action whose service has no idle resident instance
     # is considered affinity_k times its restore time later than its key, so queued actions of a
