@@ -108,11 +108,16 @@ def test_the_seeds_table_is_the_stored_sweeps():
     assert quoted == expected
 
 
-def test_no_baseline_is_ahead_of_tangram_without_being_behind_it_somewhere():
-    """At every point of the three sweeps (90), a baseline that did all its work and is below
-    tangram on one measure is above it on another: each loss is a trade-off ("Where tangram loses
-    here, and why"). ``api-naive`` where it gave up on calls, and tangram's own FCFS order, are
-    not baselines here."""
+# the one point of the three sweeps where a baseline that did all its work is at or below tangram
+# on every measure, and where docs/results/README.md says so ("Where tangram loses here, and why")
+AHEAD_EVERYWHERE = [(0, "mopd+search", 256, "api-naive"), (0, "mopd+search", 256, "api-retry")]
+
+
+def test_a_baseline_is_ahead_of_tangram_on_every_measure_only_where_the_docs_say():
+    """At every point of the three sweeps (90) but the one named in ``AHEAD_EVERYWHERE``, a
+    baseline that did all its work and is below tangram on one measure is above it on another:
+    each loss is a trade-off ("Where tangram loses here, and why"). ``api-naive`` where it gave up
+    on calls, and tangram's own FCFS order, are not baselines here."""
     dominated, points = [], 0
     for where, seed, _ in SWEEPS:
         for workload, runs in _stored(where)["load_sweep"]["workloads"].items():
@@ -121,7 +126,10 @@ def test_no_baseline_is_ahead_of_tangram_without_being_behind_it_somewhere():
                 res = {p: [r[m] for m in MEASURES] for p, r in row["results"].items() if p != "tangram:fcfs"}
                 failed = {p: r["failed"] for p, r in row["results"].items() if r.get("failed")}
                 dominated += [(seed, workload, row["batch"], p) for p in stress.dominated_by(res, 0.0, failed)]
-    assert points == 90 and not dominated
+    assert points == 90 and dominated == AHEAD_EVERYWHERE
+    doc = (RESULTS / "README.md").read_text()
+    for seed, workload, batch, baseline in AHEAD_EVERYWHERE:
+        assert f"ahead of tangram on every measure at `{workload}` {batch} on seed {seed}" in doc
 
 
 STRESS = RESULTS / "policy-stress"

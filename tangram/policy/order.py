@@ -18,7 +18,7 @@ and a round reads a prefix of it (candidate selection stays O(candidates)).
   ``progress_s`` (off by default) moves the key that many seconds earlier per
   ended action of the same trajectory (counted by the engine at submission),
   so trajectories further along finish first.
-  ``generation_credit`` (off by default) moves an API action's key that many
+  ``generation_credit`` (1.5 by default, 0 turns it off) moves an API action's key that many
   seconds earlier per second its trajectory has spent in generation so far
   (the engine's count at submission). An API pool serves one class of call,
   where the size-based window orders nothing and the pool is shared evenly

@@ -19,8 +19,9 @@ __all__ = ["Dispatch", "Plan", "PolicyParams", "PoolState", "Snapshot", "pool_na
 _EMPTY: Mapping = MappingProxyType({})
 # PolicyParams.offered_load_caps' default (the service's config reads it too)
 DEFAULT_OFFERED_LOAD_CAPS: Mapping[str, float] = MappingProxyType({"gpu": 0.5})
-# PolicyParams.generation_credit's default (the service's config reads it too)
-DEFAULT_GENERATION_CREDIT = 0.0
+# PolicyParams.generation_credit's default (the service's config reads it too): 1.5 measured best of
+# 0 / 1 / 1.5 on the built-in API workloads (docs/results/README.md, "Credit for a trajectory's generation")
+DEFAULT_GENERATION_CREDIT = 1.5
 
 
 @dataclass(frozen=True, slots=True)
