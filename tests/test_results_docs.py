@@ -128,7 +128,7 @@ def test_a_baseline_is_ahead_of_tangram_on_every_measure_only_where_the_docs_say
                 dominated += [(seed, workload, row["batch"], p) for p in stress.dominated_by(res, 0.0, failed)]
     assert points == 90 and dominated == AHEAD_EVERYWHERE
     doc = (RESULTS / "README.md").read_text()
-    for seed, workload, batch, baseline in AHEAD_EVERYWHERE:
+    for seed, workload, batch in {point[:3] for point in AHEAD_EVERYWHERE}:  # a point, whichever baselines
         assert f"ahead of tangram on every measure at `{workload}` {batch} on seed {seed}" in doc
 
 
