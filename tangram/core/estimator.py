@@ -21,6 +21,17 @@ smaller moves are within the estimate's own noise (a class of cv 1.5 averaged ov
 EMA's ~40-sample window has a standard error of ~24%), and each republication
 re-decides the groups held out on it (docs/scheduling.md, "Holdouts").
 
+An elastic action submitted without a profile (a DoP range, no ``T1`` or elasticity) used
+to run at its smallest DoP for good: nothing told the policy a wider one helps. Its class is
+now learned online (:meth:`DurationEstimator.refine`): its runs are averaged per DoP, and
+once a run has been seen each new action of the class gets a ``T1`` and an Amdahl
+elasticity. The serial fraction is fitted (``T(m) = a + b / m``, least squares over the
+per-DoP means) once ``refine_after`` runs at each of two DoPs are seen; before that it is
+``UNPROFILED_SERIAL_FRACTION``, a cautious guess (at most 2x from any width), so the policy
+widens such an action only where the units would otherwise sit idle, and those runs are
+the ones the fit learns from. The first action of a class runs at its smallest DoP
+(``learn_unprofiled=False``: every one does, as before).
+
 At most ``max_classes`` classes are kept, the least recently observed one dropped
 beyond that: a class name comes from the client, and one that names a new class per
 action must not grow the service's memory with every action. A dropped class is
@@ -35,8 +46,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from tangram.core.model import Action
+from tangram.core.model import Action, Elasticity
 
+# [reason] an unprofiled elastic class's serial fraction until its runs at two DoPs are seen: a
+# speedup of at most 2x keeps its DoP near the smallest while other work waits
+UNPROFILED_SERIAL_FRACTION = 0.5
 MAX_CLASSES = 10_000  # classes a deployment names are dozens; this bounds a client naming one per action
 
 
@@ -64,12 +78,14 @@ class DurationEstimator:
     """Class averages of observed execution time, and online ``T1`` refinement."""
 
     def __init__(self, *, min_weight: float = 0.05, refine_after: int = 3, publish_band: float = 0.1,
-                 refine_margin: float = 2.0, publish_margin: float = 2.0, max_classes: int = MAX_CLASSES):
+                 refine_margin: float = 2.0, publish_margin: float = 2.0, max_classes: int = MAX_CLASSES,
+                 learn_unprofiled: bool = True):
         if refine_after < 1:
             raise ValueError(f"refine_after: must be >= 1, got {refine_after}")
         if max_classes < 1:
             raise ValueError(f"max_classes: must be >= 1, got {max_classes}")
         self.max_classes = max_classes
+        self.learn_unprofiled = learn_unprofiled  # False: an unprofiled elastic action keeps its smallest DoP
         for name, margin in (("refine_margin", refine_margin), ("publish_margin", publish_margin)):
             if not margin >= 0.0 or math.isinf(margin):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {margin}")
@@ -84,6 +100,8 @@ class DurationEstimator:
         self.refine_after = refine_after
         self._durations: dict[str, _Mean] = {}  # least recently observed first (the next to drop)
         self._t1: dict[str, _Mean] = {}
+        self._by_dop: dict[str, dict[int, _Mean]] = {}  # unprofiled elastic class -> DoP -> its runs
+        self._learned: dict[str, tuple[float, Elasticity]] = {}  # such a class -> its (T1, elasticity) now
         # the published means, updated in place: a copy per republication cost O(classes) each, and
         # a client that sent a new class per action made every completion O(actions so far)
         self._published: dict[str, float] = {}
@@ -99,7 +117,11 @@ class DurationEstimator:
         self._durations[cls] = mean  # now the most recently observed
         dropped = self._drop_oldest() if len(self._durations) > max(self.max_classes, 1) else ()
         mean.add(exec_s, self._min_weight)
-        if action.elasticity is not None and action.key is not None and units > 0:
+        runs = self._by_dop.get(cls)
+        if runs is not None and units > 0:
+            runs.setdefault(units, _Mean()).add(exec_s, self._min_weight)
+            self._learned[cls] = self._fit(runs)
+        elif action.elasticity is not None and action.key is not None and units > 0:
             t1 = exec_s * action.elasticity.efficiency(units) * units
             self._t1.setdefault(cls, _Mean()).add(t1, self._min_weight)
         published = self._published.get(cls)
@@ -114,6 +136,8 @@ class DurationEstimator:
         old = next(iter(self._durations))
         del self._durations[old]
         self._t1.pop(old, None)
+        self._by_dop.pop(old, None)
+        self._learned.pop(old, None)
         return (old,) if self._published.pop(old, None) is not None else ()
 
     def classes(self) -> int:
@@ -134,8 +158,33 @@ class DurationEstimator:
         m = self._t1.get(action_class)
         return m.value if m else None
 
+    def _fit(self, runs: Mapping[int, _Mean]) -> tuple[float, Elasticity]:
+        """``(T1, elasticity)`` of an unprofiled elastic class from its runs per DoP."""
+        serial = UNPROFILED_SERIAL_FRACTION
+        seen = {m: r for m, r in runs.items() if r.count >= self.refine_after}
+        if len(seen) >= 2:  # T(m) = a + b / m, weighted by runs: a = T1 * s, b = T1 * (1 - s)
+            w = sum(r.count for r in seen.values())
+            xm = sum(r.count / m for m, r in seen.items()) / w
+            ym = sum(r.count * r.value for r in seen.values()) / w
+            sxx = sum(r.count * (1 / m - xm) ** 2 for m, r in seen.items())
+            b = sum(r.count * (1 / m - xm) * (r.value - ym) for m, r in seen.items()) / sxx
+            a = ym - b * xm
+            # no speedup seen (b <= 0): as serial as Amdahl allows; a < 0 (noise): perfectly parallel
+            serial = 0.99 if b <= 0 else min(0.99, max(0.0, a / (a + b))) if a + b > 0 else 0.99
+        one = lambda m: serial + (1.0 - serial) / m  # T(m) / T1
+        n = sum(r.count for r in runs.values())
+        t1 = sum(r.count * r.value / one(m) for m, r in runs.items()) / n
+        return t1, Elasticity.amdahl(serial)
+
     def refine(self, action: Action) -> Action:
-        """``action`` with its class's observed ``T1``, once there are ``refine_after`` runs of it."""
+        """``action`` with its class's observed ``T1``, once there are ``refine_after`` runs of it; an
+        unprofiled elastic one with its class's learned ``T1`` and elasticity, once one has run."""
+        if self.learn_unprofiled and action.key is not None and action.t1_s is None and action.elasticity is None:
+            self._by_dop.setdefault(action.action_class, {})
+            learned = self._learned.get(action.action_class)
+            if learned is None:
+                return action
+            return dataclasses.replace(action, t1_s=learned[0], elasticity=learned[1])
         if action.t1_s is None or action.elasticity is None or action.key is None:
             return action
         m = self._t1.get(action.action_class)

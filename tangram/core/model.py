@@ -256,7 +256,9 @@ class Action(_WeakReferable):
     ``demands`` maps resource type to :class:`Demand`; ``key`` is the single
     type with more than one option, if any. ``t1_s`` and ``elasticity`` come
     from a profile; without them the action is non-scalable and gets its
-    minimum, and its duration is estimated from its class's running average.
+    minimum, and its duration is estimated from its class's running average
+    (an elastic one gets them from its class's runs once one has ended:
+    ``tangram.core.estimator``).
     ``mem_mb`` is the memory its trajectory reserves on the node that hosts
     it (held until the trajectory ends).
     """
