@@ -200,11 +200,17 @@ DRAW = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload}
 
 
 def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | None = None,
-         books: str | None = None) -> dict | None:
+         books: str | None = None, unprofiled: bool = False, steps: int | None = None) -> dict | None:
     """Draw ``seed`` of ``family``; ``arrival_margin_s`` states that margin on every quota pool (the
     managed books free a call's slot that long after its dispatch instead of after its answer; the
-    simulated upstream counts a call at its dispatch either way), ``books`` those books."""
+    simulated upstream counts a call at its dispatch either way), ``books`` those books; ``unprofiled``
+    withholds every reward's profile (the scheduler learns it from runs), ``steps`` sets the steps."""
     raw = DRAW[family](seed, smoke)
+    if raw is not None and unprofiled:
+        for cls in raw["rewards"].values():
+            cls["profiled"] = False
+    if raw is not None and steps is not None:
+        raw["steps"] = steps
     stated = {k: v for k, v in (("arrival_margin_s", arrival_margin_s), ("books", books)) if v is not None}
     if raw is not None and stated:
         for pool in raw["cluster"].get("api", {}).values():
@@ -289,8 +295,8 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 
 def _run_one(job: tuple) -> dict | None:
-    family, seed, smoke, margin, books, params, sim_seed, tolerance, stored = job
-    raw = draw(family, seed, smoke, margin, books)
+    family, seed, smoke, margin, books, unprofiled, steps, params, sim_seed, tolerance, stored = job
+    raw = draw(family, seed, smoke, margin, books, unprofiled, steps)
     if raw is None:
         return None
     wl = parse_workload(raw, source=f"policy_stress {family} {seed}")
@@ -358,6 +364,9 @@ def main(argv=None) -> int:
                        help="state this arrival_margin_s on every quota pool (every policy's managed books)")
     books.add_argument("--books", choices=("adaptive", "conservative"),
                        help="state these quota books on every quota pool (default: the service's, adaptive)")
+    ap.add_argument("--unprofiled", action="store_true",
+                    help="withhold every reward's profile (the scheduler learns its class from its runs)")
+    ap.add_argument("--steps", type=int, help="RL steps per workload (default: the draw's, 1)")
     ap.add_argument("--baselines-from", metavar="JSON",
                     help="an earlier --json output: reuse its baselines' runs, run tangram alone")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -369,14 +378,16 @@ def main(argv=None) -> int:
     if args.baselines_from:
         for f in families:
             for seed in args.seeds:
-                raw = draw(f, seed, args.smoke, args.arrival_margin, args.books)
+                raw = draw(f, seed, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps)
                 if raw is not None and (f, seed) not in stored:
                     raise SystemExit(f"--baselines-from: no run of {f} draw {seed} there")
                 if raw is not None and stored[(f, seed)]["workload"] != raw:
                     raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
                                      "(another --smoke, or the ranges changed)")
-    jobs = [(f, s, args.smoke, args.arrival_margin, args.books, params, args.sim_seed, args.tolerance,
-             stored.get((f, s)))
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit(f"--steps: must be >= 1, got {args.steps}")
+    jobs = [(f, s, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps, params, args.sim_seed,
+             args.tolerance, stored.get((f, s)))
             for f in families for s in args.seeds]
     if args.jobs > 1:
         with Pool(args.jobs) as pool:
@@ -384,6 +395,7 @@ def main(argv=None) -> int:
     else:
         rows = [r for r in map(_run_one, jobs) if r is not None]
     out = {"params": params, "sim_seed": args.sim_seed, "arrival_margin_s": args.arrival_margin, "books": args.books,
+           "unprofiled": args.unprofiled, "steps": args.steps,
            "summary": {f: summarize([r for r in rows if r["family"] == f], args.tolerance)
                        for f in families if any(r["family"] == f for r in rows)},
            "workloads": rows}

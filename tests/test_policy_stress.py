@@ -150,3 +150,18 @@ def test_baselines_from_an_earlier_output_run_tangram_alone(tmp_path, capsys):
         stress.main(base + ["--baselines-from", str(earlier), "--sim-seed", "1"])
     with pytest.raises(SystemExit, match="no run of cpu draw 2"):
         stress.main(["--smoke", "--family", "cpu", "--seeds", "0:3", "--baselines-from", str(earlier)])
+
+
+def test_unprofiled_rewards_and_more_steps_are_drawn_on_request(capsys):
+    raw = stress.draw("cpu", 0, unprofiled=True, steps=2)
+    assert all(not c["profiled"] for c in raw["rewards"].values()) and raw["steps"] == 2
+    plain = stress.draw("cpu", 0)
+    assert all(c["profiled"] for c in plain["rewards"].values()) and plain["steps"] == 1
+    assert stress.main(["--smoke", "--family", "cpu", "--seeds", "0:1", "--jobs", "1", "--unprofiled",
+                        "--steps", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["unprofiled"] is True and out["steps"] == 2
+    (row,) = out["workloads"]
+    assert row["workload"]["steps"] == 2 and not row["workload"]["rewards"]["test-suite"]["profiled"]
+    with pytest.raises(SystemExit):
+        stress.main(["--smoke", "--steps", "0"])

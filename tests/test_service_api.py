@@ -407,3 +407,20 @@ async def test_disconnect_watcher_works_without_handler_cancellation():
         assert_whole(rt)
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.skipif(N_CORES < 2, reason="needs 2 cores to widen onto")
+async def test_an_unprofiled_range_runs_at_its_min_first_and_wider_once_its_class_has_run():
+    body = {"kind": "exec", "command": "echo $TANGRAM_DOP", "class": "suite-a",
+            "resources": {"cpu": {"min": 1, "max": N_CORES}}}
+    async with running_service() as svc, svc.client() as c:
+        first = await c.run_action(body)
+        assert first.ok and first.allocation["dop"] == 1 and first.stdout == "1\n"
+        second = await c.run_action(body)  # nothing else waits: the class's guess takes every core
+        assert second.ok and second.allocation["dop"] == N_CORES and second.stdout == f"{N_CORES}\n"
+        assert_whole(svc.runtime)
+    cfg = config(scheduler={"learn_unprofiled": False})
+    async with running_service(cfg) as svc, svc.client() as c:
+        for _ in range(2):
+            r = await c.run_action(body)
+            assert r.ok and r.allocation["dop"] == 1

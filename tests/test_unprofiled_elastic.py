@@ -11,9 +11,12 @@ from __future__ import annotations
 import pytest
 
 from tangram.core.engine import Engine
+from tangram.core.errors import ConfigError
 from tangram.core.estimator import UNPROFILED_SERIAL_FRACTION, DurationEstimator
 from tangram.core.model import Action, Elasticity
 from tangram.managers.base import CountingManager
+from tangram.policy.snapshot import PolicyParams
+from tangram.service.config import parse_config
 from tangram.simulator.policies import policy_spec
 from tangram.simulator.sim import simulate
 from tangram.simulator.workload import parse_workload
@@ -115,6 +118,34 @@ def test_unprofiled_suites_run_wider_than_their_smallest_dop_in_the_simulator():
 
 
 def test_learning_can_be_turned_off():
-    est = DurationEstimator(learn_unprofiled=False)
-    est.observe(est.refine(_suite(0)), 1, 40.0)
-    assert not est.refine(_suite(1)).scalable
+    est = DurationEstimator()
+    est.observe(est.refine(_suite(0), False), 1, 40.0)
+    assert not est.refine(_suite(1), False).scalable
+    clock = FakeClock()
+    eng = Engine([CountingManager({"cpu@n0": 8, "mem@n0": 10_000})], clock=clock,
+                 params=PolicyParams(learn_unprofiled=False))
+    for i in range(2):
+        (s,) = eng.submit(_suite(i))
+        assert s.dispatch.units["cpu"] == 1
+        clock.advance(10.0)
+        eng.complete(s.action.id)
+
+
+def test_the_knob_is_validated_and_read_from_the_config():
+    with pytest.raises(ValueError, match="learn_unprofiled"):
+        PolicyParams(learn_unprofiled="no")
+    node = {"name": "n0", "cores": 2, "memory_mb": 1024}
+    assert parse_config({"cpu_nodes": [node]}).learn_unprofiled is True
+    assert parse_config({"scheduler": {"learn_unprofiled": False}, "cpu_nodes": [node]}).learn_unprofiled is False
+    with pytest.raises(ConfigError) as e:
+        parse_config({"scheduler": {"learn_unprofiled": 1}, "cpu_nodes": [node]})
+    assert e.value.field == "scheduler.learn_unprofiled"
+
+
+def test_fixed_runs_of_the_same_class_do_not_feed_the_learned_model():
+    est = DurationEstimator()
+    est.refine(_suite(0, "exec"))  # an elastic action of the class was seen
+    est.observe(Action.build("sh", {"cpu": 1}, action_class="exec"), 1, 0.5)  # a one-core shell
+    assert not est.refine(_suite(1, "exec")).scalable  # no elastic run has ended yet
+    est.observe(_suite(2, "exec"), 1, 40.0)
+    assert est.refine(_suite(3, "exec")).t1_s == pytest.approx(40.0)

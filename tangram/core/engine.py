@@ -123,7 +123,7 @@ class Engine:
             raise UnschedulableError("id", f"action {action.id!r} was already submitted")
         pools = self.pool_states()
         self.check_feasible(action, pools)
-        action = self.estimator.refine(self.cap_to_capacity(action, pools))  # a stale profile heals online
+        action = self.estimator.refine(self.cap_to_capacity(action, pools), self._params.learn_unprofiled)
         now = self.clock()
         action = self._offered.cap(action, pools, self._params.offered_load_caps, now)
         rec = ActionRecord(action, submitted_at=now)

@@ -26,11 +26,11 @@ to run at its smallest DoP for good: nothing told the policy a wider one helps. 
 now learned online (:meth:`DurationEstimator.refine`): its runs are averaged per DoP, and
 once a run has been seen each new action of the class gets a ``T1`` and an Amdahl
 elasticity. The serial fraction is fitted (``T(m) = a + b / m``, least squares over the
-per-DoP means) once ``refine_after`` runs at each of two DoPs are seen; before that it is
+per-DoP plain means) once ``refine_after`` runs at each of two DoPs are seen; before that it is
 ``UNPROFILED_SERIAL_FRACTION``, a cautious guess (at most 2x from any width), so the policy
 widens such an action only where the units would otherwise sit idle, and those runs are
 the ones the fit learns from. The first action of a class runs at its smallest DoP
-(``learn_unprofiled=False``: every one does, as before).
+(``PolicyParams.learn_unprofiled`` False: every one does, as before).
 
 At most ``max_classes`` classes are kept, the least recently observed one dropped
 beyond that: a class name comes from the client, and one that names a new class per
@@ -78,14 +78,12 @@ class DurationEstimator:
     """Class averages of observed execution time, and online ``T1`` refinement."""
 
     def __init__(self, *, min_weight: float = 0.05, refine_after: int = 3, publish_band: float = 0.1,
-                 refine_margin: float = 2.0, publish_margin: float = 2.0, max_classes: int = MAX_CLASSES,
-                 learn_unprofiled: bool = True):
+                 refine_margin: float = 2.0, publish_margin: float = 2.0, max_classes: int = MAX_CLASSES):
         if refine_after < 1:
             raise ValueError(f"refine_after: must be >= 1, got {refine_after}")
         if max_classes < 1:
             raise ValueError(f"max_classes: must be >= 1, got {max_classes}")
         self.max_classes = max_classes
-        self.learn_unprofiled = learn_unprofiled  # False: an unprofiled elastic action keeps its smallest DoP
         for name, margin in (("refine_margin", refine_margin), ("publish_margin", publish_margin)):
             if not margin >= 0.0 or math.isinf(margin):
                 raise ValueError(f"{name}: must be a finite number >= 0, got {margin}")
@@ -118,8 +116,10 @@ class DurationEstimator:
         dropped = self._drop_oldest() if len(self._durations) > max(self.max_classes, 1) else ()
         mean.add(exec_s, self._min_weight)
         runs = self._by_dop.get(cls)
-        if runs is not None and units > 0:
-            runs.setdefault(units, _Mean()).add(exec_s, self._min_weight)
+        if runs is not None and units > 0 and action.key is not None:  # its elastic runs only
+            # a plain mean: a step's last runs at a DoP are its longest (they started together
+            # and ended last), and an EMA weighting them most read T1 1.5x too long on a workload
+            runs.setdefault(units, _Mean()).add(exec_s, 0.0)
             self._learned[cls] = self._fit(runs)
         elif action.elasticity is not None and action.key is not None and units > 0:
             t1 = exec_s * action.elasticity.efficiency(units) * units
@@ -176,10 +176,11 @@ class DurationEstimator:
         t1 = sum(r.count * r.value / one(m) for m, r in runs.items()) / n
         return t1, Elasticity.amdahl(serial)
 
-    def refine(self, action: Action) -> Action:
-        """``action`` with its class's observed ``T1``, once there are ``refine_after`` runs of it; an
-        unprofiled elastic one with its class's learned ``T1`` and elasticity, once one has run."""
-        if self.learn_unprofiled and action.key is not None and action.t1_s is None and action.elasticity is None:
+    def refine(self, action: Action, learn_unprofiled: bool = True) -> Action:
+        """``action`` (a stale profile heals online) with its class's observed ``T1``, once there are
+        ``refine_after`` runs of it; an unprofiled elastic one with its class's learned ``T1`` and
+        elasticity once one has run (``learn_unprofiled``: ``PolicyParams.learn_unprofiled``)."""
+        if learn_unprofiled and action.key is not None and action.t1_s is None and action.elasticity is None:
             self._by_dop.setdefault(action.action_class, {})
             learned = self._learned.get(action.action_class)
             if learned is None:

@@ -61,6 +61,9 @@ class PolicyParams:
     # action of that key type gets no DoP m with E(m) below factor x the type's offered load at its
     # submission; GPU only by default (on CPU pools it measured worse), {} turns it off
     offered_load_caps: Mapping[str, float] = field(default_factory=lambda: DEFAULT_OFFERED_LOAD_CAPS)
+    # an elastic action without a profile gets its class's T1 and elasticity learned from its runs
+    # (tangram.core.estimator) once one has ended; False: it runs at its smallest DoP (DESIGN.md §3)
+    learn_unprofiled: bool = True
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -84,6 +87,8 @@ class PolicyParams:
             raise ValueError(f"affinity_k: must be a finite number >= 0, got {self.affinity_k}")
         if not isinstance(self.expect_arrivals, bool):
             raise ValueError(f"expect_arrivals: must be true or false, got {self.expect_arrivals!r}")
+        if not isinstance(self.learn_unprofiled, bool):
+            raise ValueError(f"learn_unprofiled: must be true or false, got {self.learn_unprofiled!r}")
         if not isinstance(self.offered_load_caps, Mapping):
             raise ValueError(f"offered_load_caps: must map a resource type to a factor, got {self.offered_load_caps!r}")
         for rtype, factor in self.offered_load_caps.items():

@@ -127,6 +127,7 @@ class ClusterConfig:
     generation_credit: float = DEFAULT_GENERATION_CREDIT
     affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
     expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
+    learn_unprofiled: bool = True  # an elastic action without a profile learns its class's (tangram.core.estimator)
     # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load); {}: off
     offered_load_caps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OFFERED_LOAD_CAPS))
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray

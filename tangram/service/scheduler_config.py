@@ -13,7 +13,8 @@ from tangram.policy.snapshot import DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_L
 
 _FIELDS = Fields(ConfigError)
 KEYS = frozenset({"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k", "aging_cap_s",
-                  "progress_s", "generation_credit", "affinity_k", "expect_arrivals", "offered_load_caps"})
+                  "progress_s", "generation_credit", "affinity_k", "expect_arrivals", "offered_load_caps",
+                  "learn_unprofiled"})
 # the types whose elastic actions the offered-load cap may narrow (tangram.policy.offered_load)
 ELASTIC_TYPES = ("cpu", "gpu")
 
@@ -42,6 +43,7 @@ def parse_scheduler(raw: Any) -> dict[str, Any]:
                                         "scheduler.generation_credit", lo=0)
     out["affinity_k"] = f.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
     out["expect_arrivals"] = f.boolean(sched.get("expect_arrivals", True), "scheduler.expect_arrivals")
+    out["learn_unprofiled"] = f.boolean(sched.get("learn_unprofiled", True), "scheduler.learn_unprofiled")
     # {} turns the cap off; a null is refused (it would read as "the default" to some, "off" to others)
     loads = f.mapping(sched.get("offered_load_caps", DEFAULT_OFFERED_LOAD_CAPS), "scheduler.offered_load_caps")
     for k in loads:
