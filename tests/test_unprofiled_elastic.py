@@ -42,7 +42,7 @@ def test_the_first_run_is_at_the_smallest_dop_and_then_the_class_has_a_model():
     assert t1 == pytest.approx((40.0 + 25.0 / 0.625) / 2)
 
 
-@pytest.mark.parametrize("serial", [0.05, 0.3, 0.8])
+@pytest.mark.parametrize("serial", [0.0, 0.05, 0.3, 0.8])
 def test_the_serial_fraction_is_fitted_from_runs_at_two_dops(serial):
     true = Elasticity.amdahl(serial)
     est = DurationEstimator(refine_after=3)
@@ -144,8 +144,17 @@ def test_the_knob_is_validated_and_read_from_the_config():
 
 def test_fixed_runs_of_the_same_class_do_not_feed_the_learned_model():
     est = DurationEstimator()
-    est.refine(_suite(0, "exec"))  # an elastic action of the class was seen
     est.observe(Action.build("sh", {"cpu": 1}, action_class="exec"), 1, 0.5)  # a one-core shell
     assert not est.refine(_suite(1, "exec")).scalable  # no elastic run has ended yet
     est.observe(_suite(2, "exec"), 1, 40.0)
     assert est.refine(_suite(3, "exec")).t1_s == pytest.approx(40.0)
+
+
+def test_elastic_actions_that_never_run_keep_nothing():
+    est = DurationEstimator(max_classes=4)
+    for i in range(1000):  # a client naming a new class per action, none of which runs
+        est.refine(_suite(i, f"c{i}"))
+    assert est._by_dop == {} and est._learned == {}
+    for i in range(10):
+        est.observe(_suite(i, f"c{i}"), 2, 5.0)
+    assert len(est._by_dop) == len(est._learned) == est.classes() == 4

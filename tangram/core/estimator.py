@@ -115,10 +115,12 @@ class DurationEstimator:
         self._durations[cls] = mean  # now the most recently observed
         dropped = self._drop_oldest() if len(self._durations) > max(self.max_classes, 1) else ()
         mean.add(exec_s, self._min_weight)
-        runs = self._by_dop.get(cls)
-        if runs is not None and units > 0 and action.key is not None:  # its elastic runs only
-            # a plain mean: a step's last runs at a DoP are its longest (they started together
-            # and ended last), and an EMA weighting them most read T1 1.5x too long on a workload
+        if units > 0 and action.key is not None and (action.t1_s is None or cls in self._learned):
+            # an elastic run without a profile (or with the one learned here): kept per DoP (only
+            # for a class kept in _durations, so at most max_classes), as a plain mean: a step's
+            # last runs at a DoP are its longest (they started together and ended last), and an
+            # EMA weighting them most read T1 1.5x too long on a workload
+            runs = self._by_dop.setdefault(cls, {})
             runs.setdefault(units, _Mean()).add(exec_s, 0.0)
             self._learned[cls] = self._fit(runs)
         elif action.elasticity is not None and action.key is not None and units > 0:
@@ -170,7 +172,7 @@ class DurationEstimator:
             b = sum(r.count * (1 / m - xm) * (r.value - ym) for m, r in seen.items()) / sxx
             a = ym - b * xm
             # no speedup seen (b <= 0): as serial as Amdahl allows; a < 0 (noise): perfectly parallel
-            serial = 0.99 if b <= 0 else min(0.99, max(0.0, a / (a + b))) if a + b > 0 else 0.99
+            serial = 0.99 if b <= 0 else min(0.99, max(0.0, a / (a + b)))  # b > 0: a + b >= T(min) > 0
         one = lambda m: serial + (1.0 - serial) / m  # T(m) / T1
         n = sum(r.count for r in runs.values())
         t1 = sum(r.count * r.value / one(m) for m, r in runs.items()) / n
@@ -181,7 +183,6 @@ class DurationEstimator:
         ``refine_after`` runs of it; an unprofiled elastic one with its class's learned ``T1`` and
         elasticity once one has run (``learn_unprofiled``: ``PolicyParams.learn_unprofiled``)."""
         if learn_unprofiled and action.key is not None and action.t1_s is None and action.elasticity is None:
-            self._by_dop.setdefault(action.action_class, {})
             learned = self._learned.get(action.action_class)
             if learned is None:
                 return action
