@@ -10,7 +10,7 @@ from tangram.cli import main
 from tangram.simulator.errors import WorkloadError
 from tangram.simulator.policies import policy_spec
 from tangram.simulator.sim import Simulation, simulate
-from tangram.simulator.workload import ApiPool, builtin_names, load_workload, parse_cluster
+from tangram.simulator.workload import ApiPool, builtin_names, load_workload, parse_cluster, parse_workload
 
 CONTRACT = ("policy", "workload", "actions", "mean_act_s", "p50_act_s", "p99_act_s", "mean_queue_s",
             "mean_exec_s", "step_time_s", "lower_bound_mean_act_s")
@@ -409,3 +409,30 @@ def test_a_trajectory_is_its_generation_and_its_actions(workload):
         assert res.summary["mean_act_s"] == pytest.approx(acts / len(res.records), rel=1e-9)
         constants.add((len(res.records), round(generation, 6)))
     assert len(constants) == 1  # the same actions and generation under every policy
+
+
+def test_a_class_or_trajectory_no_node_holds_is_refused_naming_its_field():
+    raw = {"name": "w", "trajectories": 2, "turns": 2, "generation_s": 1.0, "memory_mb": 1024,
+           "actions": {"shell": {"duration_s": 1.0, "resources": {"cpu": 4}}},
+           "cluster": {"cpu_nodes": 1, "cores_per_node": 2, "mem_gb_per_node": 8}}
+    with pytest.raises(WorkloadError) as e:
+        parse_workload(raw)
+    assert e.value.field == "actions.shell.resources.cpu"
+    raw["actions"]["shell"]["resources"]["cpu"] = 2
+    raw["memory_mb"] = 16384
+    with pytest.raises(WorkloadError) as e:
+        parse_workload(raw)
+    assert e.value.field == "memory_mb"
+
+
+@pytest.mark.parametrize("pod_cores", [1, 8])
+def test_a_pod_that_cannot_hold_an_action_or_fit_a_node_is_refused(pod_cores):
+    raw = {"name": "w", "trajectories": 2, "turns": 2, "generation_s": 1.0, "memory_mb": 1024,
+           "actions": {"shell": {"duration_s": 1.0, "resources": {"cpu": 2}}},
+           "cluster": {"cpu_nodes": 1, "cores_per_node": 4, "mem_gb_per_node": 8},
+           "baselines": {"trajectory": {"pod_cores": pod_cores}}}
+    wl = parse_workload(raw)
+    with pytest.raises(WorkloadError) as e:
+        simulate(wl, "trajectory")
+    assert e.value.field == "baselines.trajectory.pod_cores"
+    assert simulate(wl, "tangram").summary["actions"] == 4  # tangram runs it

@@ -100,6 +100,12 @@ class Simulation:
             if self.capacity["gpu"] > c.total_gpus:
                 raise WorkloadError("baselines.static_services",
                                     f"dedicates {self.capacity['gpu']} GPUs, the cluster has {c.total_gpus}")
+        if self.spec.cpu_mode == "pod" and c.cpu_nodes:  # a pod runs each of its actions on its own cores
+            need = max((cl.demand.min for j in self.wl.jobs for cl in j.actions + j.rewards if cl.rtype == "cpu"),
+                       default=1)
+            if not need <= self.wl.baselines.pod_cores <= c.cores_per_node:
+                raise WorkloadError("baselines.trajectory.pod_cores", f"a pod must hold every CPU action ({need} "
+                                    f"cores) on one node ({c.cores_per_node}), got {self.wl.baselines.pod_cores}")
         managers.append(CachedCountingManager(caps))
         self.gpu = None
         self._real_gpu = False

@@ -466,5 +466,12 @@ def _check_services(wl: Workload) -> None:
                 raise WorkloadError(f"cluster.api.{c.rtype[4:]}", f"used by class {c.name!r} but not configured")
             if c.rtype == "cpu" and not wl.cluster.cpu_nodes:
                 raise WorkloadError("cluster.cpu_nodes", f"class {c.name!r} needs CPU nodes")
+            where = f"{'rewards' if c.kind == 'reward' else 'actions'}.{c.name}"
+            if c.rtype == "cpu" and c.demand.min > wl.cluster.cores_per_node:
+                raise WorkloadError(f"{where}.resources.cpu", f"needs at least {c.demand.min} cores, a node has "
+                                    f"{wl.cluster.cores_per_node} (cluster.cores_per_node)")
+            if c.rtype == "cpu" and job.memory_mb > wl.cluster.mem_gb_per_node * 1024:
+                raise WorkloadError("memory_mb", f"{job.memory_mb} MiB per trajectory, a node has "
+                                    f"{wl.cluster.mem_gb_per_node * 1024:g} MiB (cluster.mem_gb_per_node)")
             if c.rtype == "gpu" and not wl.cluster.gpu_nodes:
                 raise WorkloadError("cluster.gpu_nodes", f"class {c.name!r} needs GPU nodes")
