@@ -29,8 +29,10 @@ elasticity. The serial fraction is fitted (``T(m) = a + b / m``, least squares o
 per-DoP plain means) once ``refine_after`` runs at each of two DoPs are seen; before that it is
 ``UNPROFILED_SERIAL_FRACTION``, a cautious guess (at most 2x from any width), so the policy
 widens such an action only where the units would otherwise sit idle, and those runs are
-the ones the fit learns from. The first action of a class runs at its smallest DoP
-(``PolicyParams.learn_unprofiled`` False: every one does, as before).
+the ones the fit learns from. Until one run has ended, the class's actions run at their
+smallest DoP (``PolicyParams.learn_unprofiled`` False: every one does, as before). A class
+name should not mix profiled and unprofiled actions: once an unprofiled one has run, every
+elastic run of the class feeds the learned model.
 
 At most ``max_classes`` classes are kept, the least recently observed one dropped
 beyond that: a class name comes from the client, and one that names a new class per
