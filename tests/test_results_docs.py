@@ -215,3 +215,34 @@ def test_the_unprofiled_table_is_the_stored_runs():
         want = [f"{s['losing_workloads']} ({s['dominated_workloads']})"]
         want += [f"{t[m]['geomean']:.3f} ({t[m]['max']:.2f})" for m in MEASURES]
         assert cells[2:] == want, (where, who)
+
+
+# the GPU and API rows of the same section, by (family, tangram)
+UNPROFILED_OTHER_RUNS = {("gpu", "before"): "gpu-unprofiled-2-steps-not-learned-sim-seed-0.json",
+                         ("gpu", "learning"): "gpu-unprofiled-2-steps-sim-seed-0.json",
+                         ("gpu", "profiled"): "sim-seed-0.json",
+                         ("api", "before"): "api-unprofiled-2-steps-not-learned-sim-seed-0.json",
+                         ("api", "learning"): "api-unprofiled-2-steps-sim-seed-0.json",
+                         ("api", "profiled"): "api-adaptive-books-sim-seed-0.json"}
+
+
+def test_the_unprofiled_gpu_and_api_table_is_the_stored_runs():
+    doc = (RESULTS / "README.md").read_text()
+    section = _section(doc, "### Elastic actions without a profile", "On the API family learning")
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0] in ("gpu", "api"):
+            rows[(cells[0], cells[1].split(" ")[0])] = cells
+    assert rows.keys() == UNPROFILED_OTHER_RUNS.keys()
+    for (family, who), cells in rows.items():
+        stored = json.loads((STRESS / UNPROFILED_OTHER_RUNS[(family, who)]).read_text())
+        assert stored["sim_seed"] == 0
+        assert stored.get("unprofiled", False) == (who != "profiled")
+        assert (stored.get("steps") or 1) == (1 if who == "profiled" else 2)
+        assert stored["params"] == ({"learn_unprofiled": False} if who == "before" else {})
+        s = stored["summary"][family]
+        t = s["tangram_over_best"]
+        want = [f"{s['losing_workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"]
+        want += [f"{t[m]['geomean']:.3f} ({t[m]['max']:.2f})" for m in MEASURES]
+        assert cells[2:] == want, (family, who)
