@@ -374,6 +374,8 @@ def main(argv=None) -> int:
     params = dict(args.param)
     PolicyParams(**params)  # a value PolicyParams refuses fails here, not in a worker
     families = FAMILIES if args.family == "all" else (args.family,)
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit(f"--steps: must be >= 1, got {args.steps}")
     stored = _stored_baselines(args.baselines_from, args.sim_seed) if args.baselines_from else {}
     if args.baselines_from:
         for f in families:
@@ -384,8 +386,6 @@ def main(argv=None) -> int:
                 if raw is not None and stored[(f, seed)]["workload"] != raw:
                     raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
                                      "(another --smoke, or the ranges changed)")
-    if args.steps is not None and args.steps < 1:
-        raise SystemExit(f"--steps: must be >= 1, got {args.steps}")
     jobs = [(f, s, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps, params, args.sim_seed,
              args.tolerance, stored.get((f, s)))
             for f in families for s in args.seeds]
