@@ -175,10 +175,10 @@ class DurationEstimator:
             a = ym - b * xm
             # no speedup seen (b <= 0): as serial as Amdahl allows; a < 0 (noise): perfectly parallel
             serial = 0.99 if b <= 0 else min(0.99, max(0.0, a / (a + b)))  # b > 0: a + b >= T(min) > 0
-        one = lambda m: serial + (1.0 - serial) / m  # T(m) / T1
+        elasticity = Elasticity.amdahl(serial)
         n = sum(r.count for r in runs.values())
-        t1 = sum(r.count * r.value / one(m) for m, r in runs.items()) / n
-        return t1, Elasticity.amdahl(serial)
+        t1 = sum(r.count * r.value / elasticity.duration(1.0, m) for m, r in runs.items()) / n
+        return t1, elasticity
 
     def refine(self, action: Action, learn_unprofiled: bool = True) -> Action:
         """``action`` (a stale profile heals online) with its class's observed ``T1``, once there are
