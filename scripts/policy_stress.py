@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tangram against its baselines on random workloads: what the built-in six do not cover.
 
-    python scripts/policy_stress.py [--family cpu|gpu|api|all] [--seeds 0:36] [--jobs 2] [--json]
+    python scripts/policy_stress.py [--family cpu|gpu|api|neighbours|all] [--seeds 0:36] [--jobs 2] [--json]
                                     [--param order=fcfs ...] [--baselines-from OUT.json]
                                     [--arrival-margin S | --books B] [--smoke]
 
@@ -9,8 +9,9 @@ Each seed draws one workload of a family from the ranges below (``cpu``: the
 ``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
 ``gpu``: the ``mopd`` / ``mopd-skewed`` kind, one teacher request per trajectory;
 ``api``: the ``deepsearch`` kind, searches and fetches through rate-limited APIs, then
-a judge on GPUs), runs it under tangram and under the family's baselines (the ones its built-ins compare
-against), and lists every measure (mean ACT, p99 ACT, step time) where a baseline is
+a judge on GPUs; ``neighbours``: a built-in workload with its batch, durations, turns and cluster
+moved, see neighbour_workload), runs it under tangram and under the family's baselines (the ones its
+built-ins compare against; a neighbour's, its built-in's), and lists every measure (mean ACT, p99 ACT, step time) where a baseline is
 more than ``--tolerance`` below tangram. A loss to a baseline that gave up on actions
 (``api-naive``: a call fails after its retries) carries ``baseline_failed``, the
 count: its ACT and step leave that work out. The summary gives how many workloads lose
@@ -46,15 +47,18 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from importlib import resources
 from multiprocessing import Pool
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tangram.policy.snapshot import PolicyParams  # noqa: E402
 from tangram.simulator.policies import policy_spec  # noqa: E402
 from tangram.simulator.sim import simulate  # noqa: E402
-from tangram.simulator.workload import GPU_DOPS, parse_workload  # noqa: E402
+from tangram.simulator.workload import BUILTIN_PACKAGE, GPU_DOPS, builtin_names, parse_workload  # noqa: E402
 
 MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
 FAMILIES = ("cpu", "gpu", "api")
@@ -196,7 +200,62 @@ def api_workload(seed: int, smoke: bool = False) -> dict:
     }
 
 
-DRAW = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload}
+# [reason] halved, as built, doubled: around each built-in, as far as the other families' ranges go
+NEIGHBOUR_FACTORS = (0.5, 1, 2)
+
+
+def _half_up(x: float) -> int:
+    return max(1, int(x + 0.5))
+
+
+def neighbour_workload(seed: int, smoke: bool = False) -> dict:
+    """One built-in workload (draw ``seed`` takes the built-ins in turn) with its batch drawn and its
+    action durations, generation time, turns and cluster each halved, kept or doubled. The static
+    deployment is scaled with the cluster; where it no longer fits, ``static-services`` leaves the
+    draw's baselines. A job of several workloads (``mopd+search``) moves its batch and cluster only."""
+    names = builtin_names()
+    name = names[seed % len(names)]
+    raw = yaml.safe_load(resources.files(BUILTIN_PACKAGE).joinpath(f"{name}.yaml").read_text())
+    r = random.Random(30_000 + seed)  # apart from the other families' draws
+    batch = 32 if smoke else r.choice([128, 256, 512, 1024])  # [reason] the load sweep's range, 256 to 1,024, and below
+    fa, fg, ft, fc = (r.choice(NEIGHBOUR_FACTORS) for _ in range(4))
+    if "jobs" in raw:
+        fa = fg = ft = 1
+        for job in raw["jobs"]:
+            job["trajectories"] = max(1, batch // len(raw["jobs"]))
+    else:
+        raw["trajectories"] = batch
+    for section in ("actions", "rewards"):
+        for cls in raw.get(section, {}).values():
+            cls["duration_s"] = _scaled(cls["duration_s"], fa)
+    if "generation_s" in raw:
+        raw["generation_s"] = _scaled(raw["generation_s"], fg)
+    if isinstance(raw.get("turns"), dict):
+        raw["turns"] = {**raw["turns"], "mean": max(1, round(raw["turns"]["mean"] * ft))}
+    cluster, base = raw["cluster"], raw["baselines"]
+    for key in ("cpu_nodes", "gpu_nodes"):
+        if cluster.get(key):
+            cluster[key] = _half_up(cluster[key] * fc)
+    static = base.get("static_services")
+    if static:
+        for replica in static.values():
+            replica["replicas"] = _half_up(replica["replicas"] * fc)
+        gpus = cluster.get("gpu_nodes", 0) * cluster.get("gpus_per_node", 0)
+        if sum(v["dop"] * v["replicas"] for v in static.values()) > gpus:
+            del base["static_services"]
+            base["compare"] = [b for b in base["compare"] if b != "static-services"]
+    raw["name"] = f"{name}~a{fa}g{fg}t{ft}c{fc}-{seed}"
+    return raw
+
+
+def _scaled(dist: dict, factor: float) -> dict:
+    out = {**dist, "mean": dist["mean"] * factor}
+    if "max" in out:
+        out["max"] = out["max"] * factor
+    return out
+
+
+DRAW = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload, "neighbours": neighbour_workload}
 
 
 def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | None = None,
@@ -302,7 +361,7 @@ def _run_one(job: tuple) -> dict | None:
     wl = parse_workload(raw, source=f"policy_stress {family} {seed}")
     t0 = time.perf_counter()
     results, failed = {}, {}
-    names = ("tangram",) + BASELINES[family]
+    names = ("tangram",) + tuple(raw["baselines"]["compare"])  # the family's (a neighbour's: its built-in's)
     if stored is not None:  # the baselines' runs of an earlier output on this very draw (main checked)
         results = {n: v for n, v in stored["results"].items() if n != "tangram"}
         failed = {n: v for n, v in stored["failed"].items() if n != "tangram"}
@@ -352,7 +411,8 @@ def _seeds(text: str) -> range:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", choices=FAMILIES + ("all",), default="all")
+    ap.add_argument("--family", choices=FAMILIES + ("neighbours", "all"), default="all",
+                    help="all: cpu, gpu and api; neighbours: the built-ins, perturbed")
     ap.add_argument("--seeds", type=_seeds, default=range(0, 36), help="workload draws A:B (default 0:36)")
     ap.add_argument("--sim-seed", type=int, default=0, help="the simulation's own seed")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")

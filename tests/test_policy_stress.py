@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+from importlib import resources
 
 import pytest
+import yaml
 
-from tangram.simulator.workload import load_workload, parse_workload
+from tangram.simulator.workload import BUILTIN_PACKAGE, load_workload, parse_workload
 from tests.test_simulator_scripts import ROOT
 
 sys.path.append(str(ROOT / "scripts"))  # last: nothing of the scripts shadows a module of the tests
@@ -165,3 +168,46 @@ def test_unprofiled_rewards_and_more_steps_are_drawn_on_request(capsys):
     assert row["workload"]["steps"] == 2 and not row["workload"]["rewards"]["test-suite"]["profiled"]
     with pytest.raises(SystemExit):
         stress.main(["--smoke", "--steps", "0"])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_neighbour_is_its_built_in_moved_by_the_drawn_factors(seed):
+    raw = stress.neighbour_workload(seed)
+    built_in = raw["name"].split("~")[0]
+    assert built_in == stress.builtin_names()[seed % len(stress.builtin_names())]
+    base = load_workload(built_in)
+    wl = parse_workload(raw, source="test")
+    factor = dict(zip("agtc", map(float, re.fullmatch(r".*~a([\d.]+)g([\d.]+)t([\d.]+)c([\d.]+)-\d+",
+                                                      raw["name"]).groups())))
+    assert wl.cluster.cpu_nodes == (max(1, int(base.cluster.cpu_nodes * factor["c"] + 0.5)) if base.cluster.cpu_nodes else 0)
+    assert wl.cluster.gpu_nodes == (max(1, int(base.cluster.gpu_nodes * factor["c"] + 0.5)) if base.cluster.gpu_nodes else 0)
+    assert wl.trajectories in (128, 256, 512, 1024)
+    # the static deployment follows the cluster, and leaves the baselines where it does not fit
+    scaled = {s: (d, max(1, int(n * factor["c"] + 0.5))) for s, (d, n) in base.baselines.static.items()}
+    fits = sum(d * n for d, n in scaled.values()) <= wl.cluster.gpu_nodes * wl.cluster.gpus_per_node
+    assert ("static-services" in wl.baselines.compare) == ("static-services" in base.baselines.compare and fits)
+    if "static-services" in wl.baselines.compare:
+        assert dict(wl.baselines.static) == scaled
+    assert set(wl.baselines.compare) <= set(base.baselines.compare)
+
+
+def test_a_neighbour_scales_its_durations_and_keeps_the_rest():
+    seed = next(s for s in range(60) if stress.neighbour_workload(s)["name"].startswith("ai-coding~a2g0.5"))
+    raw = stress.neighbour_workload(seed)
+    orig = yaml.safe_load(resources.files(BUILTIN_PACKAGE).joinpath("ai-coding.yaml").read_text())
+    assert raw["actions"]["shell"]["duration_s"]["mean"] == 2 * orig["actions"]["shell"]["duration_s"]["mean"]
+    suite = next(iter(raw["rewards"].values()))["duration_s"]
+    orig_suite = next(iter(orig["rewards"].values()))["duration_s"]
+    assert (suite["mean"], suite["max"]) == (2 * orig_suite["mean"], 2 * orig_suite["max"])
+    assert raw["generation_s"]["mean"] == 0.5 * orig["generation_s"]["mean"]
+    assert raw["memory_mb"] == orig["memory_mb"] and raw["rewards"].keys() == orig["rewards"].keys()
+
+
+def test_a_neighbours_smoke_run_compares_each_with_its_built_ins_baselines(capsys):
+    assert stress.main(["--smoke", "--family", "neighbours", "--seeds", "0:6", "--jobs", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["summary"]) == {"neighbours"}
+    names = sorted(row["workload"]["name"].split("~")[0] for row in out["workloads"])
+    assert names == stress.builtin_names()  # six draws: each built-in once
+    for row in out["workloads"]:
+        assert set(row["results"]) == {"tangram", *row["workload"]["baselines"]["compare"]}
