@@ -223,6 +223,8 @@ def neighbour_workload(seed: int, smoke: bool = False) -> dict:
         fa = fg = ft = 1
         for job in raw["jobs"]:
             job["trajectories"] = max(1, batch // len(raw["jobs"]))
+            # a job's random streams follow its name: one per draw, as a single job's follow the workload's
+            job["name"] = f"{job.get('name', job['workload'])}-{seed}"
     else:
         raw["trajectories"] = batch
     for section in ("actions", "rewards"):
