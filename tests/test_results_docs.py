@@ -225,3 +225,37 @@ def test_the_unprofiled_tables_are_the_stored_runs():
         want = [f"{s['losing_workloads']} ({fair}{s['dominated_workloads']})"]
         want += [f"{t[m]['geomean']:.3f} ({t[m]['max']:.2f})" for m in MEASURES]
         assert cells[2:] == want, (where, who)
+
+
+def test_the_neighbours_table_is_the_stored_runs():
+    """Per built-in and for all 48 draws, seeds 0 / 1: draws losing (to a baseline that did all its
+    work; dominated) and tangram / best baseline per measure, from neighbours-sim-seed-{0,1}.json;
+    each file is a full --family neighbours run of its simulation seed at the defaults."""
+    doc = (RESULTS / "README.md").read_text()
+    section = _section(doc, "### Neighbours of the built-ins", "`ai-coding` and `mopd` lose nowhere")
+    runs = [json.loads((STRESS / f"neighbours-sim-seed-{seed}.json").read_text()) for seed in (0, 1)]
+    for seed, run in enumerate(runs):
+        assert (run["sim_seed"], run["params"], run["steps"], run["unprofiled"]) == (seed, {}, None, False)
+        assert [r["seed"] for r in run["workloads"]] == list(range(48))
+        for r in run["workloads"]:  # the draw is today's draw of that seed
+            assert r["workload"] == stress.neighbour_workload(r["seed"])
+    quoted = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and (cells[0] in builtin_names() or cells[0] == "all 48"):
+            quoted[cells[0]] = cells[1:]
+    assert set(quoted) == {*builtin_names(), "all 48"}
+
+    def cells(rows: list[dict]) -> list[str]:
+        per_seed = [stress.summarize(rs, 0.01) for rs in rows]
+        out = [" / ".join(f"{s['losing_workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"
+                          for s in per_seed)]
+        for m in MEASURES:
+            out.append(" / ".join(f"{s['tangram_over_best'][m]['geomean']:.3f} ({s['tangram_over_best'][m]['max']:.2f})"
+                                  for s in per_seed))
+        return out
+
+    for name, got in quoted.items():
+        rows = [[r for r in run["workloads"] if name == "all 48" or r["workload"]["name"].split("~")[0] == name]
+                for run in runs]
+        assert got == cells(rows), name
