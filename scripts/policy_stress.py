@@ -210,7 +210,7 @@ def _half_up(x: float) -> int:
 
 def neighbour_workload(seed: int, smoke: bool = False) -> dict:
     """One built-in workload (draw ``seed`` takes the built-ins in turn) with its batch drawn and its
-    action durations, generation time, turns and cluster each halved, kept or doubled. The static
+    action durations, generation time, turns (mean and cap) and nodes each halved, kept or doubled. The static
     deployment is scaled with the cluster; where it no longer fits, ``static-services`` leaves the
     draw's baselines. A job of several workloads (``mopd+search``) moves its batch and cluster only."""
     names = builtin_names()
@@ -222,7 +222,7 @@ def neighbour_workload(seed: int, smoke: bool = False) -> dict:
     if "jobs" in raw:
         fa = fg = ft = 1
         for job in raw["jobs"]:
-            job["trajectories"] = max(1, batch // len(raw["jobs"]))
+            job["trajectories"] = batch  # each job's batch, as the load sweep's Workload.with_batch
             # a job's random streams follow its name: one per draw, as a single job's follow the workload's
             job["name"] = f"{job.get('name', job['workload'])}-{seed}"
     else:
@@ -233,7 +233,8 @@ def neighbour_workload(seed: int, smoke: bool = False) -> dict:
     if "generation_s" in raw:
         raw["generation_s"] = _scaled(raw["generation_s"], fg)
     if isinstance(raw.get("turns"), dict):
-        raw["turns"] = {**raw["turns"], "mean": max(1, round(raw["turns"]["mean"] * ft))}
+        turns = raw["turns"]
+        raw["turns"] = {**turns, "mean": _half_up(turns["mean"] * ft), "max": _half_up(turns["max"] * ft)}
     cluster, base = raw["cluster"], raw["baselines"]
     for key in ("cpu_nodes", "gpu_nodes"):
         if cluster.get(key):
@@ -267,6 +268,8 @@ def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | 
     simulated upstream counts a call at its dispatch either way), ``books`` those books; ``unprofiled``
     withholds every reward's profile (the scheduler learns it from runs), ``steps`` sets the steps."""
     raw = DRAW[family](seed, smoke)
+    if raw is not None and unprofiled and "jobs" in raw:
+        raise ValueError(f"--unprofiled: {raw['name']} is a job of several workloads, each with its own profiles")
     if raw is not None and unprofiled:
         for cls in raw["rewards"].values():
             cls["profiled"] = False
@@ -438,6 +441,13 @@ def main(argv=None) -> int:
     families = FAMILIES if args.family == "all" else (args.family,)
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps: must be >= 1, got {args.steps}")
+    if args.unprofiled:  # refused here, not in a worker
+        for f in families:
+            for seed in args.seeds:
+                try:
+                    draw(f, seed, args.smoke, unprofiled=True)
+                except ValueError as exc:
+                    raise SystemExit(str(exc)) from None
     stored = _stored_baselines(args.baselines_from, args.sim_seed) if args.baselines_from else {}
     if args.baselines_from:
         for f in families:

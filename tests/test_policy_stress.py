@@ -181,7 +181,15 @@ def test_a_neighbour_is_its_built_in_moved_by_the_drawn_factors(seed):
                                                       raw["name"]).groups())))
     assert wl.cluster.cpu_nodes == (max(1, int(base.cluster.cpu_nodes * factor["c"] + 0.5)) if base.cluster.cpu_nodes else 0)
     assert wl.cluster.gpu_nodes == (max(1, int(base.cluster.gpu_nodes * factor["c"] + 0.5)) if base.cluster.gpu_nodes else 0)
-    assert wl.trajectories in (128, 256, 512, 1024)
+    assert {j.trajectories for j in wl.jobs} <= {128, 256, 512, 1024}  # each job's batch, as Workload.with_batch
+    assert len({j.trajectories for j in wl.jobs}) == 1
+    if "jobs" in raw:  # a job of several workloads moves its batch and nodes only
+        assert (factor["a"], factor["g"], factor["t"]) == (1, 1, 1)
+        assert [j["name"] for j in raw["jobs"]] == [f"{j['workload']}-{seed}" for j in raw["jobs"]]
+    orig = yaml.safe_load(resources.files(BUILTIN_PACKAGE).joinpath(f"{built_in}.yaml").read_text())
+    if isinstance(orig.get("turns"), dict):  # mean and cap, half up
+        assert raw["turns"]["mean"] == max(1, int(orig["turns"]["mean"] * factor["t"] + 0.5))
+        assert raw["turns"]["max"] == max(1, int(orig["turns"]["max"] * factor["t"] + 0.5))
     # the static deployment follows the cluster, and leaves the baselines where it does not fit
     scaled = {s: (d, max(1, int(n * factor["c"] + 0.5))) for s, (d, n) in base.baselines.static.items()}
     fits = sum(d * n for d, n in scaled.values()) <= wl.cluster.gpu_nodes * wl.cluster.gpus_per_node
@@ -211,3 +219,11 @@ def test_a_neighbours_smoke_run_compares_each_with_its_built_ins_baselines(capsy
     assert names == stress.builtin_names()  # six draws: each built-in once
     for row in out["workloads"]:
         assert set(row["results"]) == {"tangram", *row["workload"]["baselines"]["compare"]}
+
+
+def test_unprofiled_neighbours_refuse_a_job_of_several_workloads():
+    # mopd+search's jobs read their workloads' own files, profiles included: nothing to withhold here
+    with pytest.raises(SystemExit, match="mopd\\+search.* a job of several workloads"):
+        stress.main(["--smoke", "--family", "neighbours", "--seeds", "0:6", "--unprofiled", "--jobs", "1"])
+    raw = stress.draw("neighbours", 0, smoke=True, unprofiled=True)  # a single workload: withheld
+    assert [cls["profiled"] for cls in raw["rewards"].values()] == [False]
