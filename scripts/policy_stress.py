@@ -9,9 +9,10 @@ Each seed draws one workload of a family from the ranges below (``cpu``: the
 ``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
 ``gpu``: the ``mopd`` / ``mopd-skewed`` kind, one teacher request per trajectory;
 ``api``: the ``deepsearch`` kind, searches and fetches through rate-limited APIs, then
-a judge on GPUs; ``neighbours``: a built-in workload with its batch, durations, turns and cluster
-moved, see neighbour_workload), runs it under tangram and under the family's baselines (the ones its
-built-ins compare against; a neighbour's, its built-in's), and lists every measure (mean ACT, p99 ACT, step time) where a baseline is
+a judge on GPUs; ``neighbours``: a built-in workload with its batch, durations, turns and
+nodes moved, see neighbour_workload), runs it under tangram and under the family's
+baselines (the ones its built-ins compare against; a neighbour's, its built-in's), and
+lists every measure (mean ACT, p99 ACT, step time) where a baseline is
 more than ``--tolerance`` below tangram. A loss to a baseline that gave up on actions
 (``api-naive``: a call fails after its retries) carries ``baseline_failed``, the
 count: its ACT and step leave that work out. The summary gives how many workloads lose
@@ -209,16 +210,20 @@ def _half_up(x: float) -> int:
 
 
 def neighbour_workload(seed: int, smoke: bool = False) -> dict:
-    """One built-in workload (draw ``seed`` takes the built-ins in turn) with its batch drawn and its
-    action durations, generation time, turns (mean and cap) and nodes each halved, kept or doubled. The static
-    deployment is scaled with the cluster; where it no longer fits, ``static-services`` leaves the
-    draw's baselines. A job of several workloads (``mopd+search``) moves its batch and cluster only."""
+    """One built-in workload (draw ``seed`` takes the built-ins in turn) with its batch drawn and
+    its action durations, generation time, turns (mean and cap) and nodes each halved, kept or
+    doubled. The static deployment is scaled with the nodes; where it no longer fits,
+    ``static-services`` leaves the draw's baselines. A job of several workloads (``mopd+search``)
+    moves its batch and nodes only."""
     names = builtin_names()
     name = names[seed % len(names)]
     raw = yaml.safe_load(resources.files(BUILTIN_PACKAGE).joinpath(f"{name}.yaml").read_text())
     r = random.Random(30_000 + seed)  # apart from the other families' draws
-    batch = 32 if smoke else r.choice([128, 256, 512, 1024])  # [reason] the load sweep's range, 256 to 1,024, and below
+    # [reason] the load sweep's batches up to 1,024 (its 2,048 and 4,096 take minutes a draw), and 128
+    batch = r.choice([128, 256, 512, 1024])
     fa, fg, ft, fc = (r.choice(NEIGHBOUR_FACTORS) for _ in range(4))
+    if smoke:
+        batch = 32  # the full draw's factors, at a smoke test's size
     if "jobs" in raw:
         fa = fg = ft = 1
         for job in raw["jobs"]:

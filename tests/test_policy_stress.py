@@ -179,8 +179,9 @@ def test_a_neighbour_is_its_built_in_moved_by_the_drawn_factors(seed):
     wl = parse_workload(raw, source="test")
     factor = dict(zip("agtc", map(float, re.fullmatch(r".*~a([\d.]+)g([\d.]+)t([\d.]+)c([\d.]+)-\d+",
                                                       raw["name"]).groups())))
-    assert wl.cluster.cpu_nodes == (max(1, int(base.cluster.cpu_nodes * factor["c"] + 0.5)) if base.cluster.cpu_nodes else 0)
-    assert wl.cluster.gpu_nodes == (max(1, int(base.cluster.gpu_nodes * factor["c"] + 0.5)) if base.cluster.gpu_nodes else 0)
+    for nodes in ("cpu_nodes", "gpu_nodes"):  # half up, and none stays none
+        built = getattr(base.cluster, nodes)
+        assert getattr(wl.cluster, nodes) == (max(1, int(built * factor["c"] + 0.5)) if built else 0)
     assert {j.trajectories for j in wl.jobs} <= {128, 256, 512, 1024}  # each job's batch, as Workload.with_batch
     assert len({j.trajectories for j in wl.jobs}) == 1
     if "jobs" in raw:  # a job of several workloads moves its batch and nodes only
@@ -188,8 +189,10 @@ def test_a_neighbour_is_its_built_in_moved_by_the_drawn_factors(seed):
         assert [j["name"] for j in raw["jobs"]] == [f"{j['workload']}-{seed}" for j in raw["jobs"]]
     orig = yaml.safe_load(resources.files(BUILTIN_PACKAGE).joinpath(f"{built_in}.yaml").read_text())
     if isinstance(orig.get("turns"), dict):  # mean and cap, half up
-        assert raw["turns"]["mean"] == max(1, int(orig["turns"]["mean"] * factor["t"] + 0.5))
-        assert raw["turns"]["max"] == max(1, int(orig["turns"]["max"] * factor["t"] + 0.5))
+        for key in ("mean", "max"):
+            assert raw["turns"][key] == max(1, int(orig["turns"][key] * factor["t"] + 0.5))
+    # a smoke draw is the full draw at 32 trajectories
+    assert stress.neighbour_workload(seed, smoke=True)["name"] == raw["name"]
     # the static deployment follows the cluster, and leaves the baselines where it does not fit
     scaled = {s: (d, max(1, int(n * factor["c"] + 0.5))) for s, (d, n) in base.baselines.static.items()}
     fits = sum(d * n for d, n in scaled.values()) <= wl.cluster.gpu_nodes * wl.cluster.gpus_per_node
