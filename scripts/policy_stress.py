@@ -48,18 +48,15 @@ import statistics
 import sys
 import time
 from dataclasses import replace
-from importlib import resources
 from multiprocessing import Pool
 from pathlib import Path
-
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tangram.policy.snapshot import PolicyParams  # noqa: E402
 from tangram.simulator.policies import policy_spec  # noqa: E402
 from tangram.simulator.sim import simulate  # noqa: E402
-from tangram.simulator.workload import BUILTIN_PACKAGE, GPU_DOPS, builtin_names, parse_workload  # noqa: E402
+from tangram.simulator.workload import GPU_DOPS, builtin_names, builtin_raw, parse_workload  # noqa: E402
 
 MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
 FAMILIES = ("cpu", "gpu", "api")
@@ -217,7 +214,7 @@ def neighbour_workload(seed: int, smoke: bool = False) -> dict:
     moves its batch and nodes only."""
     names = builtin_names()
     name = names[seed % len(names)]
-    raw = yaml.safe_load(resources.files(BUILTIN_PACKAGE).joinpath(f"{name}.yaml").read_text())
+    raw = builtin_raw(name)
     r = random.Random(30_000 + seed)  # apart from the other families' draws
     # [reason] the load sweep's batches up to 1,024 (its 2,048 and 4,096 take minutes a draw), and 128
     batch = r.choice([128, 256, 512, 1024])

@@ -4,12 +4,10 @@ from __future__ import annotations
 import json
 import re
 import sys
-from importlib import resources
 
 import pytest
-import yaml
 
-from tangram.simulator.workload import BUILTIN_PACKAGE, load_workload, parse_workload
+from tangram.simulator.workload import builtin_raw, load_workload, parse_workload
 from tests.test_simulator_scripts import ROOT
 
 sys.path.append(str(ROOT / "scripts"))  # last: nothing of the scripts shadows a module of the tests
@@ -187,7 +185,7 @@ def test_a_neighbour_is_its_built_in_moved_by_the_drawn_factors(seed):
     if "jobs" in raw:  # a job of several workloads moves its batch and nodes only
         assert (factor["a"], factor["g"], factor["t"]) == (1, 1, 1)
         assert [j["name"] for j in raw["jobs"]] == [f"{j['workload']}-{seed}" for j in raw["jobs"]]
-    orig = yaml.safe_load(resources.files(BUILTIN_PACKAGE).joinpath(f"{built_in}.yaml").read_text())
+    orig = builtin_raw(built_in)
     if isinstance(orig.get("turns"), dict):  # mean and cap, half up
         for key in ("mean", "max"):
             assert raw["turns"][key] == max(1, int(orig["turns"][key] * factor["t"] + 0.5))
@@ -205,7 +203,7 @@ def test_a_neighbour_is_its_built_in_moved_by_the_drawn_factors(seed):
 def test_a_neighbour_scales_its_durations_and_keeps_the_rest():
     seed = next(s for s in range(60) if stress.neighbour_workload(s)["name"].startswith("ai-coding~a2g0.5"))
     raw = stress.neighbour_workload(seed)
-    orig = yaml.safe_load(resources.files(BUILTIN_PACKAGE).joinpath("ai-coding.yaml").read_text())
+    orig = builtin_raw("ai-coding")
     assert raw["actions"]["shell"]["duration_s"]["mean"] == 2 * orig["actions"]["shell"]["duration_s"]["mean"]
     suite = next(iter(raw["rewards"].values()))["duration_s"]
     orig_suite = next(iter(orig["rewards"].values()))["duration_s"]

@@ -183,6 +183,12 @@ def test_the_stored_sweep_is_this_codes(where, seed, batch, workload):
         assert got[m] == pytest.approx(expected[m], rel=1e-9), f"{workload} at {batch}, {m}: {_rerun(where, seed)}"
 
 
+def _over_best(summary: dict, measure: str) -> str:
+    """A table's cell of tangram / best baseline on ``measure``: ``geomean (max)`` of a family summary."""
+    t = summary["tangram_over_best"][measure]
+    return f"{t['geomean']:.3f} ({t['max']:.2f})"
+
+
 # the tables of "Elastic actions without a profile": the CPU rows by (simulation seed, steps, tangram),
 # the GPU and API rows (seed 0, two steps; the profiled runs one step) by (family, tangram)
 UNPROFILED_RUNS = {("0, 2", "before"): "cpu-unprofiled-2-steps-not-learned-sim-seed-0.json",
@@ -220,10 +226,9 @@ def test_the_unprofiled_tables_are_the_stored_runs():
         assert (stored.get("steps") or 1) == steps
         assert stored["params"] == ({"learn_unprofiled": False} if who == "before" else {})
         s = stored["summary"][family]
-        t = s["tangram_over_best"]
         fair = f"{s['losing_like_for_like']}; " if family != "cpu" else ""
         want = [f"{s['losing_workloads']} ({fair}{s['dominated_workloads']})"]
-        want += [f"{t[m]['geomean']:.3f} ({t[m]['max']:.2f})" for m in MEASURES]
+        want += [_over_best(s, m) for m in MEASURES]
         assert cells[2:] == want, (where, who)
 
 
@@ -250,10 +255,7 @@ def test_the_neighbours_table_is_the_stored_runs():
         per_seed = [stress.summarize(rs, 0.01) for rs in rows]
         out = [" / ".join(f"{s['losing_workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"
                           for s in per_seed)]
-        for m in MEASURES:
-            out.append(" / ".join(f"{s['tangram_over_best'][m]['geomean']:.3f} ({s['tangram_over_best'][m]['max']:.2f})"
-                                  for s in per_seed))
-        return out
+        return out + [" / ".join(_over_best(s, m) for s in per_seed) for m in MEASURES]
 
     for name, got in quoted.items():
         rows = [[r for r in run["workloads"] if name == "all 48" or r["workload"]["name"].split("~")[0] == name]

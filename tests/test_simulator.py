@@ -10,7 +10,7 @@ from tangram.cli import main
 from tangram.simulator.errors import WorkloadError
 from tangram.simulator.policies import policy_spec
 from tangram.simulator.sim import Simulation, simulate
-from tangram.simulator.workload import ApiPool, builtin_names, load_workload, parse_cluster, parse_workload
+from tangram.simulator.workload import ApiPool, builtin_names, builtin_raw, load_workload, parse_cluster, parse_workload
 
 CONTRACT = ("policy", "workload", "actions", "mean_act_s", "p50_act_s", "p99_act_s", "mean_queue_s",
             "mean_exec_s", "step_time_s", "lower_bound_mean_act_s")
@@ -386,6 +386,13 @@ def test_a_simulation_defers_full_collections_while_it_runs_and_restores_the_thr
     assert res.summary["actions"] > 0 and during
     assert all(t[:2] == before[:2] and t[2] > before[2] for t in during)  # every round: deferred
     assert gc.get_threshold() == before
+
+
+def test_a_built_ins_raw_mapping_parses_to_the_built_in_and_a_wrong_name_is_refused():
+    for name in builtin_names():
+        assert parse_workload(builtin_raw(name), source=f"builtin:{name}") == load_workload(name)
+    with pytest.raises(WorkloadError, match="unknown workload 'mopd2'"):
+        builtin_raw("mopd2")
 
 
 @pytest.mark.parametrize("workload", builtin_names())

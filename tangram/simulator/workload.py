@@ -174,6 +174,13 @@ def builtin_names() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
+def builtin_raw(name: str) -> dict:
+    """Built-in workload ``name``'s mapping as its file has it (a variant derives from it)."""
+    if name not in builtin_names():
+        raise WorkloadError("workload", f"unknown workload {name!r} (built in: {', '.join(builtin_names())})")
+    return _load_raw(name)[0]
+
+
 def _read_yaml(text: str, where: str) -> Any:
     try:
         return yaml.safe_load(text)
