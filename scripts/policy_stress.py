@@ -270,9 +270,9 @@ def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | 
     simulated upstream counts a call at its dispatch either way), ``books`` those books; ``unprofiled``
     withholds every reward's profile (the scheduler learns it from runs), ``steps`` sets the steps."""
     raw = DRAW[family](seed, smoke)
-    if raw is not None and unprofiled and "jobs" in raw:
-        raise ValueError(f"--unprofiled: {raw['name']} is a job of several workloads, each with its own profiles")
     if raw is not None and unprofiled:
+        if "jobs" in raw:
+            raise ValueError(f"--unprofiled: {raw['name']} is a job of several workloads, each with its own profiles")
         for cls in raw["rewards"].values():
             cls["profiled"] = False
     if raw is not None and steps is not None:

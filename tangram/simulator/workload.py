@@ -176,9 +176,15 @@ def builtin_names() -> list[str]:
 
 def builtin_raw(name: str) -> dict:
     """Built-in workload ``name``'s mapping as its file has it (a variant derives from it)."""
-    if name not in builtin_names():
-        raise WorkloadError("workload", f"unknown workload {name!r} (built in: {', '.join(builtin_names())})")
-    return _load_raw(name)[0]
+    return _builtin_raw(name, "")
+
+
+def _builtin_raw(name: str, others: str) -> Any:
+    """The parsed file of built-in ``name``; ``others`` names what else the caller would take."""
+    names = builtin_names()
+    if name not in names:
+        raise WorkloadError("workload", f"unknown workload {name!r} (built in: {', '.join(names)}{others})")
+    return _read_yaml(resources.files(BUILTIN_PACKAGE).joinpath(f"{name}.yaml").read_text(), name)
 
 
 def _read_yaml(text: str, where: str) -> Any:
@@ -196,9 +202,7 @@ def _load_raw(name_or_path: str) -> tuple[dict, str]:
         raw = _read_yaml(p.read_text(), str(p))
         src = str(p)
     else:
-        if name_or_path not in builtin_names():
-            raise WorkloadError("workload", f"unknown workload {name_or_path!r} (built in: {', '.join(builtin_names())}; or a YAML file)")
-        raw = _read_yaml(resources.files(BUILTIN_PACKAGE).joinpath(f"{name_or_path}.yaml").read_text(), name_or_path)
+        raw = _builtin_raw(name_or_path, "; or a YAML file")
         src = f"builtin:{name_or_path}"
     if not isinstance(raw, dict):
         raise WorkloadError("workload", f"{src}: expected a mapping at the top level")
