@@ -129,7 +129,7 @@ class Engine:
         rec = ActionRecord(action, submitted_at=now)
         hostable = self._hostable.get(action.trajectory)  # where its trajectory may go (a change runs the round)
         key = self._enqueue(rec)
-        arrivals_moved = self._generating.submitted(action, rec.submitted_at)
+        arrivals_moved = self._generating.submitted(action, rec.submitted_at, self._params.arrival_gap == "residual")
         if self._hostable.get(action.trajectory) != hostable:
             return self.schedule()
         if key >= self._tail_key and self._cannot_start(action) and not self._moves_a_choice(action, arrivals_moved):
@@ -280,7 +280,7 @@ class Engine:
             running=RunningView(self._running_by_pool, now), running_services=RunningView(self._running_by_service, now),
             placement=MappingProxyType(self.placement),  # read only during the synchronous call
             class_estimates=self.estimator.class_estimates(),  # read only during the synchronous call
-            upcoming=self._generating.view(self.clock(), self.params.lookahead),
+            upcoming=self._generating.view(self.clock(), self.params.lookahead, self.params.arrival_gap == "residual"),
             params=self.params,
             holdouts=self._last.holdouts,
             hostable=MappingProxyType(self._hostable),  # read only during the synchronous call

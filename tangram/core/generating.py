@@ -9,15 +9,18 @@ each one's next action is expected (``Snapshot.upcoming``).
 from __future__ import annotations
 
 from itertools import islice
+from operator import itemgetter
 from typing import Mapping
 
+from tangram.core.gaps import GapSample, ResidualGaps
 from tangram.core.model import Action
 
 
 class Generating:
     """Bookkeeping of the quiet trajectories, per node, and of the generation gap."""
 
-    __slots__ = ("_active", "_done", "_generated", "_since", "_fixed", "_gap_sum", "_gap_n", "_published_gap")
+    __slots__ = ("_active", "_done", "_generated", "_since", "_fixed", "_gap_sum", "_gap_n", "_published_gap",
+                 "_gaps")
 
     # the gap the policy sees is republished when the mean moves by more than this share of it:
     # an arrival's own spread around the gap is far wider (generation times of cv 0.8 in the
@@ -35,6 +38,7 @@ class Generating:
         self._gap_sum = 0.0
         self._gap_n = 0
         self._published_gap: float | None = None
+        self._gaps = GapSample(band=self.PUBLISH_BAND)  # the recent gaps, for arrival_gap "residual"
 
     @property
     def mean_gap_s(self) -> float | None:
@@ -66,10 +70,10 @@ class Generating:
         quiet = self._since.get(trajectory)
         return total + (now - quiet[0]) if quiet is not None and now > quiet[0] else total
 
-    def submitted(self, a: Action, now: float) -> str | bool:
+    def submitted(self, a: Action, now: float, residual: bool = False) -> str | bool:
         """``a`` was queued; returns whose expected arrivals changed: True, every node's (the
-        published gap, :attr:`published_gap_s`, moved), a node, that node's (its trajectory was
-        quiet there), or False."""
+        published gap, :attr:`published_gap_s`, moved; ``residual``: the published recent gaps,
+        :attr:`published_gaps`), a node, that node's (its trajectory was quiet there), or False."""
         t = a.trajectory
         if t is None:
             return False
@@ -83,9 +87,12 @@ class Generating:
             self._gap_n += 1
             if node is not None:
                 self._fixed[node].pop(t, None)
+            gaps_moved = self._gaps.add(gap)
             mean, published = self._gap_sum / self._gap_n, self._published_gap
-            if published is None or abs(mean - published) > self.PUBLISH_BAND * published:
+            mean_moved = published is None or abs(mean - published) > self.PUBLISH_BAND * published
+            if mean_moved:
                 self._published_gap = mean
+            if gaps_moved if residual else mean_moved:
                 return True
             return node if node is not None else False
         return False
@@ -117,8 +124,13 @@ class Generating:
         if quiet is not None and quiet[1] is not None:
             del self._fixed[quiet[1]][trajectory]
 
-    def view(self, now: float, limit: int) -> "UpcomingView":
-        return UpcomingView(self._fixed, self._published_gap, now, limit)
+    @property
+    def published_gaps(self) -> ResidualGaps | None:
+        """The recent gaps as the policy sees them under ``arrival_gap`` "residual"."""
+        return self._gaps.published
+
+    def view(self, now: float, limit: int, residual: bool = False) -> "UpcomingView":
+        return UpcomingView(self._fixed, self._published_gap, now, limit, self._gaps.published if residual else None)
 
 
 class UpcomingView(Mapping[str, tuple[tuple[float, Action], ...]]):
@@ -126,34 +138,59 @@ class UpcomingView(Mapping[str, tuple[tuple[float, Action], ...]]):
     had a fixed demand, soonest first, at most ``limit`` of them; computed on demand (the policy
     reads it for the CPU pools it arranges).
 
-    A trajectory is expected the mean generation gap after it went quiet (now, once overdue);
-    its next action is expected to be like its last (an agent's tool calls repeat). Empty until
-    a gap has been measured: nothing is known yet of when actions come.
+    Without ``gaps`` a trajectory is expected the mean generation gap after it went quiet (now,
+    once overdue); with them, the recent gaps' mean beyond the time it has been quiet, and one
+    quiet longer than every recent gap is not shown (tangram.core.gaps). Its next action is
+    expected to be like its last (an agent's tool calls repeat). Empty until a gap has been
+    measured: nothing is known yet of when actions come.
     """
 
-    __slots__ = ("_quiet", "_gap", "_now", "_limit")
+    __slots__ = ("_quiet", "_gap", "_now", "_limit", "_gaps")
 
-    def __init__(self, quiet: dict[str, dict[str, tuple[float, Action]]], gap: float | None, now: float, limit: int):
+    def __init__(self, quiet: dict[str, dict[str, tuple[float, Action]]], gap: float | None, now: float, limit: int,
+                 gaps: ResidualGaps | None = None):
         self._quiet = quiet
         self._gap = gap
         self._now = now
         self._limit = limit
+        self._gaps = gaps
 
     def __getitem__(self, node: str) -> tuple[tuple[float, Action], ...]:
         if self._gap is None:
             raise KeyError(node)
+        if self._gaps is not None:
+            return tuple(sorted(((r, a) for r, _, a in self._residual(node)), key=itemgetter(0)))
         now, gap = self._now, self._gap
         # a node's quiet trajectories are kept in the order they went quiet: soonest expected first
         return tuple((max(0.0, since + gap - now), a) for since, a in islice(self._quiet[node].values(), self._limit))
+
+    def _residual(self, node: str) -> list[tuple[float, float, Action]]:
+        """``(seconds until expected, since, last action)`` of the first ``limit`` quiet trajectories,
+        in the order they went quiet, that some recent gap outlasts. Those it skips are the longest
+        quiet, so the walk passes over them once at its start."""
+        gaps, now, limit = self._gaps, self._now, self._limit
+        out: list[tuple[float, float, Action]] = []
+        if limit <= 0:
+            return out
+        for since, a in self._quiet[node].values():
+            r = gaps.residual(now - since)
+            if r is not None:
+                out.append((r, since, a))
+                if len(out) == limit:
+                    break
+        return out
 
     def get(self, node: str, default=None):
         return self[node] if (self._gap is not None and self._quiet.get(node)) else default
 
     def inputs(self, node: str) -> tuple:
-        """``self[node]`` without the clock: the mean gap and the visible ``(since, last action)``."""
+        """``self[node]`` without the clock: the published gap (or recent gaps) and the visible
+        ``(since, last action)``."""
         quiet = self._quiet.get(node)
         if not quiet or self._gap is None:
             return ()
+        if self._gaps is not None:
+            return self._gaps, tuple((since, a) for _, since, a in self._residual(node))
         return self._gap, tuple(islice(quiet.values(), self._limit))
 
     def __iter__(self):

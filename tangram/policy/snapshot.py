@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterable, Mapping, Sequence
 
+from tangram.core.gaps import ARRIVAL_GAPS
 from tangram.core.model import Action
 from tangram.core.pools import PoolState, pool_name  # re-exported: the policy's input types
 
@@ -22,6 +23,8 @@ DEFAULT_OFFERED_LOAD_CAPS: Mapping[str, float] = MappingProxyType({"gpu": 0.5})
 # PolicyParams.generation_credit's default (the service's config reads it too): 1.5 measured best of
 # 0 / 1 / 1.5 on the built-in API workloads (docs/results/README.md, "Credit for a trajectory's generation")
 DEFAULT_GENERATION_CREDIT = 1.5
+# PolicyParams.arrival_gap's default (the service's config reads it too)
+DEFAULT_ARRIVAL_GAP = "mean"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,10 @@ class PolicyParams:
     # estimate, and let an elastic group leave them headroom when the estimate says so (rewards no
     # longer take the cores a shell action asks for a moment later); False: only submitted actions
     expect_arrivals: bool = True
+    # when a trajectory in generation is expected (tangram.core.gaps): "residual", the recent
+    # generation gaps' mean beyond the time it has been quiet (none expected once quiet longer than
+    # every one of them), or "mean", the mean gap after it went quiet (now, once overdue)
+    arrival_gap: str = DEFAULT_ARRIVAL_GAP
     # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load): an elastic
     # action of that key type gets no DoP m with E(m) below factor x the type's offered load at its
     # submission; GPU only by default (on CPU pools it measured worse), {} turns it off
@@ -87,6 +94,8 @@ class PolicyParams:
             raise ValueError(f"affinity_k: must be a finite number >= 0, got {self.affinity_k}")
         if not isinstance(self.expect_arrivals, bool):
             raise ValueError(f"expect_arrivals: must be true or false, got {self.expect_arrivals!r}")
+        if self.arrival_gap not in ARRIVAL_GAPS:
+            raise ValueError(f"arrival_gap: must be one of {', '.join(ARRIVAL_GAPS)}, got {self.arrival_gap!r}")
         if not isinstance(self.learn_unprofiled, bool):
             raise ValueError(f"learn_unprofiled: must be true or false, got {self.learn_unprofiled!r}")
         if not isinstance(self.offered_load_caps, Mapping):

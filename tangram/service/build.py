@@ -81,7 +81,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
                           dop_caps=dict(cfg.dop_caps), order=cfg.order, aging_k=cfg.aging_k,
                           aging_cap_s=cfg.aging_cap_s, progress_s=cfg.progress_s,
                           generation_credit=cfg.generation_credit,
-                          affinity_k=cfg.affinity_k, expect_arrivals=cfg.expect_arrivals,
+                          affinity_k=cfg.affinity_k, expect_arrivals=cfg.expect_arrivals, arrival_gap=cfg.arrival_gap,
                           learn_unprofiled=cfg.learn_unprofiled,
                           offered_load_caps=dict(cfg.offered_load_caps))
     # why the policy runs as plain Python, below: asked for, or an install that could not compile it

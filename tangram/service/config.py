@@ -18,7 +18,7 @@ from tangram.core.errors import ConfigError  # re-exported: the service's config
 from tangram.core.fields import Fields
 from tangram.core.grants import parse_cpulist
 from tangram.managers.basic import ADAPTIVE, BOOKS_NEED, CONSERVATIVE
-from tangram.policy.snapshot import DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS
+from tangram.policy.snapshot import DEFAULT_ARRIVAL_GAP, DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS
 from tangram.service.sandbox_protocol import SandboxFusionConfig, parse_sandbox_fusion
 from tangram.service.scheduler_config import parse_scheduler
 from tangram.service.tokens import (  # noqa: F401 - re-exported: where tangram serve and clients find tokens
@@ -127,6 +127,7 @@ class ClusterConfig:
     generation_credit: float = DEFAULT_GENERATION_CREDIT
     affinity_k: float = 4.0  # GPU affinity window, in restores (tangram.policy.affinity); 0: off
     expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
+    arrival_gap: str = DEFAULT_ARRIVAL_GAP  # when they are expected (tangram.core.gaps): "residual" or "mean"
     learn_unprofiled: bool = True  # an elastic action without a profile learns its class's (tangram.core.estimator)
     # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load); {}: off
     offered_load_caps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OFFERED_LOAD_CAPS))

@@ -9,12 +9,13 @@ from typing import Any
 
 from tangram.core.errors import ConfigError
 from tangram.core.fields import Fields
-from tangram.policy.snapshot import DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS
+from tangram.core.gaps import ARRIVAL_GAPS
+from tangram.policy.snapshot import DEFAULT_ARRIVAL_GAP, DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS
 
 _FIELDS = Fields(ConfigError)
 KEYS = frozenset({"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k", "aging_cap_s",
-                  "progress_s", "generation_credit", "affinity_k", "expect_arrivals", "offered_load_caps",
-                  "learn_unprofiled"})
+                  "progress_s", "generation_credit", "affinity_k", "expect_arrivals", "arrival_gap",
+                  "offered_load_caps", "learn_unprofiled"})
 # the types whose elastic actions the offered-load cap may narrow (tangram.policy.offered_load)
 ELASTIC_TYPES = ("cpu", "gpu")
 
@@ -43,6 +44,10 @@ def parse_scheduler(raw: Any) -> dict[str, Any]:
                                         "scheduler.generation_credit", lo=0)
     out["affinity_k"] = f.number(sched.get("affinity_k", 4.0), "scheduler.affinity_k", lo=0)
     out["expect_arrivals"] = f.boolean(sched.get("expect_arrivals", True), "scheduler.expect_arrivals")
+    gap = sched.get("arrival_gap", DEFAULT_ARRIVAL_GAP)
+    if gap not in ARRIVAL_GAPS:
+        raise ConfigError("scheduler.arrival_gap", f"must be one of {', '.join(ARRIVAL_GAPS)}, got {gap!r}")
+    out["arrival_gap"] = gap
     out["learn_unprofiled"] = f.boolean(sched.get("learn_unprofiled", True), "scheduler.learn_unprofiled")
     # {} turns the cap off; a null is refused (it would read as "the default" to some, "off" to others)
     loads = f.mapping(sched.get("offered_load_caps", DEFAULT_OFFERED_LOAD_CAPS), "scheduler.offered_load_caps")
