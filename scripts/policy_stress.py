@@ -3,7 +3,7 @@
 
     python scripts/policy_stress.py [--family cpu|gpu|api|neighbours|all] [--seeds 0:36] [--jobs 2] [--json]
                                     [--param order=fcfs ...] [--baselines-from OUT.json]
-                                    [--arrival-margin S | --books B] [--smoke]
+                                    [--arrival-margin S | --books B] [--generation-scale F] [--smoke]
 
 Each seed draws one workload of a family from the ranges below (``cpu``: the
 ``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
@@ -36,6 +36,8 @@ draws and simulation seed: checked) and runs tangram alone, a quarter of the tim
 ``--books B`` states those quota books instead (without either, the service's default,
 the adaptive books: ``tangram.managers.basic``; ``--books conservative`` reruns the
 first stored API runs).
+``--generation-scale F`` multiplies every draw's mean generation time by F: the same
+workloads under a slower (or faster) policy model.
 One seed of the simulation (``--sim-seed``) per workload: single runs at small batches
 are noisy, which the counts above do not hide (read the ratios, not one point).
 """
@@ -264,17 +266,23 @@ DRAW = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload, "neighbou
 
 
 def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | None = None,
-         books: str | None = None, unprofiled: bool = False, steps: int | None = None) -> dict | None:
+         books: str | None = None, unprofiled: bool = False, steps: int | None = None,
+         generation_scale: float = 1.0) -> dict | None:
     """Draw ``seed`` of ``family``; ``arrival_margin_s`` states that margin on every quota pool (the
     managed books free a call's slot that long after its dispatch instead of after its answer; the
     simulated upstream counts a call at its dispatch either way), ``books`` those books; ``unprofiled``
-    withholds every reward's profile (the scheduler learns it from runs), ``steps`` sets the steps."""
+    withholds every reward's profile (the scheduler learns it from runs), ``steps`` sets the steps,
+    ``generation_scale`` multiplies the mean generation time (a slower or faster policy model)."""
     raw = DRAW[family](seed, smoke)
+    if raw is not None and (unprofiled or generation_scale != 1.0) and "jobs" in raw:
+        what = "--unprofiled" if unprofiled else "--generation-scale"
+        raise ValueError(f"{what}: {raw['name']} is a job of several workloads, each with its own definition")
     if raw is not None and unprofiled:
-        if "jobs" in raw:
-            raise ValueError(f"--unprofiled: {raw['name']} is a job of several workloads, each with its own profiles")
         for cls in raw["rewards"].values():
             cls["profiled"] = False
+    if raw is not None and generation_scale != 1.0:
+        raw["generation_s"] = {**raw["generation_s"], "mean": raw["generation_s"]["mean"] * generation_scale}
+        raw["name"] += f"-generation-x{generation_scale:g}"
     if raw is not None and steps is not None:
         raw["steps"] = steps
     stated = {k: v for k, v in (("arrival_margin_s", arrival_margin_s), ("books", books)) if v is not None}
@@ -361,8 +369,8 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 
 def _run_one(job: tuple) -> dict | None:
-    family, seed, smoke, margin, books, unprofiled, steps, params, sim_seed, tolerance, stored = job
-    raw = draw(family, seed, smoke, margin, books, unprofiled, steps)
+    family, seed, smoke, margin, books, unprofiled, steps, generation_scale, params, sim_seed, tolerance, stored = job
+    raw = draw(family, seed, smoke, margin, books, unprofiled, steps, generation_scale)
     if raw is None:
         return None
     wl = parse_workload(raw, source=f"policy_stress {family} {seed}")
@@ -434,6 +442,8 @@ def main(argv=None) -> int:
     ap.add_argument("--unprofiled", action="store_true",
                     help="withhold every reward's profile (the scheduler learns its class from its runs)")
     ap.add_argument("--steps", type=int, help="RL steps per workload (default: the draw's, 1)")
+    ap.add_argument("--generation-scale", type=float, default=1.0, metavar="F",
+                    help="multiply every draw's mean generation time by F (a slower or faster policy model)")
     ap.add_argument("--baselines-from", metavar="JSON",
                     help="an earlier --json output: reuse its baselines' runs, run tangram alone")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -443,25 +453,28 @@ def main(argv=None) -> int:
     families = FAMILIES if args.family == "all" else (args.family,)
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps: must be >= 1, got {args.steps}")
-    if args.unprofiled:  # refused here, not in a worker
+    if not args.generation_scale > 0 or args.generation_scale == float("inf"):
+        raise SystemExit(f"--generation-scale: must be a positive number, got {args.generation_scale}")
+    if args.unprofiled or args.generation_scale != 1.0:  # refused here, not in a worker
         for f in families:
             for seed in args.seeds:
                 try:
-                    draw(f, seed, args.smoke, unprofiled=True)
+                    draw(f, seed, args.smoke, unprofiled=args.unprofiled, generation_scale=args.generation_scale)
                 except ValueError as exc:
                     raise SystemExit(str(exc)) from None
     stored = _stored_baselines(args.baselines_from, args.sim_seed) if args.baselines_from else {}
     if args.baselines_from:
         for f in families:
             for seed in args.seeds:
-                raw = draw(f, seed, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps)
+                raw = draw(f, seed, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps,
+                           args.generation_scale)
                 if raw is not None and (f, seed) not in stored:
                     raise SystemExit(f"--baselines-from: no run of {f} draw {seed} there")
                 if raw is not None and stored[(f, seed)]["workload"] != raw:
                     raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
                                      "(another --smoke, or the ranges changed)")
-    jobs = [(f, s, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps, params, args.sim_seed,
-             args.tolerance, stored.get((f, s)))
+    jobs = [(f, s, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps, args.generation_scale,
+             params, args.sim_seed, args.tolerance, stored.get((f, s)))
             for f in families for s in args.seeds]
     if args.jobs > 1:
         with Pool(args.jobs) as pool:
@@ -469,7 +482,7 @@ def main(argv=None) -> int:
     else:
         rows = [r for r in map(_run_one, jobs) if r is not None]
     out = {"params": params, "sim_seed": args.sim_seed, "arrival_margin_s": args.arrival_margin, "books": args.books,
-           "unprofiled": args.unprofiled, "steps": args.steps,
+           "unprofiled": args.unprofiled, "steps": args.steps, "generation_scale": args.generation_scale,
            "summary": {f: summarize([r for r in rows if r["family"] == f], args.tolerance)
                        for f in families if any(r["family"] == f for r in rows)},
            "workloads": rows}

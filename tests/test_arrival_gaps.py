@@ -147,5 +147,6 @@ def test_arrival_gap_is_validated_and_configurable():
                         "cpu_nodes": [{"name": "n0", "cores": 2, "memory_mb": 1024}]})
     assert cfg.arrival_gap == "mean"
     with pytest.raises(ConfigError) as e:
-        parse_config({"scheduler": {"arrival_gap": "soon"}, "cpu_nodes": [{"name": "n0", "cores": 2, "memory_mb": 1024}]})
+        parse_config({"scheduler": {"arrival_gap": "soon"},
+                      "cpu_nodes": [{"name": "n0", "cores": 2, "memory_mb": 1024}]})
     assert e.value.field == "scheduler.arrival_gap"

@@ -140,7 +140,9 @@ def _perturbed(rng: random.Random, limit: int, residual: bool = False):
     from tangram.core.generating import UpcomingView
 
     def recent_gaps():  # a publication of 1-5 gaps, some outlasted by the quiet times below
-        return ResidualGaps(tuple(sorted(rng.uniform(0.2, 4.0) for _ in range(rng.randint(1, 5))))) if residual else None
+        if not residual:
+            return None
+        return ResidualGaps(tuple(sorted(rng.uniform(0.2, 4.0) for _ in range(rng.randint(1, 5)))))
 
     base = _random_snap(rng)
     quiet = {"n0": {f"q{i}": (rng.uniform(0.0, 3.0), _unprofiled(i, rng.choice(["build", "lint"])))

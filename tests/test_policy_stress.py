@@ -228,3 +228,23 @@ def test_unprofiled_neighbours_refuse_a_job_of_several_workloads():
         stress.main(["--smoke", "--family", "neighbours", "--seeds", "0:6", "--unprofiled", "--jobs", "1"])
     raw = stress.draw("neighbours", 0, smoke=True, unprofiled=True)  # a single workload: withheld
     assert [cls["profiled"] for cls in raw["rewards"].values()] == [False]
+
+
+def test_a_generation_scale_multiplies_every_draws_generation_time(capsys):
+    plain, slow = stress.draw("cpu", 3), stress.draw("cpu", 3, generation_scale=10.0)
+    assert slow["generation_s"]["mean"] == pytest.approx(10.0 * plain["generation_s"]["mean"])
+    assert slow["generation_s"]["cv"] == plain["generation_s"]["cv"]
+    assert slow["name"] == plain["name"] + "-generation-x10"
+    assert stress.main(["--smoke", "--family", "cpu", "--seeds", "0:1", "--jobs", "1", "--generation-scale", "3",
+                        "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["generation_scale"] == 3.0
+    (row,) = out["workloads"]
+    smoke = stress.draw("cpu", 0, smoke=True)
+    assert row["workload"]["generation_s"]["mean"] == pytest.approx(3.0 * smoke["generation_s"]["mean"])
+    for bad in ("0", "-1", "inf", "nan"):
+        with pytest.raises(SystemExit, match="generation-scale"):
+            stress.main(["--smoke", "--family", "cpu", "--generation-scale", bad])
+    # mopd+search's jobs read their workloads' own files: no generation time of its own to scale
+    with pytest.raises(SystemExit, match="--generation-scale: mopd\\+search.* a job of several workloads"):
+        stress.main(["--smoke", "--family", "neighbours", "--seeds", "0:6", "--generation-scale", "2", "--jobs", "1"])
