@@ -261,3 +261,43 @@ def test_the_neighbours_table_is_the_stored_runs():
         rows = [[r for r in run["workloads"] if name == "all 48" or r["workload"]["name"].split("~")[0] == name]
                 for run in runs]
         assert got == cells(rows), name
+
+
+# "When a trajectory in generation is expected": each row's default run, its "residual" twin, its
+# family and its --generation-scale
+ARRIVAL_GAP_RUNS = {
+    "sim-seed-0.json": ("cpu-arrival-residual-sim-seed-0.json", "cpu", 1.0),
+    "sim-seed-1.json": ("cpu-arrival-residual-sim-seed-1.json", "cpu", 1.0),
+    "neighbours-sim-seed-0.json": ("neighbours-arrival-residual-sim-seed-0.json", "neighbours", 1.0),
+    "neighbours-sim-seed-1.json": ("neighbours-arrival-residual-sim-seed-1.json", "neighbours", 1.0),
+    "cpu-generation-x10-sim-seed-0.json": ("cpu-generation-x10-arrival-residual-sim-seed-0.json", "cpu", 10.0),
+    "cpu-generation-x10-sim-seed-1.json": ("cpu-generation-x10-arrival-residual-sim-seed-1.json", "cpu", 10.0),
+    "cpu-generation-x3-sim-seed-0.json": ("cpu-generation-x3-arrival-residual-sim-seed-0.json", "cpu", 3.0),
+}
+
+
+def test_the_arrival_gap_table_is_the_stored_runs():
+    """Each default run and its twin with arrival_gap "residual" (the same draws, tangram alone on the
+    default run's baselines): draws losing (to a baseline that did all its work; dominated) and
+    tangram / best baseline per measure, from the stored files."""
+    doc = (RESULTS / "README.md").read_text()
+    section = _section(doc, "## When a trajectory in generation is expected", "`tests/test_results_docs.py` computes")
+    quoted = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[2] in ("mean", "residual"):
+            (name,) = re.findall(r"`([^`]+\.json)`", cells[0])
+            quoted[(name, cells[2])] = cells[1:2] + cells[3:]
+    assert {name for name, _ in quoted} == set(ARRIVAL_GAP_RUNS) and len(quoted) == 2 * len(ARRIVAL_GAP_RUNS)
+    for default, (twin, family, scale) in ARRIVAL_GAP_RUNS.items():
+        base, other = (json.loads((STRESS / f).read_text()) for f in (default, twin))
+        assert base["sim_seed"] == other["sim_seed"] and base["params"] == {}
+        assert other["params"] == {"arrival_gap": "residual"}
+        assert base.get("generation_scale", 1.0) == other.get("generation_scale", 1.0) == scale
+        drawn = [r["workload"] for r in base["workloads"] if r["family"] == family]
+        assert drawn == [r["workload"] for r in other["workloads"]]  # the same draws
+        for gap, run in (("mean", base), ("residual", other)):
+            s = run["summary"][family]
+            want = [str(run["sim_seed"]),
+                    f"{s['losing_workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"]
+            assert quoted[(default, gap)] == want + [_over_best(s, m) for m in MEASURES], (default, gap)
