@@ -281,7 +281,7 @@ def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | 
         for cls in raw["rewards"].values():
             cls["profiled"] = False
     if raw is not None and generation_scale != 1.0:
-        raw["generation_s"] = {**raw["generation_s"], "mean": raw["generation_s"]["mean"] * generation_scale}
+        raw["generation_s"] = _scaled(raw["generation_s"], generation_scale)
         raw["name"] += f"-generation-x{generation_scale:g}"
     if raw is not None and steps is not None:
         raw["steps"] = steps
