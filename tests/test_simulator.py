@@ -432,6 +432,22 @@ def test_a_class_or_trajectory_no_node_holds_is_refused_naming_its_field():
     assert e.value.field == "memory_mb"
 
 
+def test_a_gpu_class_whose_dops_cannot_hold_its_model_is_refused_before_the_run():
+    # a 300 GB model needs 8 GPUs of 80 GB (a GPU's weights at most MEM_FRACTION of it): a class
+    # that asks for 2 or 4 GPUs would fail every one of its requests mid-run
+    raw = {"name": "w", "trajectories": 2, "turns": 0, "generation_s": 1.0,
+           "rewards": {"judge": {"duration_s": 1.0, "resources": {"gpu": [2, 4]}, "service": ["big", "small"],
+                                 "elasticity": {"amdahl": 0.1}}},
+           "services": {"small": {"size_gb": 16}, "big": {"size_gb": 300}},
+           "cluster": {"gpu_nodes": 1, "gpus_per_node": 8, "gpu_mem_gb": 80}}
+    with pytest.raises(WorkloadError) as e:
+        parse_workload(raw)
+    assert e.value.field == "rewards.judge.resources.gpu"
+    assert "'big'" in e.value.reason and "[2, 4]" in e.value.reason and "[8]" in e.value.reason
+    raw["rewards"]["judge"]["resources"]["gpu"] = [2, 4, 8]
+    assert simulate(parse_workload(raw), "tangram").summary["actions"] == 2
+
+
 @pytest.mark.parametrize("pod_cores", [1, 8])
 def test_a_pod_that_cannot_hold_an_action_or_fit_a_node_is_refused(pod_cores):
     raw = {"name": "w", "trajectories": 2, "turns": 2, "generation_s": 1.0, "memory_mb": 1024,

@@ -466,18 +466,26 @@ def _parse_baselines(raw: Any, f: str) -> Baselines:
 def _check_services(wl: Workload) -> None:
     for job in wl.jobs:
         for c in job.actions + job.rewards:
+            where = f"{'rewards' if c.kind == 'reward' else 'actions'}.{c.name}"
             for s in c.services:
                 if s not in wl.services:
                     raise WorkloadError(f"services.{s}", f"used by class {c.name!r} but not defined")
-                if c.rtype == "gpu" and wl.cluster.gpu_nodes and not wl.gpu_options(s):
-                    raise WorkloadError(f"services.{s}.size_gb",
-                                        f"{wl.services[s].size_gb} GB fits no DoP on {wl.cluster.gpus_per_node} x "
-                                        f"{wl.cluster.gpu_mem_gb} GB GPUs")
+                if c.rtype == "gpu" and wl.cluster.gpu_nodes:
+                    fits = wl.gpu_options(s)
+                    if not fits:
+                        raise WorkloadError(f"services.{s}.size_gb",
+                                            f"{wl.services[s].size_gb} GB fits no DoP on {wl.cluster.gpus_per_node} x "
+                                            f"{wl.cluster.gpu_mem_gb} GB GPUs")
+                    if not any(m in c.demand.options for m in fits):
+                        # each of its requests would find no DoP to run at, mid-run
+                        raise WorkloadError(f"{where}.resources.gpu",
+                                            f"none of its DoPs {list(c.demand.options)} holds service {s!r} "
+                                            f"({wl.services[s].size_gb} GB: DoPs {list(fits)} on "
+                                            f"{wl.cluster.gpu_mem_gb} GB GPUs)")
             if c.rtype.startswith("api:") and c.rtype[4:] not in {p.name for p in wl.cluster.api}:
                 raise WorkloadError(f"cluster.api.{c.rtype[4:]}", f"used by class {c.name!r} but not configured")
             if c.rtype == "cpu" and not wl.cluster.cpu_nodes:
                 raise WorkloadError("cluster.cpu_nodes", f"class {c.name!r} needs CPU nodes")
-            where = f"{'rewards' if c.kind == 'reward' else 'actions'}.{c.name}"
             if c.rtype == "cpu" and c.demand.min > wl.cluster.cores_per_node:
                 raise WorkloadError(f"{where}.resources.cpu", f"needs at least {c.demand.min} cores, a node has "
                                     f"{wl.cluster.cores_per_node} (cluster.cores_per_node)")
