@@ -6,7 +6,7 @@ arriving. A quiet trajectory is expected some time after it went quiet; two mode
 * ``"mean"``: the mean gap after it went quiet, now once overdue. With gaps of high spread (an
   LLM writing for 2 s or for 60 s) most of a busy node's quiet trajectories are overdue at any
   moment, and each is expected *now*, for as long as it stays quiet: the policy keeps units free
-  for arrivals that do not come (docs/scheduling.md, "Expected arrivals").
+  for arrivals that do not come that soon (docs/scheduling.md, "Expected arrivals").
 * ``"residual"``: the measured gaps' mean beyond the time it has been quiet,
   ``E[G - q | G > q]`` over the recent gaps ``G`` (the mean residual life). A trajectory quiet
   for longer than every recent gap is not expected: nothing measured says when it comes.
@@ -34,10 +34,6 @@ class ResidualGaps:
 
     def __len__(self) -> int:
         return len(self._gaps)
-
-    @property
-    def longest_s(self) -> float:
-        return self._gaps[-1]
 
     def residual(self, quiet_s: float) -> float | None:
         """Expected seconds until a trajectory quiet for ``quiet_s`` submits, or None when it has

@@ -167,7 +167,7 @@ class UpcomingView(Mapping[str, tuple[tuple[float, Action], ...]]):
     def _residual(self, node: str) -> list[tuple[float, float, Action]]:
         """``(seconds until expected, since, last action)`` of the first ``limit`` quiet trajectories,
         in the order they went quiet, that some recent gap outlasts. Those it skips are the longest
-        quiet, so the walk passes over them once at its start."""
+        quiet: each call passes over them at its start."""
         gaps, now, limit = self._gaps, self._now, self._limit
         out: list[tuple[float, float, Action]] = []
         if limit <= 0:
