@@ -444,6 +444,10 @@ def test_a_gpu_class_whose_dops_cannot_hold_its_model_is_refused_before_the_run(
         parse_workload(raw)
     assert e.value.field == "rewards.judge.resources.gpu"
     assert "'big'" in e.value.reason and "[2, 4]" in e.value.reason and "[8]" in e.value.reason
+    raw["rewards"]["judge"]["resources"]["gpu"] = {"min": 1, "max": 7}  # a range: named by its ends
+    with pytest.raises(WorkloadError) as e:
+        parse_workload(raw)
+    assert e.value.field == "rewards.judge.resources.gpu" and "(1-7)" in e.value.reason
     raw["rewards"]["judge"]["resources"]["gpu"] = [2, 4, 8]
     assert simulate(parse_workload(raw), "tangram").summary["actions"] == 2
 

@@ -24,8 +24,9 @@ DEFAULT_OFFERED_LOAD_CAPS: Mapping[str, float] = MappingProxyType({"gpu": 0.5})
 # 0 / 1 / 1.5 on the built-in API workloads (docs/results/README.md, "Credit for a trajectory's generation")
 DEFAULT_GENERATION_CREDIT = 1.5
 # PolicyParams.arrival_gap's default (the service's config reads it too): "mean" keeps two more of the
-# built-in sweep's 30 CPU points at or below every baseline than "residual" (docs/results/README.md,
-# "When a trajectory in generation is expected"), which wins where generation is long
+# built-in sweep's 30 CPU points at or below every baseline that did all its work than "residual" does;
+# "residual" wins where generation is long (docs/results/README.md, "When a trajectory in generation
+# is expected")
 DEFAULT_ARRIVAL_GAP = "mean"
 
 

@@ -476,10 +476,12 @@ def _check_services(wl: Workload) -> None:
                         raise WorkloadError(f"services.{s}.size_gb",
                                             f"{wl.services[s].size_gb} GB fits no DoP on {wl.cluster.gpus_per_node} x "
                                             f"{wl.cluster.gpu_mem_gb} GB GPUs")
-                    if not any(m in c.demand.options for m in fits):
+                    if not any(m in c.demand for m in fits):
                         # each of its requests would find no DoP to run at, mid-run
+                        d = c.demand
+                        asked = list(d.picks) if d.picks is not None else f"{d.lo}-{d.hi}"
                         raise WorkloadError(f"{where}.resources.gpu",
-                                            f"none of its DoPs {list(c.demand.options)} holds service {s!r} "
+                                            f"none of its DoPs ({asked}) holds service {s!r} "
                                             f"({wl.services[s].size_gb} GB: DoPs {list(fits)} on "
                                             f"{wl.cluster.gpu_mem_gb} GB GPUs)")
             if c.rtype.startswith("api:") and c.rtype[4:] not in {p.name for p in wl.cluster.api}:
