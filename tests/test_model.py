@@ -1,10 +1,13 @@
 """The action model: demands, elasticity, validation of bad input."""
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
-from tangram.core.errors import DemandError
+from tangram.core.errors import ConfigError, DemandError, FieldError, UnavailableError, UnschedulableError
 from tangram.core.model import Action, Demand, Elasticity, Profile, parse_demand, render_command
+from tangram.simulator.errors import WorkloadError
 
 
 def test_demand_forms():
@@ -109,3 +112,16 @@ def test_unprofiled_elastic_action_is_not_scalable():
 def test_render_command_keeps_other_dollars():
     cmd = "pytest -n ${parallel_num} -k 'a and $b' && echo $$ ${HOME}"
     assert render_command(cmd, 4) == "pytest -n 4 -k 'a and $b' && echo $$ ${HOME}"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FieldError("a.b", "bad"), lambda: DemandError("demands.cpu", "bad"), lambda: ConfigError("x", "y"),
+    lambda: UnschedulableError("demands.gpu", "too big"), lambda: WorkloadError("rewards.r.resources.gpu", "no DoP"),
+    lambda: UnavailableError("node", "down", retry_after_s=7)])
+def test_a_field_error_survives_a_trip_between_processes(make):
+    # a multiprocessing pool pickles a worker's exception to its parent: one that cannot be rebuilt
+    # there killed the pool's result thread, and scripts/policy_stress.py --jobs 2 waited for ever
+    err = make()
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err) and (back.field, back.reason, str(back)) == (err.field, err.reason, str(err))
+    assert getattr(back, "retry_after_s", None) == getattr(err, "retry_after_s", None)

@@ -23,6 +23,12 @@ class FieldError(TangramError, ValueError):
         self.reason = reason
         super().__init__(f"{field}: {reason}")
 
+    def __reduce__(self):
+        # rebuilt from its own arguments: the default (the class called with the message alone)
+        # fails in the process that unpickles it, and a multiprocessing pool whose worker raised
+        # one then waited for ever
+        return type(self), (self.field, self.reason), self.__dict__
+
 
 class DemandError(FieldError):
     """An action (or one of its fields) is malformed."""
@@ -42,6 +48,9 @@ class UnavailableError(UnschedulableError):
     def __init__(self, field: str, reason: str, retry_after_s: int = 1):
         super().__init__(field, reason)
         self.retry_after_s = int(retry_after_s)
+
+    def __reduce__(self):
+        return type(self), (self.field, self.reason, self.retry_after_s), self.__dict__
 
 
 class UnknownActionError(TangramError, KeyError):
