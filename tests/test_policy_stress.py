@@ -248,3 +248,27 @@ def test_a_generation_scale_multiplies_every_draws_generation_time(capsys):
     # mopd+search's jobs read their workloads' own files: no generation time of its own to scale
     with pytest.raises(SystemExit, match="--generation-scale: mopd\\+search.* a job of several workloads"):
         stress.main(["--smoke", "--family", "neighbours", "--seeds", "0:6", "--generation-scale", "2", "--jobs", "1"])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_mixed_draw_uses_every_kind_of_resource_in_one_trajectory(seed):
+    raw = stress.draw("mixed", seed)
+    wl = parse_workload(raw, source="test")
+    (job,) = wl.jobs
+    assert {c.rtype for c in job.actions} == {"cpu", "api:search"}
+    assert {c.rtype for c in job.rewards} == {"cpu", "gpu"}  # every trajectory runs both rewards
+    compare = raw["baselines"]["compare"]
+    assert len(compare) == len(set(compare))  # each baseline once
+    assert set(compare) == {b for fam in stress.FAMILIES for b in stress.BASELINES[fam]} - (
+        set() if "static_services" in raw["baselines"] else {"static-services"})
+    if "static_services" in raw["baselines"]:
+        assert set(wl.baselines.static) == set(wl.services)
+
+
+def test_a_mixed_smoke_run_compares_with_every_familys_baselines(capsys):
+    assert stress.main(["--smoke", "--family", "mixed", "--seeds", "0:2", "--jobs", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["summary"]) == {"mixed"} and out["summary"]["mixed"]["workloads"] == 2
+    for row in out["workloads"]:
+        assert set(row["results"]) == {"tangram", *row["workload"]["baselines"]["compare"]}
+        assert row["losses"] == stress.mark_failed(stress.losses(row["results"], 0.01), row["failed"])
