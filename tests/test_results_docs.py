@@ -273,6 +273,7 @@ ARRIVAL_GAP_RUNS = {
     "cpu-generation-x10-sim-seed-0.json": ("cpu-generation-x10-arrival-residual-sim-seed-0.json", "cpu", 10.0),
     "cpu-generation-x10-sim-seed-1.json": ("cpu-generation-x10-arrival-residual-sim-seed-1.json", "cpu", 10.0),
     "cpu-generation-x3-sim-seed-0.json": ("cpu-generation-x3-arrival-residual-sim-seed-0.json", "cpu", 3.0),
+    "mixed-sim-seed-0.json": ("mixed-arrival-residual-sim-seed-0.json", "mixed", 1.0),
 }
 
 
@@ -301,3 +302,19 @@ def test_the_arrival_gap_table_is_the_stored_runs():
             want = [str(run["sim_seed"]),
                     f"{s['losing_workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"]
             assert quoted[(default, gap)] == want + [_over_best(s, m) for m in MEASURES], (default, gap)
+
+
+def test_the_mixed_familys_row_is_the_stored_run():
+    """The mixed family's row: a full --family mixed run of simulation seed 0 at the defaults, today's draws."""
+    doc = (RESULTS / "README.md").read_text()
+    section = _section(doc, "### Every kind of resource at once", "`tests/test_results_docs.py` computes this row")
+    run = json.loads((STRESS / "mixed-sim-seed-0.json").read_text())
+    assert (run["sim_seed"], run["params"], run["steps"], run["unprofiled"]) == (0, {}, None, False)
+    assert [r["seed"] for r in run["workloads"]] == list(range(36))
+    for r in run["workloads"]:
+        assert r["workload"] == stress.draw("mixed", r["seed"])
+    s = run["summary"]["mixed"]
+    want = [f"{s['losing_workloads']} of {s['workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"]
+    want += [_over_best(s, m) for m in MEASURES]
+    (row,) = [line for line in section.splitlines() if line.startswith("| mixed, simulation seed 0 |")]
+    assert [c.strip() for c in row.strip().strip("|").split("|")][1:] == want
