@@ -216,10 +216,12 @@ def _scaled(dist: dict, factor: float) -> dict:
 
 def mixed_workload(seed: int, smoke: bool = False) -> dict:
     """One random workload whose trajectories use every kind of resource: a coding agent's shell
-    actions and web searches, then its test suite on CPUs and a judge model on GPUs. Every range is
-    one of the three families' own (the reason beside each)."""
+    actions and web searches, then its test suite on CPUs and a judge model on GPUs. The ranges are
+    the three families' own but for the judges' count and the searches' share (the reason beside each)."""
     r = random.Random(30_000 + seed)  # apart from the other families' draws
-    sizes = [r.choice(TEACHER_SIZES_GB) for _ in range(r.choice([1, 2, 3]))]  # [reason] the gpu family's sizes
+    # [reason] the gpu family's model sizes; one judge to three (the api family has one, the gpu family
+    # 2-8 teachers: a coding job's judges are fewer)
+    sizes = [r.choice(TEACHER_SIZES_GB) for _ in range(r.choice([1, 2, 3]))]
     nodes = r.choice([1, 2])  # [reason] the gpu family's smaller clusters: the GPUs serve only the judge
     judges = {f"t{i}": {"size_gb": float(s), "t1_scale": round(s / 60, 3)} for i, s in enumerate(sizes)}  # as gpu
     static = _static_services(sizes, nodes * 8)
