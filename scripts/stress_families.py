@@ -1,10 +1,14 @@
 """The random workload families of scripts/policy_stress.py: what each draws, and from which ranges.
 
+    python scripts/stress_families.py FAMILY SEED [--smoke]   # print that draw, as the workload schema
+
 Each range holds the built-ins' value and the values around it a team could run, the reason
 beside each; nothing is fitted to a result (the runner's docstring says how they are used).
 """
 from __future__ import annotations
 
+import argparse
+import json
 import random
 import sys
 from pathlib import Path
@@ -335,3 +339,20 @@ def _static_services(sizes: list[float], gpus: int) -> dict | None:
         replicas[i] += 1
         left -= dops[i]
     return {f"t{i}": {"dop": d, "replicas": n} for i, (d, n) in enumerate(zip(dops, replicas))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Print one draw of a family (the YAML schema of tangram/workloads, as JSON).")
+    ap.add_argument("family", choices=sorted(DRAW))
+    ap.add_argument("seed", type=int)
+    ap.add_argument("--smoke", action="store_true", help="32 trajectories, as policy_stress.py --smoke")
+    args = ap.parse_args(argv)
+    raw = DRAW[args.family](args.seed, args.smoke)
+    if raw is None:  # a gpu draw whose static deployment cannot hold one replica of every teacher
+        raise SystemExit(f"{args.family} draw {args.seed}: skipped (no static deployment holds every model)")
+    print(json.dumps(raw, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

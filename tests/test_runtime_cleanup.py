@@ -62,6 +62,7 @@ PER_SERVICE = {
 def _bounded(rt) -> dict[str, int]:
     """Containers that keep finished work, or per-class or per-pool state, up to a cap (pattern -> cap)."""
     from tangram.core.estimator import MAX_CLASSES as ESTIMATED_CLASSES
+    from tangram.core.gaps import GAP_WINDOW
     from tangram.core.offered import MAX_KEPT
     from tangram.runtime.stats import _RECENT, MAX_CLASSES
 
@@ -81,6 +82,8 @@ def _bounded(rt) -> dict[str, int]:
         "app.runtime.engine._last.unfit": len(rt.engine.pool_states()),  # what the last round left: per pool
         # the offered-load books: per elastic type (cpu, gpu), the latest MAX_KEPT to 2 x MAX_KEPT submissions
         "app.runtime.engine._offered*": 2 * (2 * MAX_KEPT + 1),
+        # the recent generation gaps (arrival_gap "residual"): the latest GAP_WINDOW, and their sums
+        "app.runtime.engine._generating._gaps*": GAP_WINDOW + 1,
     }
 
 

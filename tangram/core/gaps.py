@@ -17,6 +17,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
 ARRIVAL_GAPS = ("mean", "residual")
+GAP_WINDOW = 1024  # the recent gaps kept: enough for a mean residual, bounded whatever the run's length
 
 
 class ResidualGaps:
@@ -51,7 +52,7 @@ class GapSample:
 
     __slots__ = ("_recent", "_sorted", "_new", "_band", "published")
 
-    def __init__(self, window: int = 1024, band: float = 0.1) -> None:
+    def __init__(self, window: int = GAP_WINDOW, band: float = 0.1) -> None:
         if window < 1:
             raise ValueError(f"window: must be >= 1, got {window}")
         self._recent: deque[float] = deque(maxlen=window)  # in the order measured
