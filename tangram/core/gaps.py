@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from itertools import accumulate
 
 ARRIVAL_GAPS = ("mean", "residual")
 GAP_WINDOW = 1024  # the recent gaps kept: enough for a mean residual, bounded whatever the run's length
@@ -28,10 +29,8 @@ class ResidualGaps:
 
     def __init__(self, sorted_gaps: tuple[float, ...]) -> None:
         self._gaps = sorted_gaps
-        suffix = [0.0] * (len(sorted_gaps) + 1)  # suffix[i]: the sum of the gaps from the i-th on
-        for i in range(len(sorted_gaps) - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + sorted_gaps[i]
-        self._suffix = suffix
+        # suffix[i]: the sum of the gaps from the i-th on (summed from the last, as a loop would)
+        self._suffix = list(accumulate(reversed(sorted_gaps), initial=0.0))[::-1]
 
     def __len__(self) -> int:
         return len(self._gaps)
