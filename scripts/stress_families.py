@@ -29,6 +29,17 @@ GPU_MEM_GB = 80  # [bench] Hopper-class 80 GB, as every built-in GPU workload
 # from 35.3 GB up to 65.6 GB gives its table; half of 80 GB, the rest for the KV cache and activations
 STATIC_WEIGHTS_SHARE = 0.5
 TEACHER_SIZES_GB = (15, 30, 60, 130)  # [public] ~7B, 14B, 32B and 70B models in bf16, as mopd-skewed's range
+# the baselines' settings every family that has them shares (copied into each draw)
+TRAJECTORY_PODS = {"pod_cores": 4, "start_s": 5.0, "start_per_concurrent_s": 0.02}  # as the built-ins
+SERVERLESS = {"load_gbps": 5}  # as mopd and deepsearch: NVMe loading per GPU
+# as deepsearch: a 429 in 0.1 s, backoff from 1 s to 30 s, six retries
+API_NAIVE = {"reject_s": 0.1, "backoff_s": 1.0, "backoff_max_s": 30.0, "max_retries": 6}
+
+
+def _models(sizes: list[float]) -> dict:
+    """Services of ``sizes`` GB, named t0, t1, ... (_static_services deploys them by these names);
+    mopd's rule for their requests' length: prefill time ~ parameters, t1_scale = size / 60 GB."""
+    return {f"t{i}": {"size_gb": float(s), "t1_scale": round(s / 60, 3)} for i, s in enumerate(sizes)}
 
 
 def cpu_workload(seed: int, smoke: bool = False) -> dict:
@@ -68,7 +79,7 @@ def cpu_workload(seed: int, smoke: bool = False) -> dict:
             "mem_gb_per_node": r.choice([256, 512, 1024]),  # [reason] around cpu-contended's 512 GB
         },
         "baselines": {
-            "trajectory": {"pod_cores": 4, "start_s": 5.0, "start_per_concurrent_s": 0.02},  # as the built-ins
+            "trajectory": dict(TRAJECTORY_PODS),
             "compare": list(BASELINES["cpu"]),
         },
     }
@@ -81,8 +92,7 @@ def gpu_workload(seed: int, smoke: bool = False) -> dict | None:
     nodes = r.choice([1, 2, 3])  # [reason] mopd-skewed's 3 nodes, and smaller clusters
     # [reason] around mopd's 9 teachers and mopd-skewed's 5
     sizes = [r.choice(TEACHER_SIZES_GB) for _ in range(r.choice([2, 3, 5, 8]))]
-    # [reason] mopd's rule: prefill time ~ parameters, t1_scale = size / 60 GB
-    services = {f"t{i}": {"size_gb": float(s), "t1_scale": round(s / 60, 3)} for i, s in enumerate(sizes)}
+    services = _models(sizes)
     static = _static_services(sizes, nodes * 8)
     if static is None:
         return None
@@ -102,7 +112,7 @@ def gpu_workload(seed: int, smoke: bool = False) -> dict | None:
         "services": services,
         # [bench] 8 GPUs of 80 GB a node, restores at 25 GB/s per GPU: as mopd
         "cluster": {"gpu_nodes": nodes, "gpus_per_node": 8, "gpu_mem_gb": GPU_MEM_GB, "restore_gbps": 25},
-        "baselines": {"static_services": static, "serverless": {"load_gbps": 5},  # as mopd
+        "baselines": {"static_services": static, "serverless": dict(SERVERLESS),
                       "compare": list(BASELINES["gpu"])},
     }
 
@@ -148,9 +158,8 @@ def api_workload(seed: int, smoke: bool = False) -> dict:
         },
         "baselines": {
             "static_services": {"judge": {"dop": 8, "replicas": nodes}},  # as deepsearch: a replica per node
-            "serverless": {"load_gbps": 5},
-            # as deepsearch: a 429 in 0.1 s, backoff from 1 s to 30 s, six retries
-            "api_naive": {"reject_s": 0.1, "backoff_s": 1.0, "backoff_max_s": 30.0, "max_retries": 6},
+            "serverless": dict(SERVERLESS),
+            "api_naive": dict(API_NAIVE),
             "compare": list(BASELINES["api"]),
         },
     }
@@ -227,7 +236,7 @@ def mixed_workload(seed: int, smoke: bool = False) -> dict:
     # 2-8 teachers: a coding job's judges are fewer)
     sizes = [r.choice(TEACHER_SIZES_GB) for _ in range(r.choice([1, 2, 3]))]
     nodes = r.choice([1, 2])  # [reason] the gpu family's smaller clusters: the GPUs serve only the judge
-    judges = {f"t{i}": {"size_gb": float(s), "t1_scale": round(s / 60, 3)} for i, s in enumerate(sizes)}  # as gpu
+    judges = _models(sizes)
     static = _static_services(sizes, nodes * 8)
     w = r.choice([0.2, 0.5])  # [reason] searches as a fifth or a half of a coding agent's tool calls
     return {
@@ -276,10 +285,10 @@ def mixed_workload(seed: int, smoke: bool = False) -> dict:
             "api": {"search": {"concurrency": r.choice([16, 64]), "quota": r.choice([10, 50]), "period_s": 1.0}},
         },
         "baselines": {
-            "trajectory": {"pod_cores": 4, "start_s": 5.0, "start_per_concurrent_s": 0.02},  # as the cpu family
+            "trajectory": dict(TRAJECTORY_PODS),
             **({"static_services": static} if static is not None else {}),
-            "serverless": {"load_gbps": 5},  # as the gpu family
-            "api_naive": {"reject_s": 0.1, "backoff_s": 1.0, "backoff_max_s": 30.0, "max_retries": 6},  # as api
+            "serverless": dict(SERVERLESS),
+            "api_naive": dict(API_NAIVE),
             # every family's baselines; static-services only where one replica of each judge fits
             "compare": list(dict.fromkeys(b for fam in FAMILIES for b in BASELINES[fam]
                                           if b != "static-services" or static is not None)),
@@ -338,7 +347,7 @@ def _static_services(sizes: list[float], gpus: int) -> dict | None:
         _, i = max(gaps)
         replicas[i] += 1
         left -= dops[i]
-    return {f"t{i}": {"dop": d, "replicas": n} for i, (d, n) in enumerate(zip(dops, replicas))}
+    return {name: {"dop": d, "replicas": n} for name, d, n in zip(_models(sizes), dops, replicas)}
 
 
 def main(argv=None) -> int:
