@@ -336,8 +336,10 @@ class TangramClient:
 
     async def exec(self, environment: str | None, command: str, *, cpu: int | Mapping[str, int] | list[int] = 1,
                    profile: str | None = None, timeout_s: float | None = None, mem_mb: int | None = None,
-                   env: Mapping[str, str] | None = None, request_timeout_s: float | None = None) -> ActionResult:
-        """Run ``command`` in ``environment`` (None: a fresh one-shot environment)."""
+                   env: Mapping[str, str] | None = None, request_timeout_s: float | None = None,
+                   restartable: bool = False) -> ActionResult:
+        """Run ``command`` in ``environment`` (None: a fresh one-shot environment). ``restartable``: the
+        service may stop a straggling run and start it again at a wider DoP (a test suite's reward)."""
         body: dict[str, Any] = {"kind": "exec", "command": command, "resources": {"cpu": cpu}}
         if environment is not None:
             body["environment"] = environment
@@ -349,6 +351,8 @@ class TangramClient:
             body["resources"]["mem_mb"] = mem_mb
         if env is not None:
             body["env"] = dict(env)
+        if restartable:
+            body["restartable"] = True
         return await self.run_action(body, timeout_s=request_timeout_s)
 
     async def submit(self, action: Mapping[str, Any], *, timeout_s: float | None = 30.0) -> str:

@@ -25,6 +25,7 @@ LAYER_OF = {
     "tangram.core.skips": "engine",
     "tangram.core.last_round": "engine",
     "tangram.core.offered": "engine",
+    "tangram.core.restarts": "engine",
     "tangram.policy": "policy",
     "tangram.managers": "managers",
     "tangram.executors": "executors",

@@ -18,7 +18,7 @@ from tangram.core.errors import UnknownActionError, UnschedulableError
 from tangram.core.estimator import DurationEstimator
 from tangram.core.grants import Grant
 from tangram.core.model import Action
-from tangram.core import feasibility, skips
+from tangram.core import feasibility, restarts, skips
 from tangram.core.generating import Generating
 from tangram.core.last_round import LastRound
 from tangram.core.offered import OfferedLoad
@@ -76,8 +76,9 @@ class Engine:
         self._running_by_pool: dict[str, dict[str, tuple[float, float, int]]] = {}  # (start, est. end, units)
         # the same for running GPU actions by service: when its busy resident instances free (GPU affinity)
         self._running_by_service: dict[str, dict[str, tuple[float, float, int]]] = {}
-        # rounds run (those over part of the lanes among them), and rounds skipped
-        self.rounds = self.rounds_partial = self.rounds_skipped = 0
+        # rounds run (those over part of the lanes among them), rounds skipped, runs restarted wider
+        self.rounds = self.rounds_partial = self.rounds_skipped = self.runs_restarted = 0
+        self._restartable: set[str] = set()  # running restartable elastic CPU actions (core/restarts.py)
 
     # ------------------------------------------------------------------ #
     # topology
@@ -166,11 +167,12 @@ class Engine:
             units = rec.dispatch.units.get(rec.action.key, 0) if rec.action.key else 0
             moved = self.estimator.observe(rec.action, units, rec.exec_s - restore_s)
         if moved and not self._last.holdout_classes.isdisjoint(moved):
-            return self.schedule()
-        if self._release_wakes_nothing():
-            self.rounds_skipped += 1
-            return []
-        return self._round(set())
+            started = self.schedule()
+        elif self._release_wakes_nothing():
+            self.rounds_skipped, started = self.rounds_skipped + 1, []
+        else:
+            started = self._round(set())
+        return started + restarts.restart_stragglers(self) if self._restartable else started
 
     def _round(self, dirty: set[str], pools: Mapping[str, PoolState] | None = None) -> list[Started]:
         """A round when only ``dirty`` pools changed since the last one (those released since, and those
@@ -197,11 +199,7 @@ class Engine:
         if rec is None:
             raise UnknownActionError(f"action {action_id!r} is not running")
         self._release_grants(rec)
-        rec.state = WAITING
-        rec.started_at = None
-        rec.dispatch = None
-        rec.grants = {}
-        rec.estimated_end = 0.0
+        rec.state, rec.started_at, rec.dispatch, rec.grants, rec.estimated_end = WAITING, None, None, {}, 0.0
         self.waiting = {action_id: rec, **self.waiting}  # rare: rebuilding the order is fine
         self._enqueue(rec, first=True)
         # a held group read it as running for its time left; it restarts for its whole run, under
@@ -359,6 +357,8 @@ class Engine:
             self._running_by_pool.setdefault(pname, {})[a.id] = (now, rec.estimated_end, d.units[rtype])
         if a.service is not None and "gpu" in d.units:
             self._running_by_service.setdefault(a.service, {})[a.id] = (now, rec.estimated_end, d.units["gpu"])
+        if a.restartable and a.key == "cpu":
+            self._restartable.add(a.id)
         return Started(rec, d, grants)
 
     def _finish(self, rec: ActionRecord, status: str) -> None:
@@ -373,6 +373,7 @@ class Engine:
             self.finished.popitem(last=False)
 
     def _release_grants(self, rec: ActionRecord) -> None:
+        self._restartable.discard(rec.action.id)
         for pname in rec.grants:
             self._owner[pname].release(pname, rec.action.id)
             self._last.release(pname)

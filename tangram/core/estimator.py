@@ -53,6 +53,8 @@ from tangram.core.model import Action, Elasticity
 # [reason] an unprofiled elastic class's serial fraction until its runs at two DoPs are seen: a
 # speedup of at most 2x keeps its DoP near the smallest while other work waits
 UNPROFILED_SERIAL_FRACTION = 0.5
+# [reason] a spread read from fewer runs is noise: a restart acts on it (tangram.policy.restart)
+CV_AFTER = 8
 MAX_CLASSES = 10_000  # classes a deployment names are dozens; this bounds a client naming one per action
 
 
@@ -100,6 +102,7 @@ class DurationEstimator:
         self.refine_after = refine_after
         self._durations: dict[str, _Mean] = {}  # least recently observed first (the next to drop)
         self._t1: dict[str, _Mean] = {}
+        self._log_t1: dict[str, _Mean] = {}  # class -> plain mean of log T1 and of its square (t1_cv)
         self._by_dop: dict[str, dict[int, _Mean]] = {}  # unprofiled elastic class -> DoP -> its runs
         self._learned: dict[str, tuple[float, Elasticity]] = {}  # such a class -> its (T1, elasticity) now
         # the published means, updated in place: a copy per republication cost O(classes) each, and
@@ -128,6 +131,11 @@ class DurationEstimator:
         elif action.elasticity is not None and action.key is not None and units > 0:
             t1 = exec_s * action.elasticity.efficiency(units) * units
             self._t1.setdefault(cls, _Mean()).add(t1, self._min_weight)
+        if action.elasticity is not None and action.key is not None and units > 0:
+            # the spread of T1 in log space, over every run (a plain mean): a lognormal's sigma, what
+            # a restart's expected time left is read from (t1_cv)
+            self._log_t1.setdefault(cls, _Mean()).add(math.log(exec_s * action.elasticity.efficiency(units) * units),
+                                                     0.0)
         published = self._published.get(cls)
         if published is not None and abs(mean.value - published) <= max(
                 self.publish_band * published, self.publish_margin * mean.standard_error(self._min_weight)):
@@ -140,6 +148,7 @@ class DurationEstimator:
         old = next(iter(self._durations))
         del self._durations[old]
         self._t1.pop(old, None)
+        self._log_t1.pop(old, None)
         self._by_dop.pop(old, None)
         self._learned.pop(old, None)
         return (old,) if self._published.pop(old, None) is not None else ()
@@ -157,6 +166,17 @@ class DurationEstimator:
     def mean_duration(self, action_class: str) -> float | None:
         m = self._durations.get(action_class)
         return m.value if m else None
+
+    def t1_cv(self, action_class: str) -> float | None:
+        """The coefficient of variation of the class's ``T1`` across its elastic runs, read as a
+        lognormal's from the variance of ``log T1`` (stable where a heavy tail makes the plain
+        variance swing), once ``CV_AFTER`` runs have ended; else None. Runs still going are not in
+        it: while a class's longest runs are out, it reads the spread short."""
+        logs = self._log_t1.get(action_class)
+        if logs is None or logs.count < CV_AFTER:
+            return None
+        var = max(logs.square - logs.value * logs.value, 0.0) * logs.count / (logs.count - 1)
+        return math.sqrt(math.expm1(min(var, 50.0)))
 
     def refined_t1(self, action_class: str) -> float | None:
         m = self._t1.get(action_class)

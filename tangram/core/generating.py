@@ -124,6 +124,10 @@ class Generating:
         if quiet is not None and quiet[1] is not None:
             del self._fixed[quiet[1]][trajectory]
 
+    def quiet_counts(self) -> Mapping[str, int]:
+        """node -> how many of its trajectories in generation will ask it for fixed units next."""
+        return {node: len(quiet) for node, quiet in self._fixed.items() if quiet}
+
     @property
     def published_gaps(self) -> ResidualGaps | None:
         """The recent gaps as the policy sees them under ``arrival_gap`` "residual"."""

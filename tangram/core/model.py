@@ -278,6 +278,10 @@ class Action(_WeakReferable):
     # devices on a cache miss (evict-on-execution); the policy adds it to the
     # duration of a DoP whose service is not resident
     restore_s: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
+    # its run may be stopped and started again from the start at another DoP (a reward that reads its
+    # environment and changes nothing a second run depends on, such as a test suite): the engine
+    # restarts a straggler at a wider DoP once units are idle (tangram.policy.restart)
+    restartable: bool = False
 
     @classmethod
     def build(
@@ -295,6 +299,7 @@ class Action(_WeakReferable):
         service: str | None = None,
         payload: Mapping[str, Any] | None = None,
         restore_s: Mapping[int, float] | None = None,
+        restartable: bool = False,
     ) -> "Action":
         if not isinstance(id, str) or not id:
             raise DemandError("id", "must be a non-empty string")
@@ -342,6 +347,8 @@ class Action(_WeakReferable):
                 # the speedup E(m)*m is piecewise linear between these points: the slowest is one of them
                 if t1_s is not None and math.isinf(elasticity.duration(t1_s, m)):
                     raise DemandError("t1_s", f"T({m}) = t1_s / (E({m}) * {m}) overflows: {t1_s!r} is too long")
+        if not isinstance(restartable, bool):
+            raise DemandError("restartable", f"must be true or false, got {restartable!r}")
         restore: dict[int, float] = {}
         for m, sec in (restore_s or {}).items():
             sec = float(sec)
@@ -363,6 +370,7 @@ class Action(_WeakReferable):
             # allocate and for every full garbage collection to scan)
             payload=MappingProxyType(dict(payload)) if payload else _EMPTY,
             restore_s=MappingProxyType(restore) if restore else _EMPTY,
+            restartable=restartable,
         )
 
     @property

@@ -25,6 +25,7 @@ class ActionRecord:
     grants: dict[str, Grant] = field(default_factory=dict)  # pool -> manager's grant
     estimated_end: float = 0.0
     error: str | None = None  # why it failed, when the driver said so (:meth:`Engine.fail`)
+    restarted_s: float = 0.0  # seconds of runs stopped to start it again wider (core/restarts.py)
 
     @property
     def id(self) -> str:
@@ -32,7 +33,7 @@ class ActionRecord:
 
     @property
     def queued_s(self) -> float | None:
-        return None if self.started_at is None else self.started_at - self.submitted_at
+        return None if self.started_at is None else self.started_at - self.submitted_at - self.restarted_s
 
     @property
     def exec_s(self) -> float | None:
@@ -56,6 +57,8 @@ class Started:
     record: ActionRecord
     dispatch: Dispatch
     grants: Mapping[str, Grant]
+    # the driver holds a run of this action: stop it (its grants are already given back) and start this
+    restart: bool = False
 
     @property
     def action(self) -> Action:

@@ -98,6 +98,7 @@ def build_action(
     payload: Mapping[str, Any] | None = None,
     action_id: str | None = None,
     restore_estimate: Callable[[str], Mapping[int, float]] | None = None,
+    restartable: bool = False,
 ) -> Action:
     """Validate and build an action against what the cluster has.
 
@@ -168,6 +169,7 @@ def build_action(
         payload=body,
         # what a cache miss costs at each DoP: the policy weighs it against a resident chunk
         restore_s=(restore_estimate(body["model"]) or None) if (kind == "model" and restore_estimate) else None,
+        restartable=restartable,
     )
     # checked after the demand itself, so a malformed demand is a 400 whatever is configured
     if kind == "http" and "http" not in executors:

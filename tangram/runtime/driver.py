@@ -32,6 +32,7 @@ from tangram.core.errors import UnknownActionError, UnschedulableError
 from tangram.core.model import Action, Profile
 from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement
 from tangram.runtime.actions import ActionOutcome, Timing, build_action
+from tangram.runtime.upstream import upstream_pause
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
 from tangram.runtime.environments import Environment, Environments
 from tangram.runtime.stats import RuntimeStats
@@ -131,6 +132,7 @@ class Runtime:
         action_class: str | None = None,
         payload: Mapping[str, Any] | None = None,
         action_id: str | None = None,
+        restartable: bool = False,
     ) -> Action:
         """Validate and build an action; raises DemandError (naming the field) or UnknownEnvironmentError."""
         return build_action(
@@ -138,7 +140,7 @@ class Runtime:
             executors=self.dispatcher.kinds() | {"exec"},
             environment=environment, environment_memory=lambda e: self.env_registry.get(e).memory_mb,
             command=command, profile=profile, timeout_s=timeout_s, action_class=action_class,
-            payload=payload, action_id=action_id,
+            payload=payload, action_id=action_id, restartable=restartable,
             restore_estimate=next((m.restore_estimate for m in self.engine.managers
                                    if hasattr(m, "restore_estimate")), None))
 
@@ -249,7 +251,9 @@ class Runtime:
             if job is None:  # submitted to the engine behind our back: refuse to run it
                 self._launch(self.engine.complete(s.record.id, FAILED))
                 continue
-            job.task = loop.create_task(self._execute(job, s))
+            # a restart: the old run is stopped (and gone) before the wider one begins in its environment
+            stop = job.task if s.restart else None
+            job.task = loop.create_task(self._execute(job, s, stop))
             job.task.add_done_callback(functools.partial(self._task_done, job))
         self._arm_wakeup()
 
@@ -261,11 +265,14 @@ class Runtime:
             if job.env is not None and job.env.oneshot:
                 self.env_registry.background(self.env_registry.drop(job.env))
 
-    async def _execute(self, job: Job, s: Started) -> None:
+    async def _execute(self, job: Job, s: Started, stop: asyncio.Task | None = None) -> None:
         a = job.action
         placement: Placement | None = None
         exec_s = 0.0
         try:
+            if stop is not None:
+                stop.cancel()  # its executor kills the process; it completes nothing (superseded)
+                await asyncio.wait([stop])
             placement = placement_of(s)
             await self._prepare(job, placement)  # environment set-up is overhead, not the action's run
             t0 = self.clock()
@@ -283,6 +290,8 @@ class Runtime:
         except Exception as exc:  # an executor crash is a failed action, never a leak
             log.warning("action %s: executor failed: %r", a.id, exc)
             result = ExecResult(status=FAILED, error=f"{type(exc).__name__}: {exc}")
+        if job.task is not asyncio.current_task():
+            return  # a restart stopped this run: the run that superseded it completes the action
         if job.kind == "http" and self._upstream_answer(job, s, result):
             return
         if job.env is not None and job.env.oneshot:
@@ -301,17 +310,7 @@ class Runtime:
         back to the head of the queue unless that delay would pass its
         deadline (``timeout_s`` after it was received, else ``HTTP_429_DEADLINE_S``).
         """
-        out = result.output if isinstance(result.output, Mapping) else {}
-        status = out.get("status")
-        headers = result.rate_headers or {}
-        delay = None
-        pool = None
-        for name in s.grants:
-            observe = getattr(self.engine.manager_of(name), "observe_response", None)
-            if name.startswith("api:") and observe is not None:
-                d = observe(name, status, headers, job.action.id)
-                if d is not None and (delay is None or d > delay):
-                    delay, pool = d, name
+        status, delay, pool = upstream_pause(self.engine, s.grants, result, job.action.id)
         if status != 429 or delay is None or job.outcome is not None:
             return False
         budget = job.action.timeout_s if job.action.timeout_s is not None else HTTP_429_DEADLINE_S
@@ -356,7 +355,8 @@ class Runtime:
         rec = self.engine.finished.get(a.id)
         queued = job.held_s
         if rec is not None and rec.started_at is not None:
-            queued += max(0.0, rec.started_at - job.enqueued_at)
+            # runs stopped to restart it wider are not queueing: they show as overhead
+            queued += max(0.0, rec.started_at - job.enqueued_at - rec.restarted_s)
         elif rec is not None:
             queued += max(0.0, rec.finished_at - job.enqueued_at)
         if job.env is not None:
@@ -494,7 +494,7 @@ class Runtime:
     # conveniences for in-process users (demo, profiling, verl)
 
     async def exec(self, environment: str | None, command: str, *, cpu: Any = 1, profile: str | None = None,
-                   timeout_s: float | None = None) -> ActionOutcome:
+                   timeout_s: float | None = None, restartable: bool = False) -> ActionOutcome:
         action = self.build_action("exec", {"cpu": cpu}, environment=environment, command=command,
-                                   profile=profile, timeout_s=timeout_s)
+                                   profile=profile, timeout_s=timeout_s, restartable=restartable)
         return await self.run(action)

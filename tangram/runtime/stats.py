@@ -77,6 +77,7 @@ class RuntimeStats:
             "classes_dropped": self.classes_dropped,  # times a class's samples were dropped (max_classes)
             "overhead": {"p50_s": percentile(ov, 50), "p99_s": percentile(ov, 99), "samples": len(ov)},
             "actions": {f"{k}:{s}": n for (k, s), n in sorted(self.counts.items())},
+            "restarts": eng.runs_restarted,  # straggling runs stopped and started again wider (PolicyParams.restart_gain)
         }
 
 

@@ -82,7 +82,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
                           aging_cap_s=cfg.aging_cap_s, progress_s=cfg.progress_s,
                           generation_credit=cfg.generation_credit,
                           affinity_k=cfg.affinity_k, expect_arrivals=cfg.expect_arrivals, arrival_gap=cfg.arrival_gap,
-                          learn_unprofiled=cfg.learn_unprofiled,
+                          learn_unprofiled=cfg.learn_unprofiled, restart_gain=cfg.restart_gain,
                           offered_load_caps=dict(cfg.offered_load_caps))
     # why the policy runs as plain Python, below: asked for, or an install that could not compile it
     advice = (f"{PURE_ENV}=1 asks for it" if os.environ.get(PURE_ENV) == "1"

@@ -18,7 +18,8 @@ from tangram.core.errors import ConfigError  # re-exported: the service's config
 from tangram.core.fields import Fields
 from tangram.core.grants import parse_cpulist
 from tangram.managers.basic import ADAPTIVE, BOOKS_NEED, CONSERVATIVE
-from tangram.policy.snapshot import DEFAULT_ARRIVAL_GAP, DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS
+from tangram.policy.snapshot import (DEFAULT_ARRIVAL_GAP, DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS,
+                                     DEFAULT_RESTART_GAIN)
 from tangram.service.sandbox_protocol import SandboxFusionConfig, parse_sandbox_fusion
 from tangram.service.scheduler_config import parse_scheduler
 from tangram.service.tokens import (  # noqa: F401 - re-exported: where tangram serve and clients find tokens
@@ -129,6 +130,9 @@ class ClusterConfig:
     expect_arrivals: bool = True  # headroom for the next actions of trajectories in generation
     arrival_gap: str = DEFAULT_ARRIVAL_GAP  # when they are expected (tangram.core.gaps): "residual" or "mean"
     learn_unprofiled: bool = True  # an elastic action without a profile learns its class's (tangram.core.estimator)
+    # restart a straggling restartable run wider when that is expected to take at most this share of its
+    # time left (tangram.policy.restart); 0: never
+    restart_gain: float = DEFAULT_RESTART_GAIN
     # resource type -> factor of the offered-load DoP cap (tangram.policy.offered_load); {}: off
     offered_load_caps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OFFERED_LOAD_CAPS))
     # scale-out (tangram/scaleout/config.py validates it): health loop, docker TLS, GPU hosts on Ray

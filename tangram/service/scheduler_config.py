@@ -10,12 +10,13 @@ from typing import Any
 from tangram.core.errors import ConfigError
 from tangram.core.fields import Fields
 from tangram.core.gaps import ARRIVAL_GAPS
-from tangram.policy.snapshot import DEFAULT_ARRIVAL_GAP, DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS
+from tangram.policy.snapshot import (DEFAULT_ARRIVAL_GAP, DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS,
+                                     DEFAULT_RESTART_GAIN)
 
 _FIELDS = Fields(ConfigError)
 KEYS = frozenset({"depth", "lookahead", "default_duration_s", "dop_caps", "order", "aging_k", "aging_cap_s",
                   "progress_s", "generation_credit", "affinity_k", "expect_arrivals", "arrival_gap",
-                  "offered_load_caps", "learn_unprofiled"})
+                  "offered_load_caps", "learn_unprofiled", "restart_gain"})
 # the types whose elastic actions the offered-load cap may narrow (tangram.policy.offered_load)
 ELASTIC_TYPES = ("cpu", "gpu")
 
@@ -49,6 +50,10 @@ def parse_scheduler(raw: Any) -> dict[str, Any]:
         raise ConfigError("scheduler.arrival_gap", f"must be one of {', '.join(ARRIVAL_GAPS)}, got {gap!r}")
     out["arrival_gap"] = gap
     out["learn_unprofiled"] = f.boolean(sched.get("learn_unprofiled", True), "scheduler.learn_unprofiled")
+    out["restart_gain"] = gain = f.number(sched.get("restart_gain", DEFAULT_RESTART_GAIN), "scheduler.restart_gain",
+                                          lo=0)
+    if gain > 1:
+        raise ConfigError("scheduler.restart_gain", f"must be <= 1 (a share of the time left), got {gain!r}")
     # {} turns the cap off; a null is refused (it would read as "the default" to some, "off" to others)
     loads = f.mapping(sched.get("offered_load_caps", DEFAULT_OFFERED_LOAD_CAPS), "scheduler.offered_load_caps")
     for k in loads:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from tangram.core.errors import DemandError
 
 KIND_FIELDS = {
-    "exec": {"environment", "command", "env"},
+    "exec": {"environment", "command", "env", "restartable"},
     "http": {"url", "method", "headers", "json", "body"},
     "model": {"model", "op", "inputs", "tokens"},
 }
@@ -110,6 +110,10 @@ def parse_action(body: Any) -> dict[str, Any]:
             out["environment"] = _string(body["environment"], "environment", limit=LIMITS["name"])
         if "env" in body:
             payload["env"] = _env(body["env"])
+        if "restartable" in body:  # its run may be stopped and started again wider (a test suite)
+            if not isinstance(body["restartable"], bool):
+                raise DemandError("restartable", f"must be true or false, got {body['restartable']!r}")
+            out["restartable"] = body["restartable"]
     elif kind == "http":
         if "url" not in body:
             raise DemandError("url", "is required for http actions")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def srpt_flow_sum(arrivals: Sequence[float], sizes: Sequence[float]) -> float:
@@ -107,3 +107,16 @@ def memory_makespan_bound(releases: Sequence[float], holds: Sequence[float], slo
         return 0.0
     spread = min(releases) - start + sum(holds) / slots
     return max(spread, max(r + h for r, h in zip(releases, holds)) - start)
+
+
+def memory_script(items: Sequence[Any], step_start: float) -> tuple[float, float] | None:
+    """(earliest placement, fewest seconds held) of a trajectory that reserves memory: its first CPU
+    action's arrival had nothing queued, and its hold from there at every action's fastest run
+    (``items``: the simulator's, with ``gen_s``, ``lb`` and ``cls.rtype``); None without a CPU action."""
+    t = step_start
+    for k, it in enumerate(items):
+        t += it.gen_s
+        if it.cls.rtype == "cpu":
+            return t, it.lb + sum(i.gen_s + i.lb for i in items[k + 1:])
+        t += it.lb
+    return None

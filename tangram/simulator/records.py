@@ -51,6 +51,9 @@ class _Rec:
     lb: float = 0.0
     work: float = 0.0  # fewest unit-seconds it can run in
     attempt_start: float = -1.0
+    due: float = -1.0  # when its run's FINISH is due (a restart makes that event stale)
+    run_from: float = -1.0  # when its current run began, after a restart (-1: its start)
+    restarts: int = 0
 
 
 @dataclass

@@ -28,6 +28,7 @@ import numpy as np
 from tangram.core.engine import Engine
 from tangram.core.grants import restore_seconds
 from tangram.core.model import Action, Demand
+from tangram.simulator.bounds import memory_script
 from tangram.simulator.collections_deferred import full_collections_deferred
 from tangram.simulator.errors import WorkloadError
 from tangram.managers.basic import ADAPTIVE, FIXED, ApiLimit, BasicManager
@@ -56,6 +57,7 @@ class Simulation:
         self.check = check
         self.now = 0.0
         self._heap: list = []
+        self._stale: set[tuple[str, float]] = set()  # (action, due) of FINISH events a restart voided
         self._seq = 0
         self._recs: dict[str, _Rec] = {}
         self.done: list[_Rec] = []
@@ -196,28 +198,6 @@ class Simulation:
             opts = self._dops[key] = np.asarray(opts, dtype=np.float64)
         return opts
 
-    def _memory_script(self, tr: _Traj, step_start: float) -> None:
-        """(earliest placement, fewest seconds held) of a trajectory that reserves memory."""
-        if not tr.job.memory_mb:
-            return
-        t = step_start
-        for k, it in enumerate(tr.items):
-            t += it.gen_s
-            if it.cls.rtype == "cpu":
-                releases, holds, _ = self.mem_scripts[-1]
-                releases.append(t)
-                holds.append(it.lb + sum(i.gen_s + i.lb for i in tr.items[k + 1:]))
-                return
-            t += it.lb
-
-    def memory_slots(self) -> int:
-        """Trajectories the CPU nodes' memory holds at once (the smallest reservation's count)."""
-        c = self.wl.cluster
-        sizes = [j.memory_mb for j in self.wl.jobs if j.memory_mb and any(cl.rtype == "cpu" for cl in j.actions + j.rewards)]
-        if not sizes or not c.cpu_nodes:
-            return 0
-        return c.cpu_nodes * int(c.mem_gb_per_node * 1024 // min(sizes))
-
     def _bounds(self, it: _Item) -> tuple[float, float]:
         """The action's fastest feasible run (never queued), and the fewest unit-seconds
         it can run in (the pooled bound's job size)."""
@@ -240,6 +220,7 @@ class Simulation:
         if cls.rtype == "cpu":
             demands = {"cpu": cls.demand}
             kw["mem_mb"] = tr.job.memory_mb
+            kw["restartable"] = cls.restartable
         elif cls.rtype == "gpu":
             kw["service"] = it.service
             if self.spec.gpu_mode == "static":
@@ -285,7 +266,9 @@ class Simulation:
             self.mem_scripts.append(([], [], step_start))
             for tr in trajs:
                 self._lb_steps = max(self._lb_steps, sum(i.gen_s + i.lb for i in tr.items))
-                self._memory_script(tr, step_start)
+                if tr.job.memory_mb and (script := memory_script(tr.items, step_start)) is not None:
+                    self.mem_scripts[-1][0].append(script[0])
+                    self.mem_scripts[-1][1].append(script[1])
                 if tr.items:
                     self._push(step_start + tr.items[0].gen_s, GEN, tr)
                 else:
@@ -310,6 +293,9 @@ class Simulation:
             if kind == GEN:
                 self._on_gen(obj)
             elif kind == FINISH:
+                if self._stale and (obj.id, t) in self._stale:  # a run stopped to restart it wider
+                    self._stale.discard((obj.id, t))
+                    continue
                 self._on_finish(obj)
             elif kind == READY:
                 self._on_ready(obj)
@@ -353,6 +339,9 @@ class Simulation:
         for s in started:
             rec = self._recs[s.action.id]
             d = s.dispatch
+            if s.restart:
+                self._restart(rec, d.dop)
+                continue
             rec.start = now
             if rec.rtype == POD_CLASS:
                 tr = rec.traj
@@ -381,7 +370,25 @@ class Simulation:
             if self.spec.api_mode == "naive" and cls.rtype.startswith("api:"):
                 self._attempt(rec)
                 continue
-            self._push(now + rec.setup_s + rec.restore_s + rec.run_s, FINISH, rec)
+            rec.due = now + rec.setup_s + rec.restore_s + rec.run_s
+            self._push(rec.due, FINISH, rec)
+
+    def _restart(self, rec: _Rec, m: int) -> None:
+        """The engine stopped ``rec``'s run to start it again at ``m`` units: the run so far is lost
+        (counted busy and reserved, as it was), the new one needs its whole work again."""
+        now = self.now
+        began = rec.run_from if rec.restarts else rec.start
+        rtype = rec.item.cls.rtype
+        if rtype in self.busy:
+            self.busy[rtype] += rec.units * max(0.0, now - began - (0.0 if rec.restarts else rec.setup_s))
+            self.reserved[rtype] += rec.pool_units * (now - began)
+        self._stale.add((rec.id, rec.due))
+        rec.restarts += 1
+        rec.run_from = now
+        rec.units = rec.pool_units = m
+        rec.run_s = _true_duration(rec.item.cls, rec.item.t1, m)
+        rec.due = now + rec.run_s
+        self._push(rec.due, FINISH, rec)
 
     def _restore_s(self, holder: str, pool: str) -> float:
         if not self._real_gpu:
@@ -461,7 +468,7 @@ class Simulation:
         if rtype in self.busy:
             self.busy[rtype] += rec.units * rec.run_s
             if not in_pod and not (rtype == "gpu" and self.spec.gpu_mode == "static"):
-                held_from = rec.start if not naive or rec.failed else rec.start
+                held_from = rec.run_from if rec.restarts else rec.start
                 self.reserved[rtype] += rec.pool_units * (now - held_from)
         self.done.append(rec)
         if not in_pod:

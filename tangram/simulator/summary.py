@@ -84,6 +84,7 @@ def summarize(sim: Any) -> dict[str, Any]:
         "scheduling_rounds": sim.engine.rounds,
         "scheduling_rounds_partial": sim.engine.rounds_partial,  # over part of the lanes (docs/scheduling.md)
         "scheduling_rounds_skipped": sim.engine.rounds_skipped,
+        "restarts": sim.engine.runs_restarted,
     }
     if sim.gpu is not None:
         if sim._real_gpu:
@@ -114,10 +115,19 @@ def _pooled_capacity(sim: Any) -> dict[str, float]:
     return cap
 
 
+def memory_slots(wl: Any) -> int:
+    """Trajectories the CPU nodes' memory holds at once (the smallest reservation's count)."""
+    c = wl.cluster
+    sizes = [j.memory_mb for j in wl.jobs if j.memory_mb and any(cl.rtype == "cpu" for cl in j.actions + j.rewards)]
+    if not sizes or not c.cpu_nodes:
+        return 0
+    return c.cpu_nodes * int(c.mem_gb_per_node * 1024 // min(sizes))
+
+
 def _memory_bounds(sim: Any, lb_sum: float, n: int) -> dict[str, float]:
     """Mean ACT and step time no scheduler can beat, given the trajectories' memory
     reservations: each action's fastest run plus the least total wait for a memory slot."""
-    slots = sim.memory_slots()
+    slots = memory_slots(sim.wl)
     waits = sum(memory_wait_bound(r, h, slots, s0) for r, h, s0 in sim.mem_scripts)
     spans = [max(lb, memory_makespan_bound(r, h, slots, s0)) for (r, h, s0), lb in zip(sim.mem_scripts, sim.lb_step)]
     return {"memory_bound_mean_act_s": (lb_sum + waits) / n if n else 0.0,

@@ -18,7 +18,7 @@ see :mod:`tangram.simulator.dists`)::
     env_start_s: 1.0              # environment creation, added to its first CPU action
     actions:                      # a turn's action class, drawn by weight
       <class>: {weight, duration_s: <dist of T1>, resources: {cpu|gpu|api:<name>: <demand>},
-                elasticity: {amdahl: s} | {table: {m: E}}, profiled: bool, service: name | [names]}
+                elasticity: {amdahl: s} | {table: {m: E}}, profiled, restartable: bool, service: name | [names]}
     rewards: {<class>: ...}       # run in order at the trajectory's end
     services: {<name>: {size_gb, t1_scale}}      # GPU models (DoPs follow from memory)
     cluster: {cpu_nodes, cores_per_node, mem_gb_per_node, gpu_nodes, gpus_per_node,
@@ -101,6 +101,7 @@ class ActionClass:
     weight: float = 1.0
     services: tuple[str, ...] = ()
     per_trajectory_service: bool = True
+    restartable: bool = False  # Action.restartable: its runs may be stopped and started again wider
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +366,7 @@ def _parse_job(raw: dict, name: str) -> Job:
 def _parse_classes(raw: Any, f: str, kind: str):
     if not isinstance(raw, dict):
         raise WorkloadError(f, "expected a mapping of class name to its description")
-    known = {"weight", "duration_s", "resources", "elasticity", "profiled", "service", "source"}
+    known = {"weight", "duration_s", "resources", "elasticity", "profiled", "service", "source", "restartable"}
     for name, c in raw.items():
         cf = f"{f}.{name}"
         if not isinstance(c, dict):
@@ -408,13 +409,14 @@ def _parse_classes(raw: Any, f: str, kind: str):
         services = (svc,) if isinstance(svc, str) else tuple(str(s) for s in svc)
         if rtype == "gpu" and not services:
             raise WorkloadError(f"{cf}.service", "a GPU action names its service (or a list to draw from)")
-        profiled = c.get("profiled", False)
-        if not isinstance(profiled, bool):
-            raise WorkloadError(f"{cf}.profiled", f"must be true or false, got {profiled!r}")
+        profiled, restartable = (c.get(k, False) for k in ("profiled", "restartable"))
+        for k, v in (("profiled", profiled), ("restartable", restartable)):
+            if not isinstance(v, bool):
+                raise WorkloadError(f"{cf}.{k}", f"must be true or false, got {v!r}")
         yield ActionClass(
             name=str(name), kind=kind, rtype=rtype, demand=demand,
             duration=parse_dist(c["duration_s"], f"{cf}.duration_s", allow_zero=False),
-            elasticity=el, profiled=profiled,
+            elasticity=el, profiled=profiled, restartable=restartable,
             weight=_num(c.get("weight", 1.0), f"{cf}.weight", positive=True, allow_zero=False),
             services=services,
         )

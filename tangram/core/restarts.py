@@ -1,0 +1,99 @@
+"""Which straggling runs the engine restarts at a wider DoP, and the restart (the decision:
+tangram.policy.restart).
+
+Looked at after a completion, once its round has run: a node's CPU units that nothing waiting can
+use and that its trajectories in generation are not expected to ask for are idle, and a
+``restartable`` elastic run on that node may take them by starting again. At most one run per
+node is restarted per event, the one the free units speed up most. The engine's own helper, like
+``skips``: :func:`restart_stragglers` acts on its state.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from tangram.core.estimator import DurationEstimator
+from tangram.core.records import ActionRecord, Started
+from tangram.policy.restart import restart_dop
+from tangram.policy.snapshot import Dispatch
+
+
+def restart_stragglers(eng: Any) -> list[Started]:
+    """Stop the straggling runs that idle units would end sooner and start them again wider; the
+    driver stops each one's run before its new one (``Started.restart``). ``eng``: the Engine (not
+    imported here: it imports this module)."""
+    if eng.params.restart_gain <= 0:
+        return []
+    pools = eng.pool_states()
+    now = eng.clock()
+    chosen = straggler_restarts(
+        eng.running, {p: eng._running_by_pool.get(p, {}) for p in pools if p.startswith("cpu@")},
+        {p: st.free for p, st in pools.items()}, wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
+        eng._generating.quiet_counts(), eng.estimator, eng.params.restart_gain, now)
+    out = []
+    for rec, dop in chosen:
+        old = rec.dispatch
+        del eng.running[rec.id]
+        eng._release_grants(rec)
+        rec.restarted_s += now - rec.started_at
+        eng.waiting[rec.id] = rec  # _start takes it from there (it joins no lane: it starts now)
+        d = Dispatch(rec.action, old.node, {**old.units, "cpu": dop}, old.pools, estimated_s=rec.action.duration(dop))
+        s = eng._start(d)
+        out.append(Started(s.record, s.dispatch, s.grants, restart=True))
+        eng.runs_restarted += 1
+    if out:
+        eng._last.forget()  # held groups read these as running for their old time left
+    return out
+
+
+def wanted_nodes(lanes: Iterable, nodes: Iterable[str]) -> set[str]:
+    """The nodes some waiting CPU action could be placed on (a lane's home, or any it may go to)."""
+    nodes = tuple(nodes)
+    wanted: set[str] = set()
+    for lane, entries in lanes:
+        if not entries or not any(rtype == "cpu" for rtype, _ in lane[2]):
+            continue
+        home = lane[0]
+        if home is not None:
+            wanted.add(home)
+        else:
+            wanted.update(lane[4] if len(lane) > 4 else nodes)
+        if len(wanted) == len(nodes):
+            break
+    return wanted
+
+
+def straggler_restarts(running: Mapping[str, ActionRecord], running_by_pool: Mapping[str, Mapping[str, tuple]],
+                       free: Mapping[str, int], wanted: set[str], expected: Mapping[str, int],
+                       estimator: DurationEstimator, gain: float, now: float) -> list[tuple[ActionRecord, int]]:
+    """``(record, new DoP)`` for the runs to restart now: on CPU pools ``cpu@node`` with units free,
+    on nodes no waiting action wants, keeping ``expected[node]`` units for its expected arrivals."""
+    out: list[tuple[ActionRecord, int]] = []
+    for pname, held in running_by_pool.items():
+        if not pname.startswith("cpu@"):
+            continue
+        node = pname[4:]
+        spare = free.get(pname, 0) - expected.get(node, 0)
+        if spare <= 0 or node in wanted:
+            continue
+        best: tuple[float, ActionRecord, int] | None = None
+        for aid in held:
+            rec = running[aid]
+            a = rec.action
+            if not a.restartable or a.key != "cpu" or not a.scalable or rec.started_at is None:
+                continue
+            cv = estimator.t1_cv(a.action_class)
+            if cv is None:
+                continue
+            dop = rec.dispatch.units["cpu"]
+            wider = a.demands["cpu"].capped(dop + spare)
+            options = [m for m in wider.options if m > dop] if wider is not None else []
+            speed = a.elasticity.efficiency
+            m = restart_dop(mean_t1=a.t1_s, cv=cv, speedup=lambda k: speed(k) * k, dop=dop,
+                            elapsed_s=now - rec.started_at, options=options, gain=gain)
+            if m is not None:
+                ratio = speed(m) * m / (speed(dop) * dop)
+                if best is None or ratio > best[0]:
+                    best = (ratio, rec, m)
+        if best is not None:
+            out.append((best[1], best[2]))
+    return out

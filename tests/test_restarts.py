@@ -1,0 +1,234 @@
+"""Restarting a straggler wider (tangram.policy.restart, tangram.core.restarts): the expected time
+left under the class's lognormal, the decision, the engine's bookkeeping, the simulator's and a real
+process's restart."""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from pathlib import Path
+from statistics import NormalDist
+
+import pytest
+
+from tangram.core.engine import Engine
+from tangram.core.estimator import CV_AFTER, DurationEstimator
+from tangram.core.model import Action, Elasticity, Profile
+from tangram.executors.local import LocalExecutor
+from tangram.managers.base import CountingManager
+from tangram.policy.restart import expected_beyond, restart_dop
+from tangram.policy.snapshot import PolicyParams
+from tangram.runtime import Runtime
+from tangram.service.config import ConfigError, parse_config
+from tangram.simulator.sim import simulate
+from tangram.simulator.workload import parse_workload
+
+from tests.helpers import make_action, make_engine, make_node
+
+SUITE = Elasticity.amdahl(0.05)
+
+
+def _lognormal_beyond(mean: float, cv: float, x: float, steps: int = 200_000) -> float:
+    """E[T | T > x] by integrating the lognormal's density in log space (midpoint rule)."""
+    s2 = math.log1p(cv * cv)
+    s = math.sqrt(s2)
+    mu = math.log(mean) - s2 / 2
+    lo, hi = math.log(x), max(math.log(x), mu) + 14 * s
+    h = (hi - lo) / steps
+    num = den = 0.0
+    for i in range(steps):
+        y = lo + (i + 0.5) * h
+        w = math.exp(-0.5 * ((y - mu) / s) ** 2)
+        num += w * math.exp(y)
+        den += w
+    return num / den
+
+
+@pytest.mark.parametrize("mean,cv,x", [(120.0, 1.0, 50.0), (120.0, 1.0, 400.0), (300.0, 0.5, 900.0),
+                                       (10.0, 2.0, 200.0), (60.0, 0.3, 30.0),
+                                       (1.0, 1.0, 2000.0), (1.0, 0.3, 60.0)])  # the last: past z = 30
+def test_the_expected_run_beyond_x_is_the_lognormals(mean, cv, x):
+    assert expected_beyond(mean, cv, x) == pytest.approx(_lognormal_beyond(mean, cv, x), rel=2e-3)
+
+
+def test_the_expected_run_beyond_x_is_the_mean_before_it_starts_and_grows_past_x():
+    assert expected_beyond(120.0, 1.0, 0.0) == 120.0
+    assert expected_beyond(120.0, 0.0, 60.0) == 120.0  # no spread: every run is the mean
+    assert expected_beyond(120.0, 0.0, 130.0) is None  # ... and none is longer
+    rng = random.Random(1)
+    for _ in range(200):
+        mean, cv, x = rng.uniform(1, 500), rng.uniform(0.05, 3), rng.uniform(0.01, 5000)
+        e = expected_beyond(mean, cv, x)
+        assert e is not None and e > x and math.isfinite(e)
+
+
+def _decide(**kw):
+    args = dict(mean_t1=100.0, cv=1.0, speedup=lambda m: SUITE.efficiency(m) * m, dop=1, elapsed_s=300.0,
+                options=[2, 4, 8], gain=0.8)
+    return restart_dop(**(args | kw))
+
+
+def test_a_long_run_of_a_heavy_tailed_class_is_restarted_at_the_widest_dop():
+    assert _decide() == 8
+    # at 300 s of a 100 s class it has done 300 T1-seconds: expected 400+ more at one core, ~90 s at 8
+    assert _decide(options=[2]) is None  # 2 cores cannot halve... 0.8 of its time left from the start again
+
+
+def test_what_leaves_a_run_where_it_is():
+    assert _decide(gain=0.0) is None  # restarts off
+    assert _decide(options=[]) is None  # no wider DoP free
+    assert _decide(dop=8, options=[8]) is None
+    assert _decide(cv=0.2) is None  # a narrow class: a run past its mean is nearly done
+    assert _decide(cv=0.0) is None  # past the one value of a class without spread
+    # just started: nothing is lost, and 8 cores are faster (a round would have widened it had it had them)
+    assert _decide(elapsed_s=0.0) == 8
+
+
+def _seed_spread(est: DurationEstimator, cls: str, n: int, mean: float = 100.0, cv: float = 1.0) -> None:
+    """``n`` ended runs of ``cls`` at one core, their T1 the quantiles of a lognormal of this mean and cv."""
+    s = math.sqrt(math.log1p(cv * cv))
+    for i in range(n):
+        a = Action.build(f"seed{i}", {"cpu": {"min": 1, "max": 8}}, action_class=cls, t1_s=mean, elasticity=SUITE)
+        est.observe(a, 1, math.exp(math.log(mean) - s * s / 2 + s * NormalDist().inv_cdf((i + 0.5) / n)))
+
+
+def _suite(id: str, *, restartable: bool = True, trajectory: str = "t0") -> Action:
+    return Action.build(id, {"cpu": {"min": 1, "max": 8}}, action_class="suite", t1_s=100.0, elasticity=SUITE,
+                        trajectory=trajectory, restartable=restartable)
+
+
+def _straggler(params=None, *, restartable=True, runs=CV_AFTER, wide_trajectory=None):
+    """A node of 8 cores: a fixed action holds 7 for 1,000 s, so the suite starts on the one left."""
+    eng, clock = make_engine(make_node(cores=8), params=params)
+    _seed_spread(eng.estimator, "suite", runs)
+    eng.submit(make_action("wide", cpu=7, t1=1000.0, trajectory=wide_trajectory))
+    [s] = eng.submit(_suite("s", restartable=restartable))
+    assert s.dispatch.dop == 1
+    clock.advance(300.0)
+    return eng, clock
+
+
+def test_the_engine_restarts_a_straggler_on_the_cores_a_completion_frees():
+    eng, clock = _straggler()
+    out = eng.complete("wide")
+    [s] = [x for x in out if x.action.id == "s"]
+    assert s.restart and s.dispatch.dop == 8
+    rec = eng.running["s"]
+    assert rec.started_at == clock() and rec.restarted_s == pytest.approx(300.0)
+    assert eng.runs_restarted == 1
+    assert eng.pool_states()["cpu@n0"].free == 0
+    eng.check_invariants()
+    clock.advance(20.0)
+    eng.complete("s")
+    done = eng.finished["s"]
+    assert done.queued_s == pytest.approx(0.0)  # the stopped run is not queueing
+    assert done.exec_s == pytest.approx(20.0)  # the run that ended
+    assert done.act_s == pytest.approx(320.0)
+    assert eng.pool_states()["cpu@n0"].free == 8
+
+
+def test_a_restart_leaves_a_core_to_each_trajectory_expected_back_on_the_node():
+    eng, _ = _straggler(wide_trajectory="t1")  # t1 goes quiet when "wide" ends: its next action is expected
+    [s] = [x for x in eng.complete("wide") if x.action.id == "s"]
+    assert s.restart and s.dispatch.dop == 7
+    assert eng.pool_states()["cpu@n0"].free == 1
+
+
+@pytest.mark.parametrize("case", ["not restartable", "off", "too few runs seen", "wanted by the queue"])
+def test_what_keeps_the_engine_from_restarting(case):
+    params = PolicyParams(restart_gain=0.0) if case == "off" else None
+    eng, clock = _straggler(params, restartable=case != "not restartable",
+                            runs=CV_AFTER - 1 if case == "too few runs seen" else CV_AFTER)
+    if case == "wanted by the queue":  # a fixed action of 8 cores waits for the node: the cores are its
+        eng.submit(make_action("next", cpu=8, t1=10.0, trajectory="t2"))
+    out = eng.complete("wide")
+    assert not any(x.restart for x in out)
+    assert eng.runs_restarted == 0 and eng.running["s"].dispatch.dop == 1
+    eng.check_invariants()
+
+
+def test_restart_gain_is_validated_and_read_from_the_config():
+    with pytest.raises(ValueError, match="restart_gain"):
+        PolicyParams(restart_gain=1.5)
+    with pytest.raises(ValueError, match="restart_gain"):
+        PolicyParams(restart_gain=True)
+    with pytest.raises(ConfigError) as e:
+        parse_config({"scheduler": {"restart_gain": 2}})
+    assert e.value.field == "scheduler.restart_gain"
+    assert parse_config({"scheduler": {"restart_gain": 0.5}}).restart_gain == 0.5
+    with pytest.raises(Exception) as e:
+        Action.build("a", {"cpu": 1}, restartable="yes")
+    assert e.value.field == "restartable"
+
+
+def _heavy_tailed_workload(restartable: bool) -> dict:
+    return {
+        "name": "suites", "trajectories": 96, "turns": {"dist": "lognormal", "mean": 3, "cv": 0.5, "min": 1},
+        "generation_s": {"dist": "lognormal", "mean": 1.0, "cv": 0.8}, "memory_mb": 1024,
+        "actions": {"shell": {"duration_s": {"dist": "lognormal", "mean": 1.0, "cv": 1.5},
+                              "resources": {"cpu": 1}}},
+        "rewards": {"test-suite": {"duration_s": {"dist": "lognormal", "mean": 60.0, "cv": 1.5, "max": 3600},
+                                   "resources": {"cpu": {"min": 1, "max": 16}}, "elasticity": {"amdahl": 0.05},
+                                   "profiled": True, "restartable": restartable}},
+        "cluster": {"cpu_nodes": 2, "cores_per_node": 16, "mem_gb_per_node": 1024},
+    }
+
+
+def test_the_simulator_restarts_stragglers_and_keeps_its_books():
+    runs = {r: simulate(parse_workload(_heavy_tailed_workload(r)), "tangram", seed=2, check=True) for r in (False, True)}
+    assert runs[False].summary["restarts"] == 0
+    res = runs[True]
+    assert res.summary["restarts"] > 0
+    restarted = [r for r in res.records if r.restarts]
+    assert restarted and all(r.units > 1 and r.run_from >= r.start for r in restarted)
+    # every second of a trajectory is still its generation or its actions
+    trajs = {id(r.traj): r.traj for r in res.records}
+    generation = sum(i.gen_s for t in trajs.values() for i in t.items)
+    assert sum(r.end - r.submit for r in res.records) == pytest.approx(sum(t.end for t in trajs.values()) - generation)
+    # the stopped runs' core-seconds are counted busy: busy never exceeds what was reserved
+    cpu = res.summary["pools"]["cpu"]
+    assert 0 < cpu["busy_unit_s"] <= cpu["reserved_unit_s"] + 1e-6
+
+
+def test_a_restart_with_a_restartable_field_is_refused_on_other_kinds_and_mistyped():
+    from tangram.core.errors import DemandError
+    from tangram.service.wire import parse_action
+
+    assert parse_action({"kind": "exec", "command": "true", "restartable": True})["restartable"] is True
+    for body, field in [({"kind": "exec", "command": "true", "restartable": 1}, "restartable"),
+                        ({"kind": "http", "url": "http://x", "restartable": True}, "restartable")]:
+        with pytest.raises(DemandError) as e:
+            parse_action(body)
+        assert e.value.field == field
+
+
+@pytest.mark.timeout(60)
+async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path):
+    """A real local process: the straggler's first run is killed before its second begins in the same
+    environment, the second runs at the wider DoP, and nothing is left running or held."""
+    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.2, sandbox="none")
+    eng = Engine([CountingManager({"cpu@n0": 4, "mem@n0": 10_000})])
+    # the suite's class: 2 s at one core with cv 1 (its profile and its runs); the blocker is profiled
+    # long, so the suite starts at once on the one core it leaves rather than wait for the others
+    profiles = {"suite": Profile(t1_s=2.0, elasticity=SUITE), "blocker": Profile(t1_s=100.0)}
+    rt = Runtime(eng, env_executors={"n0": ex}, profiles=profiles)
+    async with rt:
+        _seed_spread(eng.estimator, "suite", CV_AFTER, mean=2.0)
+        env = await rt.create_environment(memory_mb=100)
+        log = tmp_path / "runs.log"
+        blocker = rt.submit(rt.build_action("exec", {"cpu": 3}, environment=None, profile="blocker",
+                                            command="sleep 1.5"))
+        suite = rt.submit(rt.build_action(
+            "exec", {"cpu": {"min": 1, "max": 4}}, environment=env, profile="suite", restartable=True,
+            command=f'echo start $TANGRAM_DOP >> {log}; sleep $((4 / TANGRAM_DOP)); echo end $TANGRAM_DOP >> {log}'))
+        t0 = asyncio.get_running_loop().time()
+        first = await rt.wait(blocker)
+        assert first.status == "succeeded"
+        out = await rt.wait(suite)
+        assert out.status == "succeeded"
+        assert eng.runs_restarted == 1 and rt.stats()["restarts"] == 1
+        # past the end of the first run had it not been killed (4 s at one core)
+        await asyncio.sleep(max(0.0, t0 + 5.0 - asyncio.get_running_loop().time()))
+        assert log.read_text().split("\n")[:-1] == ["start 1", "start 4", "end 4"]
+        assert out.timing.exec_s < 3.0
+    rt.check_whole()
