@@ -3,7 +3,8 @@
 
     python scripts/policy_stress.py [--family cpu|gpu|api|neighbours|mixed|all] [--seeds 0:36] [--jobs 2] [--json]
                                     [--param order=fcfs ...] [--baselines-from OUT.json]
-                                    [--arrival-margin S | --books B] [--generation-scale F] [--smoke]
+                                    [--arrival-margin S | --books B] [--generation-scale F] [--restartable]
+                                    [--smoke]
 
 Each seed draws one workload of a family from the ranges below (``cpu``: the
 ``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
@@ -39,7 +40,9 @@ draws and simulation seed: checked) and runs tangram alone, a quarter of the tim
 the adaptive books: ``tangram.managers.basic``; ``--books conservative`` reruns the
 first stored API runs).
 ``--generation-scale F`` multiplies every draw's mean generation time by F: the same
-workloads under a slower (or faster) policy model.
+workloads under a slower (or faster) policy model. ``--restartable`` marks every elastic CPU
+reward (the test suites) restartable: a straggling run may be stopped and started again
+wider (``PolicyParams.restart_gain``), under tangram and every baseline that runs its CPU policy.
 One seed of the simulation (``--sim-seed``) per workload: single runs at small batches
 are noisy, which the counts above do not hide (read the ratios, not one point).
 """
@@ -123,8 +126,9 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 
 def _run_one(job: tuple) -> dict | None:
-    family, seed, smoke, margin, books, unprofiled, steps, generation_scale, params, sim_seed, tolerance, stored = job
-    raw = draw(family, seed, smoke, margin, books, unprofiled, steps, generation_scale)
+    (family, seed, smoke, margin, books, unprofiled, steps, generation_scale, restartable, params, sim_seed, tolerance,
+     stored) = job
+    raw = draw(family, seed, smoke, margin, books, unprofiled, steps, generation_scale, restartable)
     if raw is None:
         return None
     wl = parse_workload(raw, source=f"policy_stress {family} {seed}")
@@ -198,6 +202,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, help="RL steps per workload (default: the draw's, 1)")
     ap.add_argument("--generation-scale", type=float, default=1.0, metavar="F",
                     help="multiply every draw's mean generation time by F (a slower or faster policy model)")
+    ap.add_argument("--restartable", action="store_true",
+                    help="mark every elastic CPU reward restartable (a straggler is restarted wider)")
     ap.add_argument("--baselines-from", metavar="JSON",
                     help="an earlier --json output: reuse its baselines' runs, run tangram alone")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -221,14 +227,14 @@ def main(argv=None) -> int:
         for f in families:
             for seed in args.seeds:
                 raw = draw(f, seed, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps,
-                           args.generation_scale)
+                           args.generation_scale, args.restartable)
                 if raw is not None and (f, seed) not in stored:
                     raise SystemExit(f"--baselines-from: no run of {f} draw {seed} there")
                 if raw is not None and stored[(f, seed)]["workload"] != raw:
                     raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
                                      "(another --smoke, or the ranges changed)")
     jobs = [(f, s, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps, args.generation_scale,
-             params, args.sim_seed, args.tolerance, stored.get((f, s)))
+             args.restartable, params, args.sim_seed, args.tolerance, stored.get((f, s)))
             for f in families for s in args.seeds]
     if args.jobs > 1:
         with Pool(args.jobs) as pool:
@@ -237,6 +243,7 @@ def main(argv=None) -> int:
         rows = [r for r in map(_run_one, jobs) if r is not None]
     out = {"params": params, "sim_seed": args.sim_seed, "arrival_margin_s": args.arrival_margin, "books": args.books,
            "unprofiled": args.unprofiled, "steps": args.steps, "generation_scale": args.generation_scale,
+           "restartable": args.restartable,
            "summary": {f: summarize([r for r in rows if r["family"] == f], args.tolerance)
                        for f in families if any(r["family"] == f for r in rows)},
            "workloads": rows}

@@ -302,12 +302,13 @@ DRAW = {"cpu": cpu_workload, "gpu": gpu_workload, "api": api_workload, "neighbou
 
 def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | None = None,
          books: str | None = None, unprofiled: bool = False, steps: int | None = None,
-         generation_scale: float = 1.0) -> dict | None:
+         generation_scale: float = 1.0, restartable: bool = False) -> dict | None:
     """Draw ``seed`` of ``family``; ``arrival_margin_s`` states that margin on every quota pool (the
     managed books free a call's slot that long after its dispatch instead of after its answer; the
     simulated upstream counts a call at its dispatch either way), ``books`` those books; ``unprofiled``
     withholds every reward's profile (the scheduler learns it from runs), ``steps`` sets the steps,
-    ``generation_scale`` multiplies the mean generation time (a slower or faster policy model)."""
+    ``generation_scale`` multiplies the mean generation time (a slower or faster policy model),
+    ``restartable`` marks every elastic CPU reward (a test suite) restartable (Action.restartable)."""
     raw = DRAW[family](seed, smoke)
     if raw is not None and (unprofiled or generation_scale != 1.0) and "jobs" in raw:
         what = "--unprofiled" if unprofiled else "--generation-scale"
@@ -318,6 +319,11 @@ def draw(family: str, seed: int, smoke: bool = False, arrival_margin_s: float | 
     if raw is not None and generation_scale != 1.0:
         raw["generation_s"] = _scaled(raw["generation_s"], generation_scale)
         raw["name"] += f"-generation-x{generation_scale:g}"
+    if raw is not None and restartable:
+        for job in raw.get("jobs") or [raw]:
+            for cls in job.get("rewards", {}).values():
+                if isinstance(cls["resources"].get("cpu"), dict):  # a {min, max} range: elastic
+                    cls["restartable"] = True  # the name stays: the same random streams, the same draw
     if raw is not None and steps is not None:
         raw["steps"] = steps
     stated = {k: v for k, v in (("arrival_margin_s", arrival_margin_s), ("books", books)) if v is not None}

@@ -272,3 +272,20 @@ def test_a_mixed_smoke_run_compares_with_every_familys_baselines(capsys):
     for row in out["workloads"]:
         assert set(row["results"]) == {"tangram", *row["workload"]["baselines"]["compare"]}
         assert row["losses"] == stress.mark_failed(stress.losses(row["results"], 0.01), row["failed"])
+
+
+def test_restartable_marks_every_elastic_cpu_reward_and_nothing_else(capsys):
+    plain, marked = stress.draw("mixed", 30), stress.draw("mixed", 30, restartable=True)
+    assert marked["name"] == plain["name"]  # its random streams follow the name: the same draw
+    for name, cls in marked["rewards"].items():  # the test suite (a cpu range), not the judge on GPUs
+        assert cls.get("restartable", False) == isinstance(cls["resources"].get("cpu"), dict), name
+    assert any(cls.get("restartable") for cls in marked["rewards"].values())
+    assert not any(cls.get("restartable") for cls in marked["actions"].values())
+    assert {k: v for k, v in marked.items() if k not in ("name", "rewards")} == {
+        k: v for k, v in plain.items() if k not in ("name", "rewards")}
+    assert stress.main(["--smoke", "--family", "cpu", "--seeds", "3:4", "--jobs", "1", "--restartable",
+                        "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (row,) = out["workloads"]
+    assert out["restartable"] is True and row["workload"]["rewards"]["test-suite"]["restartable"] is True
+    assert set(row["results"]) == {"tangram", *row["workload"]["baselines"]["compare"]}

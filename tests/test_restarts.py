@@ -20,6 +20,7 @@ from tangram.policy.restart import expected_beyond, restart_dop
 from tangram.policy.snapshot import PolicyParams
 from tangram.runtime import Runtime
 from tangram.service.config import ConfigError, parse_config
+from tangram.service.metrics import ServiceMetrics
 from tangram.simulator.sim import simulate
 from tangram.simulator.workload import parse_workload
 
@@ -134,9 +135,16 @@ def test_a_restart_leaves_a_core_to_each_trajectory_expected_back_on_the_node():
     assert eng.pool_states()["cpu@n0"].free == 1
 
 
-@pytest.mark.parametrize("case", ["not restartable", "off", "too few runs seen", "wanted by the queue"])
+def test_a_restart_keeps_the_classs_dop_cap():
+    eng, _ = _straggler(PolicyParams(dop_caps={"suite": 6}))
+    [s] = [x for x in eng.complete("wide") if x.action.id == "s"]
+    assert s.restart and s.dispatch.dop == 6  # of the 8 free
+
+
+@pytest.mark.parametrize("case", ["not restartable", "off", "too few runs seen", "wanted by the queue",
+                                  "the fixed-DoP baseline"])
 def test_what_keeps_the_engine_from_restarting(case):
-    params = PolicyParams(restart_gain=0.0) if case == "off" else None
+    params = {"off": PolicyParams(restart_gain=0.0), "the fixed-DoP baseline": PolicyParams(fixed_dop=1)}.get(case)
     eng, clock = _straggler(params, restartable=case != "not restartable",
                             runs=CV_AFTER - 1 if case == "too few runs seen" else CV_AFTER)
     if case == "wanted by the queue":  # a fixed action of 8 cores waits for the node: the cores are its
@@ -212,6 +220,7 @@ async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path):
     # long, so the suite starts at once on the one core it leaves rather than wait for the others
     profiles = {"suite": Profile(t1_s=2.0, elasticity=SUITE), "blocker": Profile(t1_s=100.0)}
     rt = Runtime(eng, env_executors={"n0": ex}, profiles=profiles)
+    metrics = ServiceMetrics(rt)
     async with rt:
         _seed_spread(eng.estimator, "suite", CV_AFTER, mean=2.0)
         env = await rt.create_environment(memory_mb=100)
@@ -231,4 +240,6 @@ async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path):
         await asyncio.sleep(max(0.0, t0 + 5.0 - asyncio.get_running_loop().time()))
         assert log.read_text().split("\n")[:-1] == ["start 1", "start 4", "end 4"]
         assert out.timing.exec_s < 3.0
+        assert "tangram_runs_restarted_total 1.0" in metrics.render()[0].decode()
+    metrics.close()
     rt.check_whole()

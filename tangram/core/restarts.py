@@ -21,14 +21,15 @@ def restart_stragglers(eng: Any) -> list[Started]:
     """Stop the straggling runs that idle units would end sooner and start them again wider; the
     driver stops each one's run before its new one (``Started.restart``). ``eng``: the Engine (not
     imported here: it imports this module)."""
-    if eng.params.restart_gain <= 0:
+    params = eng.params
+    if params.restart_gain <= 0 or params.fixed_dop is not None:  # the fixed-DoP baseline chooses no DoP
         return []
     pools = eng.pool_states()
     now = eng.clock()
     chosen = straggler_restarts(
         eng.running, {p: eng._running_by_pool.get(p, {}) for p in pools if p.startswith("cpu@")},
         {p: st.free for p, st in pools.items()}, wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
-        eng._generating.quiet_counts(), eng.estimator, eng.params.restart_gain, now)
+        eng._generating.quiet_counts(), eng.estimator, params.restart_gain, now, params.dop_caps)
     out = []
     for rec, dop in chosen:
         old = rec.dispatch
@@ -64,9 +65,11 @@ def wanted_nodes(lanes: Iterable, nodes: Iterable[str]) -> set[str]:
 
 def straggler_restarts(running: Mapping[str, ActionRecord], running_by_pool: Mapping[str, Mapping[str, tuple]],
                        free: Mapping[str, int], wanted: set[str], expected: Mapping[str, int],
-                       estimator: DurationEstimator, gain: float, now: float) -> list[tuple[ActionRecord, int]]:
+                       estimator: DurationEstimator, gain: float, now: float,
+                       dop_caps: Mapping[str, int] | None = None) -> list[tuple[ActionRecord, int]]:
     """``(record, new DoP)`` for the runs to restart now: on CPU pools ``cpu@node`` with units free,
-    on nodes no waiting action wants, keeping ``expected[node]`` units for its expected arrivals."""
+    on nodes no waiting action wants, keeping ``expected[node]`` units for its expected arrivals, and
+    within its class's DoP cap (``PolicyParams.dop_caps``, as a round keeps it)."""
     out: list[tuple[ActionRecord, int]] = []
     for pname, held in running_by_pool.items():
         if not pname.startswith("cpu@"):
@@ -85,7 +88,8 @@ def straggler_restarts(running: Mapping[str, ActionRecord], running_by_pool: Map
             if cv is None:
                 continue
             dop = rec.dispatch.units["cpu"]
-            wider = a.demands["cpu"].capped(dop + spare)
+            cap = (dop_caps or {}).get(a.action_class)
+            wider = a.demands["cpu"].capped(dop + spare if cap is None else min(dop + spare, max(cap, dop)))
             options = [m for m in wider.options if m > dop] if wider is not None else []
             speed = a.elasticity.efficiency
             m = restart_dop(mean_t1=a.t1_s, cv=cv, speedup=lambda k: speed(k) * k, dop=dop,

@@ -44,6 +44,8 @@ class _PoolCollector:
         yield GaugeMetricFamily("tangram_running_actions", "Actions running now", value=len(eng.running))
         yield GaugeMetricFamily("tangram_environments", "Live environments",
                                 value=len(self.runtime.environments()))
+        yield CounterMetricFamily("tangram_runs_restarted", "Straggling restartable runs stopped and started "
+                                  "again at a wider DoP (scheduler.restart_gain)", value=eng.runs_restarted)
 
 
 class ServiceMetrics:
