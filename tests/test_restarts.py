@@ -98,12 +98,12 @@ def _suite(id: str, *, restartable: bool = True, trajectory: str = "t0") -> Acti
                         trajectory=trajectory, restartable=restartable)
 
 
-def _straggler(params=None, *, restartable=True, runs=CV_AFTER, wide_trajectory=None):
+def _straggler(params=None, *, restartable=True, runs=CV_AFTER, wide_trajectory=None, suite_trajectory="t0"):
     """A node of 8 cores: a fixed action holds 7 for 1,000 s, so the suite starts on the one left."""
     eng, clock = make_engine(make_node(cores=8), params=params)
     _seed_spread(eng.estimator, "suite", runs)
     eng.submit(make_action("wide", cpu=7, t1=1000.0, trajectory=wide_trajectory))
-    [s] = eng.submit(_suite("s", restartable=restartable))
+    [s] = eng.submit(_suite("s", restartable=restartable, trajectory=suite_trajectory))
     assert s.dispatch.dop == 1
     clock.advance(300.0)
     return eng, clock
@@ -128,11 +128,12 @@ def test_the_engine_restarts_a_straggler_on_the_cores_a_completion_frees():
     assert eng.pool_states()["cpu@n0"].free == 8
 
 
-def test_a_restart_leaves_a_core_to_each_trajectory_expected_back_on_the_node():
-    eng, _ = _straggler(wide_trajectory="t1")  # t1 goes quiet when "wide" ends: its next action is expected
+def test_without_expected_arrivals_a_restart_takes_what_a_quiet_trajectory_would_ask_for():
+    # t1 goes quiet when its 7-core "wide" ends; under expect_arrivals its next action is expected to
+    # ask for 7 (below: nothing restarts); without, the 7 cores are idle
+    eng, _ = _straggler(PolicyParams(expect_arrivals=False), wide_trajectory="t1")
     [s] = [x for x in eng.complete("wide") if x.action.id == "s"]
-    assert s.restart and s.dispatch.dop == 7
-    assert eng.pool_states()["cpu@n0"].free == 1
+    assert s.restart and s.dispatch.dop == 8
 
 
 def test_a_restart_keeps_the_classs_dop_cap():
@@ -142,14 +143,17 @@ def test_a_restart_keeps_the_classs_dop_cap():
 
 
 @pytest.mark.parametrize("case", ["not restartable", "off", "too few runs seen", "wanted by the queue",
-                                  "the fixed-DoP baseline"])
+                                  "the fixed-DoP baseline", "a one-shot environment", "a failed completion",
+                                  "the units expected back"])
 def test_what_keeps_the_engine_from_restarting(case):
     params = {"off": PolicyParams(restart_gain=0.0), "the fixed-DoP baseline": PolicyParams(fixed_dop=1)}.get(case)
     eng, clock = _straggler(params, restartable=case != "not restartable",
-                            runs=CV_AFTER - 1 if case == "too few runs seen" else CV_AFTER)
+                            runs=CV_AFTER - 1 if case == "too few runs seen" else CV_AFTER,
+                            suite_trajectory=None if case == "a one-shot environment" else "t0",
+                            wide_trajectory="t1" if case == "the units expected back" else None)
     if case == "wanted by the queue":  # a fixed action of 8 cores waits for the node: the cores are its
         eng.submit(make_action("next", cpu=8, t1=10.0, trajectory="t2"))
-    out = eng.complete("wide")
+    out = eng.complete("wide", "failed" if case == "a failed completion" else "succeeded")
     assert not any(x.restart for x in out)
     assert eng.runs_restarted == 0 and eng.running["s"].dispatch.dop == 1
     eng.check_invariants()
@@ -188,7 +192,9 @@ def test_the_simulator_restarts_stragglers_and_keeps_its_books():
     res = runs[True]
     assert res.summary["restarts"] > 0
     restarted = [r for r in res.records if r.restarts]
-    assert restarted and all(r.units > 1 and r.run_from >= r.start for r in restarted)
+    assert restarted and all(r.units > 1 and r.run_from > r.start for r in restarted)
+    for r in restarted:  # the run that counts is its last, whole, at its last DoP (after its environment's start)
+        assert r.end == pytest.approx(max(r.run_from, r.start + r.setup_s) + r.run_s)
     # every second of a trajectory is still its generation or its actions
     trajs = {id(r.traj): r.traj for r in res.records}
     generation = sum(i.gen_s for t in trajs.values() for i in t.items)
@@ -211,9 +217,11 @@ def test_a_restart_with_a_restartable_field_is_refused_on_other_kinds_and_mistyp
 
 
 @pytest.mark.timeout(60)
-async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path):
+@pytest.mark.parametrize("then", ["finish", "cancel", "close"])
+async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path, then):
     """A real local process: the straggler's first run is killed before its second begins in the same
-    environment, the second runs at the wider DoP, and nothing is left running or held."""
+    environment, the second runs at the wider DoP (or is cancelled, or shut down, as a first run would
+    be), and nothing is left running or held."""
     ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.2, sandbox="none")
     eng = Engine([CountingManager({"cpu@n0": 4, "mem@n0": 10_000})])
     # the suite's class: 2 s at one core with cv 1 (its profile and its runs); the blocker is profiled
@@ -221,25 +229,33 @@ async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path):
     profiles = {"suite": Profile(t1_s=2.0, elasticity=SUITE), "blocker": Profile(t1_s=100.0)}
     rt = Runtime(eng, env_executors={"n0": ex}, profiles=profiles)
     metrics = ServiceMetrics(rt)
+    loop = asyncio.get_running_loop()
+    log = tmp_path / "runs.log"
     async with rt:
         _seed_spread(eng.estimator, "suite", CV_AFTER, mean=2.0)
         env = await rt.create_environment(memory_mb=100)
-        log = tmp_path / "runs.log"
         blocker = rt.submit(rt.build_action("exec", {"cpu": 3}, environment=None, profile="blocker",
                                             command="sleep 1.5"))
         suite = rt.submit(rt.build_action(
             "exec", {"cpu": {"min": 1, "max": 4}}, environment=env, profile="suite", restartable=True,
             command=f'echo start $TANGRAM_DOP >> {log}; sleep $((4 / TANGRAM_DOP)); echo end $TANGRAM_DOP >> {log}'))
-        t0 = asyncio.get_running_loop().time()
-        first = await rt.wait(blocker)
-        assert first.status == "succeeded"
-        out = await rt.wait(suite)
-        assert out.status == "succeeded"
-        assert eng.runs_restarted == 1 and rt.stats()["restarts"] == 1
-        # past the end of the first run had it not been killed (4 s at one core)
-        await asyncio.sleep(max(0.0, t0 + 5.0 - asyncio.get_running_loop().time()))
-        assert log.read_text().split("\n")[:-1] == ["start 1", "start 4", "end 4"]
-        assert out.timing.exec_s < 3.0
-        assert "tangram_runs_restarted_total 1.0" in metrics.render()[0].decode()
+        t0 = loop.time()
+        assert (await rt.wait(blocker)).status == "succeeded"
+        assert eng.runs_restarted == 1 and rt.stats()["restarts"] == 1  # restarted as the blocker ended
+        if then == "finish":
+            out = await rt.wait(suite)
+            assert out.status == "succeeded" and out.timing.exec_s < 3.0
+            assert "tangram_runs_restarted_total 1.0" in metrics.render()[0].decode()
+        elif then == "cancel":
+            await asyncio.sleep(0.3)  # the wider run has begun
+            assert rt.cancel(suite)
+            assert (await rt.wait(suite)).status == "cancelled"
+    if then == "close":
+        assert rt.result(suite).status == "cancelled"
+    # past the end of either run had it not been killed (4 s at one core)
+    await asyncio.sleep(max(0.0, t0 + 5.0 - loop.time()))
+    lines = log.read_text().split("\n")[:-1]
+    assert lines == (["start 1", "start 4", "end 4"] if then == "finish" else ["start 1", "start 4"])[:len(lines)]
+    assert lines[0] == "start 1" and ("end 4" in lines) == (then == "finish")
     metrics.close()
     rt.check_whole()

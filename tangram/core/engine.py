@@ -172,7 +172,7 @@ class Engine:
             self.rounds_skipped, started = self.rounds_skipped + 1, []
         else:
             started = self._round(set())
-        return started + restarts.restart_stragglers(self) if self._restartable else started
+        return started + restarts.restart_stragglers(self) if self._restartable and status == "succeeded" else started
 
     def _round(self, dirty: set[str], pools: Mapping[str, PoolState] | None = None) -> list[Started]:
         """A round when only ``dirty`` pools changed since the last one (those released since, and those
@@ -357,7 +357,7 @@ class Engine:
             self._running_by_pool.setdefault(pname, {})[a.id] = (now, rec.estimated_end, d.units[rtype])
         if a.service is not None and "gpu" in d.units:
             self._running_by_service.setdefault(a.service, {})[a.id] = (now, rec.estimated_end, d.units["gpu"])
-        if a.restartable and a.key == "cpu":
+        if a.restartable and a.key == "cpu" and a.trajectory is not None:  # a one-shot's environment ends with its run
             self._restartable.add(a.id)
         return Started(rec, d, grants)
 

@@ -124,9 +124,11 @@ class Generating:
         if quiet is not None and quiet[1] is not None:
             del self._fixed[quiet[1]][trajectory]
 
-    def quiet_counts(self) -> Mapping[str, int]:
-        """node -> how many of its trajectories in generation will ask it for fixed units next."""
-        return {node: len(quiet) for node, quiet in self._fixed.items() if quiet}
+    def expected_cpu(self) -> Mapping[str, int]:
+        """node -> the CPU units its trajectories in generation are expected to ask for next (each its
+        last action's, fixed; those whose last action was elastic take what is free)."""
+        return {node: sum(a.demands["cpu"].min for _, a in quiet.values() if "cpu" in a.demands)
+                for node, quiet in self._fixed.items() if quiet}
 
     @property
     def published_gaps(self) -> ResidualGaps | None:

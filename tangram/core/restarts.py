@@ -1,9 +1,10 @@
 """Which straggling runs the engine restarts at a wider DoP, and the restart (the decision:
 tangram.policy.restart).
 
-Looked at after a completion, once its round has run: a node's CPU units that nothing waiting can
-use and that its trajectories in generation are not expected to ask for are idle, and a
-``restartable`` elastic run on that node may take them by starting again. At most one run per
+Looked at after a successful completion, once its round has run: a node's CPU units that nothing
+waiting can use and that its trajectories in generation are not expected to ask for (their last
+actions' units, unless ``expect_arrivals`` is off) are idle, and a ``restartable`` elastic run on
+that node may take them by starting again (not one in a one-shot environment, which ends with it). At most one run per
 node is restarted per event, the one the free units speed up most. The engine's own helper, like
 ``skips``: :func:`restart_stragglers` acts on its state.
 """
@@ -29,7 +30,8 @@ def restart_stragglers(eng: Any) -> list[Started]:
     chosen = straggler_restarts(
         eng.running, {p: eng._running_by_pool.get(p, {}) for p in pools if p.startswith("cpu@")},
         {p: st.free for p, st in pools.items()}, wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
-        eng._generating.quiet_counts(), eng.estimator, params.restart_gain, now, params.dop_caps)
+        eng._generating.expected_cpu() if params.expect_arrivals else {}, eng.estimator, params.restart_gain, now,
+        params.dop_caps)
     out = []
     for rec, dop in chosen:
         old = rec.dispatch

@@ -35,30 +35,13 @@ from tangram.runtime.actions import ActionOutcome, Timing, build_action
 from tangram.runtime.upstream import upstream_pause
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
 from tangram.runtime.environments import Environment, Environments
+from tangram.runtime.job import Job
 from tangram.runtime.stats import RuntimeStats
 
 log = logging.getLogger("tangram.runtime")
 
 # an http action without timeout_s is re-queued after upstream 429s until this long after it was received
 HTTP_429_DEADLINE_S = 600.0
-
-
-class Job:
-    """Runtime-side state of one submitted action (what listeners are handed)."""
-
-    __slots__ = ("action", "kind", "received_at", "enqueued_at", "held_s", "task", "done", "outcome", "env", "requeues")
-
-    def __init__(self, action: Action, kind: str, received_at: float, env: Environment | None, held_s: float = 0.0):
-        self.action = action
-        self.kind = kind
-        self.received_at = received_at
-        self.enqueued_at = received_at
-        self.held_s = max(held_s, 0.0)  # waited for its turn before submit (the service's gate): queueing too
-        self.task: asyncio.Task | None = None
-        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.outcome: ActionOutcome | None = None
-        self.env = env
-        self.requeues = 0  # upstream 429s absorbed for this action
 
 
 class Runtime:
@@ -215,6 +198,7 @@ class Runtime:
             self._finish(job, ExecResult(status=CANCELLED, error="cancelled while queued"), None, 0.0)
             self._launch(started)
         elif job.task is not None:
+            job.cancelling = True
             job.task.cancel()  # the task kills the process, then completes the engine
         return True
 
@@ -251,10 +235,13 @@ class Runtime:
             if job is None:  # submitted to the engine behind our back: refuse to run it
                 self._launch(self.engine.complete(s.record.id, FAILED))
                 continue
-            # a restart: the old run is stopped (and gone) before the wider one begins in its environment
-            stop = job.task if s.restart else None
-            job.task = loop.create_task(self._execute(job, s, stop))
+            if s.restart and job.task is not None:  # stopped now; the wider run begins once it is gone
+                job.stopping = [t for t in job.stopping if not t.done()] + [job.task]
+                job.task.cancel()
+            job.task = loop.create_task(self._execute(job, s))
             job.task.add_done_callback(functools.partial(self._task_done, job))
+            if s.restart and (job.cancelling or self._closed):
+                job.task.cancel()  # the cancel (or shutdown) that reached the old run holds for this one
         self._arm_wakeup()
 
     def _task_done(self, job: Job, task: asyncio.Task) -> None:
@@ -265,14 +252,13 @@ class Runtime:
             if job.env is not None and job.env.oneshot:
                 self.env_registry.background(self.env_registry.drop(job.env))
 
-    async def _execute(self, job: Job, s: Started, stop: asyncio.Task | None = None) -> None:
+    async def _execute(self, job: Job, s: Started) -> None:
         a = job.action
         placement: Placement | None = None
         exec_s = 0.0
         try:
-            if stop is not None:
-                stop.cancel()  # its executor kills the process; it completes nothing (superseded)
-                await asyncio.wait([stop])
+            if job.stopping:  # runs a restart stopped: their executors kill their processes first
+                await asyncio.wait(job.stopping)
             placement = placement_of(s)
             await self._prepare(job, placement)  # environment set-up is overhead, not the action's run
             t0 = self.clock()
@@ -467,7 +453,7 @@ class Runtime:
                     self.engine.cancel(aid)
                     self._finish(job, ExecResult(status=CANCELLED, error="service shutting down"), None, 0.0)
                 elif job.task is not None:
-                    tasks.append(job.task)
+                    tasks += [job.task, *job.stopping]
                     job.task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)

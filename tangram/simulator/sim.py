@@ -378,16 +378,17 @@ class Simulation:
         (counted busy and reserved, as it was), the new one needs its whole work again."""
         now = self.now
         began = rec.run_from if rec.restarts else rec.start
+        ready = rec.start + rec.setup_s  # its environment is up (its first CPU action pays the start)
         rtype = rec.item.cls.rtype
         if rtype in self.busy:
-            self.busy[rtype] += rec.units * max(0.0, now - began - (0.0 if rec.restarts else rec.setup_s))
+            self.busy[rtype] += rec.units * max(0.0, now - max(began, ready))
             self.reserved[rtype] += rec.pool_units * (now - began)
         self._stale.add((rec.id, rec.due))
         rec.restarts += 1
         rec.run_from = now
         rec.units = rec.pool_units = m
         rec.run_s = _true_duration(rec.item.cls, rec.item.t1, m)
-        rec.due = now + rec.run_s
+        rec.due = max(now, ready) + rec.run_s  # a restart before the environment is up still waits for it
         self._push(rec.due, FINISH, rec)
 
     def _restore_s(self, holder: str, pool: str) -> float:
