@@ -318,3 +318,46 @@ def test_the_mixed_familys_row_is_the_stored_run():
     want += [_over_best(s, m) for m in MEASURES]
     (row,) = [line for line in section.splitlines() if line.startswith("| mixed, simulation seed 0 |")]
     assert [c.strip() for c in row.strip().strip("|").split("|")][1:] == want
+
+
+# the restart table: each run with the suites as drawn, and its twin with every elastic CPU reward
+# restartable (--restartable), family, steps
+RESTART_RUNS = {
+    "sim-seed-0.json": ("cpu-restartable-sim-seed-0.json", "cpu", None),
+    "cpu-2-steps-sim-seed-0.json": ("cpu-2-steps-restartable-sim-seed-0.json", "cpu", 2),
+    "mixed-sim-seed-0.json": ("mixed-restartable-sim-seed-0.json", "mixed", None),
+}
+# the baselines that run no CPU policy of tangram's: a restart never reaches them, so the twin's are equal
+NO_RESTART_BASELINES = ("trajectory", "fixed-dop:1", "fixed-dop:4", "fixed-dop:16")
+
+
+def test_the_restart_table_is_the_stored_runs():
+    """Each run and its twin with the suites restartable (the same draws, every policy rerun): draws
+    losing (to a baseline that did all its work; dominated) and tangram / best baseline per measure."""
+    doc = (RESULTS / "README.md").read_text()
+    section = _section(doc, "## Restarting a straggler wider", "`tests/test_results_docs.py` computes")
+    quoted = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[2] in ("no", "yes"):
+            (name,) = re.findall(r"`([^`]+\.json)`", cells[0])
+            quoted[(name, cells[2])] = cells[1:2] + cells[3:]
+    assert {name for name, _ in quoted} == set(RESTART_RUNS) and len(quoted) == 2 * len(RESTART_RUNS)
+    for plain, (twin, family, steps) in RESTART_RUNS.items():
+        base, other = (json.loads((STRESS / f).read_text()) for f in (plain, twin))
+        assert base["sim_seed"] == other["sim_seed"] and base["params"] == other["params"] == {}
+        assert base.get("steps") == other["steps"] == steps  # the oldest runs stored no steps (one)
+        assert not base.get("restartable", False) and other["restartable"] is True
+        rows = [r for r in base["workloads"] if r["family"] == family]
+        assert [r["seed"] for r in rows] == [r["seed"] for r in other["workloads"]]
+        for a, b in zip(rows, other["workloads"]):
+            assert b["workload"] == stress.draw(family, b["seed"], steps=steps, restartable=True)
+            assert a["workload"] == stress.draw(family, a["seed"], steps=steps)  # the same draw, unmarked
+            for name in NO_RESTART_BASELINES:
+                if name in a["results"]:
+                    assert a["results"][name] == b["results"][name], (twin, b["seed"], name)
+        for mark, run in (("no", base), ("yes", other)):
+            s = run["summary"][family]
+            want = [str(run["sim_seed"]),
+                    f"{s['losing_workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"]
+            assert quoted[(plain, mark)] == want + [_over_best(s, m) for m in MEASURES], (plain, mark)
