@@ -259,3 +259,30 @@ async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path, the
     assert lines[0] == "start 1" and ("end 4" in lines) == (then == "finish")
     metrics.close()
     rt.check_whole()
+
+
+def test_the_units_expected_back_are_kept_as_trajectories_come_and_go():
+    from tangram.core.generating import Generating
+
+    gen, rng = Generating(), random.Random(5)
+    actions = {n: make_action(f"a{n}", cpu=n, trajectory="x") for n in (1, 2, 4)}
+    suite = _suite("s", trajectory="x")  # elastic: a trajectory whose last action was it is not counted
+    live: dict[str, str] = {}  # trajectory -> node
+    for step in range(2000):
+        t = f"t{rng.randrange(40)}"
+        if t in live and rng.random() < 0.1:
+            gen.closed(t)
+            del live[t]
+            continue
+        live.setdefault(t, f"n{rng.randrange(3)}")
+        a = rng.choice([*actions.values(), suite])
+        gen.submitted(Action.build(f"{t}/{step}", a.demands, trajectory=t, t1_s=a.t1_s, elasticity=a.elasticity),
+                      float(step))
+        gen.ended(Action.build(f"{t}/{step}", a.demands, trajectory=t, t1_s=a.t1_s, elasticity=a.elasticity),
+                  live[t], float(step) + 0.5)
+        want = {}
+        for node, quiet in gen._fixed.items():
+            units = sum(x.demands["cpu"].min for _, x in quiet.values())
+            if units:
+                want[node] = units
+        assert dict(gen.expected_cpu()) == want

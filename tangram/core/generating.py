@@ -19,8 +19,8 @@ from tangram.core.model import Action
 class Generating:
     """Bookkeeping of the quiet trajectories, per node, and of the generation gap."""
 
-    __slots__ = ("_active", "_done", "_generated", "_since", "_fixed", "_gap_sum", "_gap_n", "_published_gap",
-                 "_gaps")
+    __slots__ = ("_active", "_done", "_generated", "_since", "_fixed", "_fixed_cpu", "_gap_sum", "_gap_n",
+                 "_published_gap", "_gaps")
 
     # the gap the policy sees is republished when the mean moves by more than this share of it:
     # an arrival's own spread around the gap is far wider (generation times of cv 0.8 in the
@@ -35,6 +35,7 @@ class Generating:
         # node -> trajectory -> (quiet since, last action), for those whose last action had a fixed
         # demand: an elastic next action takes what is free when it comes, a fixed one needs its units
         self._fixed: dict[str, dict[str, tuple[float, Action]]] = {}
+        self._fixed_cpu: dict[str, int] = {}  # node -> the CPU units of its _fixed trajectories' last actions
         self._gap_sum = 0.0
         self._gap_n = 0
         self._published_gap: float | None = None
@@ -86,7 +87,7 @@ class Generating:
             self._generated[t] = self._generated.get(t, 0.0) + gap
             self._gap_n += 1
             if node is not None:
-                self._fixed[node].pop(t, None)
+                self._unfix(node, t)
             gaps_moved = self._gaps.add(gap)
             mean, published = self._gap_sum / self._gap_n, self._published_gap
             mean_moved = published is None or abs(mean - published) > self.PUBLISH_BAND * published
@@ -113,6 +114,8 @@ class Generating:
         self._since[t] = (now, node if fixed else None)
         if fixed:
             self._fixed.setdefault(node, {})[t] = (now, a)
+            if "cpu" in a.demands:
+                self._fixed_cpu[node] = self._fixed_cpu.get(node, 0) + a.demands["cpu"].min
         return fixed
 
     def closed(self, trajectory: str) -> None:
@@ -122,13 +125,22 @@ class Generating:
         self._generated.pop(trajectory, None)
         quiet = self._since.pop(trajectory, None)
         if quiet is not None and quiet[1] is not None:
-            del self._fixed[quiet[1]][trajectory]
+            self._unfix(quiet[1], trajectory)
+
+    def _unfix(self, node: str, trajectory: str) -> None:
+        _, a = self._fixed[node].pop(trajectory)
+        if "cpu" in a.demands:
+            left = self._fixed_cpu[node] - a.demands["cpu"].min
+            if left:
+                self._fixed_cpu[node] = left
+            else:
+                del self._fixed_cpu[node]
 
     def expected_cpu(self) -> Mapping[str, int]:
         """node -> the CPU units its trajectories in generation are expected to ask for next (each its
-        last action's, fixed; those whose last action was elastic take what is free)."""
-        return {node: sum(a.demands["cpu"].min for _, a in quiet.values() if "cpu" in a.demands)
-                for node, quiet in self._fixed.items() if quiet}
+        last action's, fixed; those whose last action was elastic take what is free): kept as they
+        come and go, read on every completion while a restartable run is out (core/restarts.py)."""
+        return self._fixed_cpu
 
     @property
     def published_gaps(self) -> ResidualGaps | None:

@@ -4,9 +4,9 @@ tangram.policy.restart).
 Looked at after a successful completion, once its round has run: a node's CPU units that nothing
 waiting can use and that its trajectories in generation are not expected to ask for (their last
 actions' units, unless ``expect_arrivals`` is off) are idle, and a ``restartable`` elastic run on
-that node may take them by starting again (not one in a one-shot environment, which ends with it). At most one run per
-node is restarted per event, the one the free units speed up most. The engine's own helper, like
-``skips``: :func:`restart_stragglers` acts on its state.
+that node may take them by starting again (not one in a one-shot environment, which ends with
+it). At most one run per node is restarted per event, the one the free units speed up most.
+The engine's own helper, like ``skips``: :func:`restart_stragglers` acts on its state.
 """
 from __future__ import annotations
 
