@@ -26,10 +26,15 @@ def restart_stragglers(eng: Any) -> list[Started]:
     if params.restart_gain <= 0 or params.fixed_dop is not None:  # the fixed-DoP baseline chooses no DoP
         return []
     pools = eng.pool_states()
+    # the pools of the restartable runs, where units are free (most completions: none, and no more work)
+    free = {p: pools[p].free for p in {eng.running[a].dispatch.pools["cpu"] for a in eng._restartable}
+            if pools[p].free > 0}
+    if not free:
+        return []
     now = eng.clock()
     chosen = straggler_restarts(
-        eng.running, {p: eng._running_by_pool.get(p, {}) for p in pools if p.startswith("cpu@")},
-        {p: st.free for p, st in pools.items()}, wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
+        eng.running, {p: eng._running_by_pool.get(p, {}) for p in free}, free,
+        wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
         eng._generating.expected_cpu() if params.expect_arrivals else {}, eng.estimator, params.restart_gain, now,
         params.dop_caps)
     out = []
