@@ -277,19 +277,25 @@ ARRIVAL_GAP_RUNS = {
 }
 
 
+def _twin_table(heading: str, marks: tuple[str, str], runs: dict) -> dict[tuple[str, str], list[str]]:
+    """A table of runs and their twins under ``heading``: (first run's file, mark) -> its sim seed and
+    summary cells, from the rows of 7 cells whose third is one of ``marks``; one row of each per run."""
+    section = _section((RESULTS / "README.md").read_text(), heading, "`tests/test_results_docs.py` computes")
+    quoted = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[2] in marks:
+            (name,) = re.findall(r"`([^`]+\.json)`", cells[0])
+            quoted[(name, cells[2])] = cells[1:2] + cells[3:]
+    assert {name for name, _ in quoted} == set(runs) and len(quoted) == 2 * len(runs)
+    return quoted
+
+
 def test_the_arrival_gap_table_is_the_stored_runs():
     """Each default run and its twin with arrival_gap "residual" (the same draws, tangram alone on the
     default run's baselines): draws losing (to a baseline that did all its work; dominated) and
     tangram / best baseline per measure, from the stored files."""
-    doc = (RESULTS / "README.md").read_text()
-    section = _section(doc, "## When a trajectory in generation is expected", "`tests/test_results_docs.py` computes")
-    quoted = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 7 and cells[2] in ("mean", "residual"):
-            (name,) = re.findall(r"`([^`]+\.json)`", cells[0])
-            quoted[(name, cells[2])] = cells[1:2] + cells[3:]
-    assert {name for name, _ in quoted} == set(ARRIVAL_GAP_RUNS) and len(quoted) == 2 * len(ARRIVAL_GAP_RUNS)
+    quoted = _twin_table("## When a trajectory in generation is expected", ("mean", "residual"), ARRIVAL_GAP_RUNS)
     for default, (twin, family, scale) in ARRIVAL_GAP_RUNS.items():
         base, other = (json.loads((STRESS / f).read_text()) for f in (default, twin))
         assert base["sim_seed"] == other["sim_seed"] and base["params"] == {}
@@ -334,15 +340,7 @@ NO_RESTART_BASELINES = ("trajectory", "fixed-dop:1", "fixed-dop:4", "fixed-dop:1
 def test_the_restart_table_is_the_stored_runs():
     """Each run and its twin with the suites restartable (the same draws, every policy rerun): draws
     losing (to a baseline that did all its work; dominated) and tangram / best baseline per measure."""
-    doc = (RESULTS / "README.md").read_text()
-    section = _section(doc, "## Restarting a straggler wider", "`tests/test_results_docs.py` computes")
-    quoted = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 7 and cells[2] in ("no", "yes"):
-            (name,) = re.findall(r"`([^`]+\.json)`", cells[0])
-            quoted[(name, cells[2])] = cells[1:2] + cells[3:]
-    assert {name for name, _ in quoted} == set(RESTART_RUNS) and len(quoted) == 2 * len(RESTART_RUNS)
+    quoted = _twin_table("## Restarting a straggler wider", ("no", "yes"), RESTART_RUNS)
     for plain, (twin, family, steps) in RESTART_RUNS.items():
         base, other = (json.loads((STRESS / f).read_text()) for f in (plain, twin))
         assert base["sim_seed"] == other["sim_seed"] and base["params"] == other["params"] == {}
