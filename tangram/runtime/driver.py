@@ -240,8 +240,6 @@ class Runtime:
                 job.task.cancel()
             job.task = loop.create_task(self._execute(job, s))
             job.task.add_done_callback(functools.partial(self._task_done, job))
-            if s.restart and (job.cancelling or self._closed):
-                job.task.cancel()  # the cancel (or shutdown) that reached the old run holds for this one
         self._arm_wakeup()
 
     def _task_done(self, job: Job, task: asyncio.Task) -> None:
@@ -259,6 +257,8 @@ class Runtime:
         try:
             if job.stopping:  # runs a restart stopped: their executors kill their processes first
                 await asyncio.wait(job.stopping)
+                if job.cancelling or self._closed:  # what cancelled the old run holds for this one
+                    raise asyncio.CancelledError
             placement = placement_of(s)
             await self._prepare(job, placement)  # environment set-up is overhead, not the action's run
             t0 = self.clock()
@@ -453,10 +453,12 @@ class Runtime:
                     self.engine.cancel(aid)
                     self._finish(job, ExecResult(status=CANCELLED, error="service shutting down"), None, 0.0)
                 elif job.task is not None:
-                    tasks += [job.task, *job.stopping]
-                    job.task.cancel()
-        if tasks:
+                    tasks.append(job.task)
+        while tasks:  # until no run is left: a completion meanwhile may have restarted one wider
+            for t in tasks:
+                t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            tasks = [t for job in self._jobs.values() for t in (job.task, *job.stopping) if t is not None and not t.done()]
         if self.keep_environments:
             await self.env_registry.close_keeping(self.engine.close_trajectory)
             for ex in self.env_executors.values():
