@@ -18,6 +18,7 @@ from integrations.verl import config as tconfig  # noqa: E402
 from integrations.verl import reward as R  # noqa: E402
 from integrations.verl.session import close_clients  # noqa: E402
 from integrations.verl.testing import make_model_dir, serve, verl_config  # noqa: E402
+from tangram.service.wire import parse_action  # noqa: E402
 from tangram.client import TangramClient  # noqa: E402
 
 pytestmark = pytest.mark.verl
@@ -203,6 +204,10 @@ def test_action_bodies_follow_the_wire_contract():
     assert body["env"]["TANGRAM_SOLUTION"] == "def add(a, b):\n    return a + b\n"
     in_env = R.suite_action({"test_command": "make test", "setup_command": "x", "cpu_max": 1}, s, environment="env-1")
     assert in_env["command"] == "make test" and in_env["environment"] == "env-1" and in_env["resources"]["cpu"] == 1
+    assert "restartable" not in body and "restartable" not in in_env
+    again = R.suite_action({"test_command": "pytest", "restartable": True}, s, environment="env-1")
+    assert again["restartable"] is True
+    assert parse_action(again)["restartable"] is True  # what the service accepts
     m = R.model_action({"model": "rm", "gpu": [1, 2], "template": "{prompt}|{response}"}, prompt="p", response="r",
                        ground_truth=None)
     assert m == {"kind": "model", "model": "rm", "op": "score", "inputs": ["p|r"], "resources": {"gpu": [1, 2]}}

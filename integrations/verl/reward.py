@@ -18,6 +18,8 @@ either), a mapping with
   the tests; its last fenced code block if it has one), ``profile`` (the
   profile class of the repository's suite), ``cpu_min`` / ``cpu_max`` (the
   DoP range; default 1 .. the settings' ``reward_cpu_max``), ``timeout_s``,
+  ``restartable`` (true: the service may stop a suite that straggles at a narrow
+  DoP and run it again wider; only one that runs in the trajectory's environment),
   ``score`` (``binary``: 1 if the command exits 0, the default; ``fraction``:
   passed / collected from pytest's summary line);
 * reward-model rewards (GPU ``model`` actions): ``model`` (the service's model
@@ -181,6 +183,8 @@ def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environm
         body["resources"]["mem_mb"] = int(spec["mem_mb"])
     if env:
         body["env"] = env
+    if "restartable" in spec:  # as given: the service refuses anything but true or false (400, naming it)
+        body["restartable"] = spec["restartable"]
     return body
 
 
