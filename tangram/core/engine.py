@@ -78,7 +78,7 @@ class Engine:
         self._running_by_service: dict[str, dict[str, tuple[float, float, int]]] = {}
         # rounds run (those over part of the lanes among them), rounds skipped, runs restarted wider
         self.rounds = self.rounds_partial = self.rounds_skipped = self.runs_restarted = 0
-        self._restartable: set[str] = set()  # running restartable elastic CPU actions (core/restarts.py)
+        self._restartable: dict[str, None] = {}  # running restartable CPU runs in start order (not a set's hash order)
 
     # ------------------------------------------------------------------ #
     # topology
@@ -358,7 +358,7 @@ class Engine:
         if a.service is not None and "gpu" in d.units:
             self._running_by_service.setdefault(a.service, {})[a.id] = (now, rec.estimated_end, d.units["gpu"])
         if a.restartable and a.key == "cpu" and a.trajectory is not None:  # a one-shot's environment ends with its run
-            self._restartable.add(a.id)
+            self._restartable[a.id] = None
         return Started(rec, d, grants)
 
     def _finish(self, rec: ActionRecord, status: str) -> None:
@@ -373,7 +373,7 @@ class Engine:
             self.finished.popitem(last=False)
 
     def _release_grants(self, rec: ActionRecord) -> None:
-        self._restartable.discard(rec.action.id)
+        self._restartable.pop(rec.action.id, None)
         for pname in rec.grants:
             self._owner[pname].release(pname, rec.action.id)
             self._last.release(pname)

@@ -10,12 +10,12 @@ The engine's own helper, like ``skips``: :func:`restart_stragglers` acts on its 
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from tangram.core.estimator import DurationEstimator
 from tangram.core.records import ActionRecord, Started
 from tangram.policy.restart import restart_dop
-from tangram.policy.snapshot import Dispatch
+from tangram.policy.snapshot import Dispatch, PoolState
 
 
 def restart_stragglers(eng: Any) -> list[Started]:
@@ -26,15 +26,16 @@ def restart_stragglers(eng: Any) -> list[Started]:
     if params.restart_gain <= 0 or params.fixed_dop is not None:  # the fixed-DoP baseline chooses no DoP
         return []
     pools = eng.pool_states()
-    # the pools of the restartable runs, where units are free (most completions: none, and no more work)
-    free = {p: pools[p].free for p in {eng.running[a].dispatch.pools["cpu"] for a in eng._restartable}
-            if pools[p].free > 0}
-    if not free:
+    runs: dict[str, list[ActionRecord]] = {}  # pool -> its restartable runs, in start order
+    for aid in eng._restartable:
+        rec = eng.running[aid]
+        runs.setdefault(rec.dispatch.pools["cpu"], []).append(rec)
+    runs = {p: recs for p, recs in runs.items() if pools[p].free > 0}  # most completions: none left
+    if not runs:
         return []
     now = eng.clock()
     chosen = straggler_restarts(
-        eng.running, {p: eng._running_by_pool.get(p, {}) for p in free}, free,
-        wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
+        runs, pools, wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
         eng._generating.expected_cpu() if params.expect_arrivals else {}, eng.estimator, params.restart_gain, now,
         params.dop_caps)
     out = []
@@ -70,26 +71,22 @@ def wanted_nodes(lanes: Iterable, nodes: Iterable[str]) -> set[str]:
     return wanted
 
 
-def straggler_restarts(running: Mapping[str, ActionRecord], running_by_pool: Mapping[str, Mapping[str, tuple]],
-                       free: Mapping[str, int], wanted: set[str], expected: Mapping[str, int],
-                       estimator: DurationEstimator, gain: float, now: float,
+def straggler_restarts(runs: Mapping[str, Sequence[ActionRecord]], pools: Mapping[str, PoolState], wanted: set[str],
+                       expected: Mapping[str, int], estimator: DurationEstimator, gain: float, now: float,
                        dop_caps: Mapping[str, int] | None = None) -> list[tuple[ActionRecord, int]]:
-    """``(record, new DoP)`` for the runs to restart now: on CPU pools ``cpu@node`` with units free,
-    on nodes no waiting action wants, keeping ``expected[node]`` units for its expected arrivals, and
-    within its class's DoP cap (``PolicyParams.dop_caps``, as a round keeps it)."""
+    """``(record, new DoP)`` for the runs to restart now, of the restartable CPU ``runs`` by pool: where
+    units are free on nodes no waiting action wants, keeping ``expected[node]`` units for its expected
+    arrivals, and within its class's DoP cap (``PolicyParams.dop_caps``, as a round keeps it)."""
     out: list[tuple[ActionRecord, int]] = []
-    for pname, held in running_by_pool.items():
-        if not pname.startswith("cpu@"):
-            continue
-        node = pname[4:]
-        spare = free.get(pname, 0) - expected.get(node, 0)
+    for pname, recs in runs.items():
+        node = pools[pname].node
+        spare = pools[pname].free - expected.get(node, 0)
         if spare <= 0 or node in wanted:
             continue
         best: tuple[float, ActionRecord, int] | None = None
-        for aid in held:
-            rec = running[aid]
+        for rec in recs:  # the engine's restartable runs: elastic on CPU, in an environment, started
             a = rec.action
-            if not a.restartable or a.key != "cpu" or not a.scalable or rec.started_at is None:
+            if not a.scalable:
                 continue
             cv = estimator.t1_cv(a.action_class)
             if cv is None:
