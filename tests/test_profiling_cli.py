@@ -215,7 +215,7 @@ def test_narrower_rerun_fits_only_its_own_dops(tmp_path):
     work.mkdir()
     out = tmp_path / "p.json"
     base = ["profile", "--name", "c", "--command", COUNTER_CMD, "--workdir", str(work), "--warmups", "0",
-            "--out", str(out), "--no-progress"]
+            "--out", str(out), "--no-progress", *ANY_NOISE]
     assert main(base + ["--dop", "1,2", "--repeats", "2"]) == 0
     (work / "runs.txt").unlink()
     assert main(base + ["--dop", "1,2", "--repeats", "1"]) == 0  # everything already measured
