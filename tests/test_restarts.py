@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import random
 from pathlib import Path
 from statistics import NormalDist
@@ -15,16 +16,18 @@ from tangram.core.engine import Engine
 from tangram.core.estimator import CV_AFTER, DurationEstimator
 from tangram.core.model import Action, Elasticity, Profile
 from tangram.executors.local import LocalExecutor
-from tangram.managers.base import CountingManager
+from tangram.managers.base import AllocationError, CountingManager
+from tangram.managers.cpu import CpuManager, CpuNode
 from tangram.policy.restart import expected_beyond, restart_dop
 from tangram.policy.snapshot import PolicyParams
 from tangram.runtime import Runtime
+from tangram.scaleout.gate import DownNodes, NodeGate
 from tangram.service.config import ConfigError, parse_config
 from tangram.service.metrics import ServiceMetrics
 from tangram.simulator.sim import simulate
 from tangram.simulator.workload import parse_workload
 
-from tests.helpers import make_action, make_engine, make_node
+from tests.helpers import FakeClock, make_action, make_engine, make_node
 
 SUITE = Elasticity.amdahl(0.05)
 
@@ -261,6 +264,42 @@ async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path, the
     rt.check_whole()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("then", ["cancel at once", "deadline"])
+async def test_a_restarted_run_waits_for_the_old_process_and_keeps_the_deadline(tmp_path: Path, then):
+    """A cancel as the straggler is restarted ends the action only once its old process is dead (it
+    ignores SIGTERM: killed after the grace); a restart does not move the action's deadline."""
+    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.3, sandbox="none")
+    eng = Engine([CountingManager({"cpu@n0": 4, "mem@n0": 10_000})])
+    profiles = {"suite": Profile(t1_s=2.0, elasticity=SUITE), "blocker": Profile(t1_s=100.0)}
+    rt = Runtime(eng, env_executors={"n0": ex}, profiles=profiles)
+    loop = asyncio.get_running_loop()
+    log = tmp_path / "runs.log"
+    async with rt:
+        _seed_spread(eng.estimator, "suite", CV_AFTER, mean=2.0)
+        env = await rt.create_environment(memory_mb=100)
+        blocker = rt.submit(rt.build_action("exec", {"cpu": 3}, environment=None, profile="blocker",
+                                            command="sleep 1.5"))
+        suite = rt.submit(rt.build_action(
+            "exec", {"cpu": {"min": 1, "max": 4}}, environment=env, profile="suite", restartable=True,
+            timeout_s=3.0 if then == "deadline" else None,
+            command=f"trap '' TERM; echo start $TANGRAM_DOP $$ >> {log}; sleep $((8 / TANGRAM_DOP)); echo end >> {log}"))
+        t0 = loop.time()
+        assert (await rt.wait(blocker)).status == "succeeded" and eng.runs_restarted == 1
+        if then == "cancel at once":
+            assert rt.cancel(suite)
+            assert (await rt.wait(suite)).status == "cancelled"
+            old_pid = int(log.read_text().split()[2])
+            with pytest.raises(ProcessLookupError):  # gone before the action ended (and its cores went back)
+                os.kill(old_pid, 0)
+            assert log.read_text().split()[:2] == ["start", "1"]  # the wider run never began
+        else:  # 1.5 s were spent at DoP 1: the run at 4 (2 s) has 1.5 s left, not 3
+            out = await rt.wait(suite)
+            assert out.status == "timeout" and loop.time() - t0 < 4.0
+            assert "end" not in log.read_text()
+    rt.check_whole()
+
+
 def test_the_units_expected_back_are_kept_as_trajectories_come_and_go():
     from tangram.core.generating import Generating
 
@@ -286,3 +325,78 @@ def test_the_units_expected_back_are_kept_as_trajectories_come_and_go():
             if units:
                 want[node] = units
         assert dict(gen.expected_cpu()) == want
+
+
+def test_a_regrant_keeps_the_cores_held_and_adds_free_ones():
+    """The cores a restarted run holds stay its own (its old process dies on them): widening adds free
+    ones, preferring its NUMA domain; narrowing keeps a subset; a refusal changes nothing."""
+    m = CpuManager(CpuNode("n0", cores=tuple(range(8)), numa=((0, 1, 2, 3), (4, 5, 6, 7)), memory_mb=1000))
+    m.allocate("cpu@n0", 4, "a")  # best fit: one whole domain
+    held = m.allocate("cpu@n0", 2, "s")
+    m.allocate("cpu@n0", 1, "b")
+    wider = m.regrant("cpu@n0", 3, "s", 2)
+    assert set(held) < set(wider) and len(wider) == 3
+    assert set(wider) <= ({4, 5, 6, 7} if held[0] >= 4 else {0, 1, 2, 3})  # its own domain had one free
+    m.check_invariants()
+    narrower = m.regrant("cpu@n0", 1, "s", 3)
+    assert set(narrower) <= set(wider) and len(narrower) == 1
+    before = (dict(m.held()["cpu@n0"]), next(p.free for p in m.pool_states() if p.name == "cpu@n0"))
+    with pytest.raises(AllocationError):
+        m.regrant("cpu@n0", 6, "s", 1)  # 3 free
+    assert (dict(m.held()["cpu@n0"]), next(p.free for p in m.pool_states() if p.name == "cpu@n0")) == before
+    m.check_invariants()
+    # behind the node gate: the same, and refused on a node that is down
+    down = DownNodes()
+    gate = NodeGate(m, down)
+    assert set(narrower) <= set(gate.regrant("cpu@n0", 2, "s", 1))
+    down.mark_down("n0")
+    with pytest.raises(AllocationError, match="down"):
+        gate.regrant("cpu@n0", 3, "s", 2)
+
+
+def test_regrants_at_random_give_exactly_the_units_asked_and_keep_the_books():
+    rng = random.Random(3)
+    m = CpuManager(CpuNode("n0", cores=tuple(range(16)), numa=(tuple(range(0, 16, 2)), tuple(range(1, 16, 2))),
+                           memory_mb=1000))
+    held: dict[str, tuple[int, ...]] = {}
+    for step in range(3000):
+        free = next(p.free for p in m.pool_states() if p.name == "cpu@n0")
+        h = rng.choice(sorted(held)) if held else None
+        if h is not None and rng.random() < 0.5:
+            units = rng.randint(1, len(held[h]) + free)
+            new = m.regrant("cpu@n0", units, h, len(held[h]))
+            assert len(new) == units and (set(held[h]) <= set(new) if units >= len(held[h]) else set(new) < set(held[h]))
+            held[h] = new
+        elif h is not None and rng.random() < 0.4:
+            m.release("cpu@n0", h)
+            del held[h]
+        elif free:
+            held[f"h{step}"] = m.allocate("cpu@n0", rng.randint(1, free), f"h{step}")
+        m.check_invariants()
+
+
+def test_a_counted_regrant_moves_the_count_or_nothing():
+    m = CountingManager({"cpu@n0": 8})
+    m.allocate("cpu@n0", 5, "a")
+    m.allocate("cpu@n0", 1, "s")
+    assert m.regrant("cpu@n0", 3, "s", 1) == 3
+    with pytest.raises(AllocationError):
+        m.regrant("cpu@n0", 5, "s", 3)  # 0 free
+    assert m.held()["cpu@n0"] == {"a": 5, "s": 3}
+    m.check_invariants()
+
+
+def test_the_engine_restarts_a_run_on_the_cores_it_holds():
+    node = CpuNode("n0", cores=tuple(range(8)), numa=((0, 1, 2, 3), (4, 5, 6, 7)), memory_mb=10_000)
+    clock = FakeClock()
+    eng = Engine([CpuManager(node)], clock=clock)
+    _seed_spread(eng.estimator, "suite", CV_AFTER)
+    eng.submit(make_action("wide", cpu=7, t1=1000.0))
+    [s] = eng.submit(Action.build("s", {"cpu": {"min": 1, "max": 6}}, action_class="suite", t1_s=100.0,
+                                  elasticity=SUITE, trajectory="t0", restartable=True))
+    old = s.grants["cpu@n0"]
+    clock.advance(300.0)
+    [r] = [x for x in eng.complete("wide") if x.action.id == "s"]
+    new = r.grants["cpu@n0"]
+    assert r.restart and len(new) == r.dispatch.dop > 1 and set(old) < set(new)
+    eng.check_invariants()

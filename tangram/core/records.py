@@ -57,7 +57,8 @@ class Started:
     record: ActionRecord
     dispatch: Dispatch
     grants: Mapping[str, Grant]
-    # the driver holds a run of this action: stop it (its grants are already given back) and start this
+    # the driver holds a run of this action: stop it and start this (its grants changed in place: the
+    # units the old run holds are still its own until it is gone)
     restart: bool = False
 
     @property

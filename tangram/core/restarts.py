@@ -10,12 +10,16 @@ The engine's own helper, like ``skips``: :func:`restart_stragglers` acts on its 
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable, Mapping, Sequence
 
 from tangram.core.estimator import DurationEstimator
 from tangram.core.records import ActionRecord, Started
+from tangram.managers.base import AllocationError
 from tangram.policy.restart import restart_dop
 from tangram.policy.snapshot import Dispatch, PoolState
+
+log = logging.getLogger(__name__)
 
 
 def restart_stragglers(eng: Any) -> list[Started]:
@@ -41,17 +45,33 @@ def restart_stragglers(eng: Any) -> list[Started]:
     out = []
     for rec, dop in chosen:
         old = rec.dispatch
-        del eng.running[rec.id]
-        eng._release_grants(rec)
+        pname = old.pools["cpu"]
+        try:  # the run keeps what it holds and takes the free units beside it (its process dies on them)
+            grant = eng._owner[pname].regrant(pname, dop, rec.id, old.units["cpu"], rec.action)
+        except AllocationError as exc:  # the books are unchanged: the run goes on where it is
+            log.warning("action %s: not restarted at %d units: %s", rec.id, dop, exc)
+            continue
         rec.restarted_s += now - rec.started_at
-        eng.waiting[rec.id] = rec  # _start takes it from there (it joins no lane: it starts now)
         d = Dispatch(rec.action, old.node, {**old.units, "cpu": dop}, old.pools, estimated_s=rec.action.duration(dop))
-        s = eng._start(d)
-        out.append(Started(s.record, s.dispatch, s.grants, restart=True))
+        rec.grants[pname] = grant
+        rec.dispatch, rec.started_at, rec.estimated_end = d, now, now + d.estimated_s
+        running = eng._running_by_pool[pname]
+        del running[rec.id]  # re-entered last, as a new start is (the estimate reads them in start order)
+        running[rec.id] = (now, rec.estimated_end, dop)
+        del eng._restartable[rec.id]
+        eng._restartable[rec.id] = None
+        eng._last.release(pname)
+        out.append(Started(rec, d, rec.grants, restart=True))
         eng.runs_restarted += 1
     if out:
         eng._last.forget()  # held groups read these as running for their old time left
     return out
+
+
+def withdraw(eng: Any, action_id: str) -> None:
+    """Never restart ``action_id`` again (the driver is cancelling its run: a restart would only start a
+    run bound to be cancelled, and count it)."""
+    eng._restartable.pop(action_id, None)
 
 
 def wanted_nodes(lanes: Iterable, nodes: Iterable[str]) -> set[str]:

@@ -36,6 +36,17 @@ class ResourceManager(ABC):
     def release(self, pool: str, holder: str) -> bool:
         """Give back what ``holder`` holds in ``pool``; idempotent (False if nothing was held)."""
 
+    def regrant(self, pool: str, units: int, holder: str, held: int, action: Action | None = None) -> Grant:
+        """Change ``holder``'s ``held`` units of ``pool`` to ``units`` (a restart at another DoP), or raise
+        AllocationError with the books unchanged. Here: release, then allocate (a count has no
+        identity). A manager whose grants name real units keeps the held ones (CpuManager: the run
+        being killed still uses them, so none may go to another action meanwhile)."""
+        free = next((p.free for p in self.pool_states() if p.name == pool), None)
+        if free is None or units - held > free:
+            raise AllocationError(f"{pool}: {units} units requested in place of {held}, {free} free")
+        self.release(pool, holder)
+        return self.allocate(pool, units, holder, action)
+
     @abstractmethod
     def check_invariants(self) -> None:
         """Raise AssertionError if any pool's books do not balance."""

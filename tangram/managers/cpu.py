@@ -264,6 +264,27 @@ class CpuManager(ResourceManager):
         n.mem_used += units
         return units
 
+    def regrant(self, pool: str, units: int, holder: str, held: int, action: Action | None = None) -> Any:
+        """``holder``'s cores of ``pool`` made ``units``: the ones it holds stay its own (a restart's old
+        process is still being killed on them) and free ones are added, or the highest go back."""
+        kind, n = self._lookup(pool)
+        old = n.cores_of.get(holder) if kind == "cpu" else None
+        if old is None:
+            raise AllocationError(f"{pool}: {holder!r} holds no cores to change")
+        if units <= len(old):
+            cores = tuple(sorted(old)[:units])
+        else:
+            near = [d for d in n.domains if not set(d).isdisjoint(old)]  # its own NUMA domains first
+            extra = (choose_cores(near, n.free_cores.intersection(c for d in near for c in d), units - len(old))
+                     or choose_cores(n.domains, n.free_cores, units - len(old)))
+            if extra is None:
+                raise AllocationError(f"{pool}: {units - len(old)} more cores requested, {len(n.free_cores)} free")
+            cores = tuple(sorted((*old, *extra)))
+        n.free_cores.update(set(old) - set(cores))
+        n.free_cores.difference_update(cores)
+        n.cores_of[holder] = cores
+        return cores
+
     def release(self, pool: str, holder: str) -> bool:
         got = self._pools.get(pool)
         if got is None:

@@ -21,6 +21,7 @@ every case each grant is released exactly once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
@@ -29,8 +30,9 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from tangram.core.engine import WAITING, Engine, Started
 from tangram.core.errors import UnknownActionError, UnschedulableError
+from tangram.core.restarts import withdraw
 from tangram.core.model import Action, Profile
-from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement
+from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement, wait_through_cancels
 from tangram.runtime.actions import ActionOutcome, Timing, build_action
 from tangram.runtime.upstream import upstream_pause
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
@@ -199,6 +201,7 @@ class Runtime:
             self._launch(started)
         elif job.task is not None:
             job.cancelling = True
+            withdraw(self.engine, action_id)  # a restart now would start a run bound to be cancelled
             job.task.cancel()  # the task kills the process, then completes the engine
         return True
 
@@ -246,24 +249,32 @@ class Runtime:
         # A task cancelled before its first step never ran its body: complete it here,
         # so no grant outlives it. (A task whose call was re-queued is no longer the job's.)
         if job.outcome is None and job.task is task:
+            if old := [t for t in job.stopping if not t.done()]:  # a restarted run: complete once the old is gone
+                return old[0].add_done_callback(lambda _: self._task_done(job, task))
             self._complete(job, ExecResult(status=CANCELLED, error="cancelled before it started"), None, 0.0)
             if job.env is not None and job.env.oneshot:
                 self.env_registry.background(self.env_registry.drop(job.env))
 
     async def _execute(self, job: Job, s: Started) -> None:
-        a = job.action
+        a = run = job.action
         placement: Placement | None = None
         exec_s = 0.0
         try:
             if job.stopping:  # runs a restart stopped: their executors kill their processes first
-                await asyncio.wait(job.stopping)
-                if job.cancelling or self._closed:  # what cancelled the old run holds for this one
+                cancelled = False
+                for t in list(job.stopping):  # whatever cancels this meanwhile: its units are theirs till then
+                    cancelled |= await wait_through_cancels(t)
+                if cancelled or job.cancelling or self._closed:  # what cancelled the old run holds for this one
                     raise asyncio.CancelledError
+                if a.timeout_s is not None:  # the stopped runs' time counts: a restart never moves the deadline
+                    run = dataclasses.replace(a, timeout_s=a.timeout_s - s.record.restarted_s)
+                    if run.timeout_s <= 0:
+                        raise ExecutorTimedOut()
             placement = placement_of(s)
             await self._prepare(job, placement)  # environment set-up is overhead, not the action's run
             t0 = self.clock()
             try:
-                result = await self.dispatcher.run(a, job.kind, job.env.id if job.env else None, placement)
+                result = await self.dispatcher.run(run, job.kind, job.env.id if job.env else None, placement)
             finally:
                 exec_s = self.clock() - t0
             # an executor that measures its own run (without its setup) is more precise
@@ -416,7 +427,7 @@ class Runtime:
             if job is not None and job.outcome is None:
                 self.cancel(aid)
                 if job.task is not None:
-                    tasks.append(job.task)
+                    tasks += [job.task, *job.stopping]
         if tasks:  # the processes must be dead before the directory or container goes
             await asyncio.gather(*tasks, return_exceptions=True)
         self.close_trajectory(env_id)
@@ -453,6 +464,7 @@ class Runtime:
                     self.engine.cancel(aid)
                     self._finish(job, ExecResult(status=CANCELLED, error="service shutting down"), None, 0.0)
                 elif job.task is not None:
+                    withdraw(self.engine, aid)
                     tasks.append(job.task)
         while tasks:  # until no run is left: a completion meanwhile may have restarted one wider
             for t in tasks:

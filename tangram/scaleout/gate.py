@@ -65,6 +65,12 @@ class NodeGate(ResourceManager):
             raise AllocationError(f"{pool}: node {node!r} is down")
         return self.inner.allocate(pool, units, holder, action)
 
+    def regrant(self, pool: str, units: int, holder: str, held: int, action: Action | None = None) -> Any:
+        node = pool.partition("@")[2]
+        if node and node in self.down:
+            raise AllocationError(f"{pool}: node {node!r} is down")
+        return self.inner.regrant(pool, units, holder, held, action)
+
     def release(self, pool: str, holder: str) -> bool:
         return self.inner.release(pool, holder)  # down or not: the books must balance
 
