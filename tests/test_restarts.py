@@ -15,6 +15,7 @@ import pytest
 from tangram.core.engine import Engine
 from tangram.core.estimator import CV_AFTER, DurationEstimator
 from tangram.core.model import Action, Elasticity, Profile
+from tangram.core.restarts import withdraw
 from tangram.executors.local import LocalExecutor
 from tangram.managers.base import AllocationError, CountingManager
 from tangram.managers.cpu import CpuManager, CpuNode
@@ -147,7 +148,7 @@ def test_a_restart_keeps_the_classs_dop_cap():
 
 @pytest.mark.parametrize("case", ["not restartable", "off", "too few runs seen", "wanted by the queue",
                                   "the fixed-DoP baseline", "a one-shot environment", "a failed completion",
-                                  "the units expected back"])
+                                  "the units expected back", "a cancel on its way"])
 def test_what_keeps_the_engine_from_restarting(case):
     params = {"off": PolicyParams(restart_gain=0.0), "the fixed-DoP baseline": PolicyParams(fixed_dop=1)}.get(case)
     eng, clock = _straggler(params, restartable=case != "not restartable",
@@ -156,6 +157,8 @@ def test_what_keeps_the_engine_from_restarting(case):
                             wide_trajectory="t1" if case == "the units expected back" else None)
     if case == "wanted by the queue":  # a fixed action of 8 cores waits for the node: the cores are its
         eng.submit(make_action("next", cpu=8, t1=10.0, trajectory="t2"))
+    if case == "a cancel on its way":  # the driver is killing its run (Runtime.cancel)
+        withdraw(eng, "s")
     out = eng.complete("wide", "failed" if case == "a failed completion" else "succeeded")
     assert not any(x.restart for x in out)
     assert eng.runs_restarted == 0 and eng.running["s"].dispatch.dop == 1
