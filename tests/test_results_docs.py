@@ -310,20 +310,21 @@ def test_the_arrival_gap_table_is_the_stored_runs():
             assert quoted[(default, gap)] == want + [_over_best(s, m) for m in MEASURES], (default, gap)
 
 
-def test_the_mixed_familys_row_is_the_stored_run():
-    """The mixed family's row: a full --family mixed run of simulation seed 0 at the defaults, today's draws."""
+def test_the_mixed_familys_rows_are_the_stored_runs():
+    """The mixed family's rows: full --family mixed runs of simulation seeds 0 and 1 at the defaults, today's draws."""
     doc = (RESULTS / "README.md").read_text()
-    section = _section(doc, "### Every kind of resource at once", "`tests/test_results_docs.py` computes this row")
-    run = json.loads((STRESS / "mixed-sim-seed-0.json").read_text())
-    assert (run["sim_seed"], run["params"], run["steps"], run["unprofiled"]) == (0, {}, None, False)
-    assert [r["seed"] for r in run["workloads"]] == list(range(36))
-    for r in run["workloads"]:
-        assert r["workload"] == stress.draw("mixed", r["seed"])
-    s = run["summary"]["mixed"]
-    want = [f"{s['losing_workloads']} of {s['workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"]
-    want += [_over_best(s, m) for m in MEASURES]
-    (row,) = [line for line in section.splitlines() if line.startswith("| mixed, simulation seed 0 |")]
-    assert [c.strip() for c in row.strip().strip("|").split("|")][1:] == want
+    section = _section(doc, "### Every kind of resource at once", "`tests/test_results_docs.py` computes these rows")
+    for seed in (0, 1):
+        run = json.loads((STRESS / f"mixed-sim-seed-{seed}.json").read_text())
+        assert (run["sim_seed"], run["params"], run["steps"], run["unprofiled"]) == (seed, {}, None, False)
+        assert [r["seed"] for r in run["workloads"]] == list(range(36))
+        for r in run["workloads"]:
+            assert r["workload"] == stress.draw("mixed", r["seed"])
+        s = run["summary"]["mixed"]
+        want = [f"{s['losing_workloads']} of {s['workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"]
+        want += [_over_best(s, m) for m in MEASURES]
+        (row,) = [line for line in section.splitlines() if line.startswith(f"| mixed, simulation seed {seed} |")]
+        assert [c.strip() for c in row.strip().strip("|").split("|")][1:] == want
 
 
 # the restart table: each run with the suites as drawn, and its twin with every elastic CPU reward
@@ -332,6 +333,9 @@ RESTART_RUNS = {
     "sim-seed-0.json": ("cpu-restartable-sim-seed-0.json", "cpu", None),
     "cpu-2-steps-sim-seed-0.json": ("cpu-2-steps-restartable-sim-seed-0.json", "cpu", 2),
     "mixed-sim-seed-0.json": ("mixed-restartable-sim-seed-0.json", "mixed", None),
+    "mixed-sim-seed-1.json": ("mixed-restartable-sim-seed-1.json", "mixed", None),
+    "neighbours-sim-seed-0.json": ("neighbours-restartable-sim-seed-0.json", "neighbours", None),
+    "neighbours-sim-seed-1.json": ("neighbours-restartable-sim-seed-1.json", "neighbours", None),
 }
 # the baselines that run no CPU policy of tangram's: a restart never reaches them, so the twin's are equal
 NO_RESTART_BASELINES = ("trajectory", "fixed-dop:1", "fixed-dop:4", "fixed-dop:16")
