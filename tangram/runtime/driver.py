@@ -30,8 +30,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from tangram.core.engine import WAITING, Engine, Started
 from tangram.core.errors import UnknownActionError, UnschedulableError
-from tangram.core.restarts import withdraw
 from tangram.core.model import Action, Profile
+from tangram.core.restarts import withdraw
 from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement, wait_through_cancels
 from tangram.runtime.actions import ActionOutcome, Timing, build_action
 from tangram.runtime.upstream import upstream_pause

@@ -59,17 +59,18 @@ class NodeGate(ResourceManager):
         return [p for p in self.inner.pool_states() if p.node is None or p.node not in self.down]
 
     def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> Any:
+        self._refuse_down(pool)
+        return self.inner.allocate(pool, units, holder, action)
+
+    def regrant(self, pool: str, units: int, holder: str, held: int, action: Action | None = None) -> Any:
+        self._refuse_down(pool)
+        return self.inner.regrant(pool, units, holder, held, action)
+
+    def _refuse_down(self, pool: str) -> None:
         node = pool.partition("@")[2]
         if node and node in self.down:
             # the policy never sees this pool; reaching here is a bug, refused before the books move
             raise AllocationError(f"{pool}: node {node!r} is down")
-        return self.inner.allocate(pool, units, holder, action)
-
-    def regrant(self, pool: str, units: int, holder: str, held: int, action: Action | None = None) -> Any:
-        node = pool.partition("@")[2]
-        if node and node in self.down:
-            raise AllocationError(f"{pool}: node {node!r} is down")
-        return self.inner.regrant(pool, units, holder, held, action)
 
     def release(self, pool: str, holder: str) -> bool:
         return self.inner.release(pool, holder)  # down or not: the books must balance
