@@ -222,29 +222,40 @@ def test_a_restart_with_a_restartable_field_is_refused_on_other_kinds_and_mistyp
         assert e.value.field == field
 
 
+def _one_node_runtime(tmp_path: Path, kill_grace_s: float) -> tuple[Engine, Runtime]:
+    """A node of 4 cores run by a local executor. The suite's class: 2 s at one core with cv 1 (its
+    profile and, once _blocker_and_suite seeds them, its runs); the blocker is profiled long, so the
+    suite starts at once on the one core it leaves rather than wait for the others."""
+    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=kill_grace_s, sandbox="none")
+    eng = Engine([CountingManager({"cpu@n0": 4, "mem@n0": 10_000})])
+    profiles = {"suite": Profile(t1_s=2.0, elasticity=SUITE), "blocker": Profile(t1_s=100.0)}
+    return eng, Runtime(eng, env_executors={"n0": ex}, profiles=profiles)
+
+
+async def _blocker_and_suite(rt: Runtime, command: str, timeout_s: float | None = None) -> tuple[str, str]:
+    """A 1.5 s blocker on 3 cores and a restartable suite running ``command`` in an environment: it
+    starts on the core left and is restarted at 4 as the blocker ends."""
+    _seed_spread(rt.engine.estimator, "suite", CV_AFTER, mean=2.0)
+    env = await rt.create_environment(memory_mb=100)
+    blocker = rt.submit(rt.build_action("exec", {"cpu": 3}, environment=None, profile="blocker", command="sleep 1.5"))
+    suite = rt.submit(rt.build_action("exec", {"cpu": {"min": 1, "max": 4}}, environment=env, profile="suite",
+                                      restartable=True, timeout_s=timeout_s, command=command))
+    return blocker, suite
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("then", ["finish", "cancel", "close"])
 async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path, then):
     """A real local process: the straggler's first run is killed before its second begins in the same
     environment, the second runs at the wider DoP (or is cancelled, or shut down, as a first run would
     be), and nothing is left running or held."""
-    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.2, sandbox="none")
-    eng = Engine([CountingManager({"cpu@n0": 4, "mem@n0": 10_000})])
-    # the suite's class: 2 s at one core with cv 1 (its profile and its runs); the blocker is profiled
-    # long, so the suite starts at once on the one core it leaves rather than wait for the others
-    profiles = {"suite": Profile(t1_s=2.0, elasticity=SUITE), "blocker": Profile(t1_s=100.0)}
-    rt = Runtime(eng, env_executors={"n0": ex}, profiles=profiles)
+    eng, rt = _one_node_runtime(tmp_path, kill_grace_s=0.2)
     metrics = ServiceMetrics(rt)
     loop = asyncio.get_running_loop()
     log = tmp_path / "runs.log"
     async with rt:
-        _seed_spread(eng.estimator, "suite", CV_AFTER, mean=2.0)
-        env = await rt.create_environment(memory_mb=100)
-        blocker = rt.submit(rt.build_action("exec", {"cpu": 3}, environment=None, profile="blocker",
-                                            command="sleep 1.5"))
-        suite = rt.submit(rt.build_action(
-            "exec", {"cpu": {"min": 1, "max": 4}}, environment=env, profile="suite", restartable=True,
-            command=f'echo start $TANGRAM_DOP >> {log}; sleep $((4 / TANGRAM_DOP)); echo end $TANGRAM_DOP >> {log}'))
+        blocker, suite = await _blocker_and_suite(
+            rt, f'echo start $TANGRAM_DOP >> {log}; sleep $((4 / TANGRAM_DOP)); echo end $TANGRAM_DOP >> {log}')
         t0 = loop.time()
         assert (await rt.wait(blocker)).status == "succeeded"
         assert eng.runs_restarted == 1 and rt.stats()["restarts"] == 1  # restarted as the blocker ended
@@ -272,21 +283,13 @@ async def test_a_real_process_is_stopped_and_run_again_wider(tmp_path: Path, the
 async def test_a_restarted_run_waits_for_the_old_process_and_keeps_the_deadline(tmp_path: Path, then):
     """A cancel as the straggler is restarted ends the action only once its old process is dead (it
     ignores SIGTERM: killed after the grace); a restart does not move the action's deadline."""
-    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.3, sandbox="none")
-    eng = Engine([CountingManager({"cpu@n0": 4, "mem@n0": 10_000})])
-    profiles = {"suite": Profile(t1_s=2.0, elasticity=SUITE), "blocker": Profile(t1_s=100.0)}
-    rt = Runtime(eng, env_executors={"n0": ex}, profiles=profiles)
+    eng, rt = _one_node_runtime(tmp_path, kill_grace_s=0.3)
     loop = asyncio.get_running_loop()
     log = tmp_path / "runs.log"
     async with rt:
-        _seed_spread(eng.estimator, "suite", CV_AFTER, mean=2.0)
-        env = await rt.create_environment(memory_mb=100)
-        blocker = rt.submit(rt.build_action("exec", {"cpu": 3}, environment=None, profile="blocker",
-                                            command="sleep 1.5"))
-        suite = rt.submit(rt.build_action(
-            "exec", {"cpu": {"min": 1, "max": 4}}, environment=env, profile="suite", restartable=True,
-            timeout_s=3.0 if then == "deadline" else None,
-            command=f"trap '' TERM; echo start $TANGRAM_DOP $$ >> {log}; sleep $((8 / TANGRAM_DOP)); echo end >> {log}"))
+        blocker, suite = await _blocker_and_suite(
+            rt, f"trap '' TERM; echo start $TANGRAM_DOP $$ >> {log}; sleep $((8 / TANGRAM_DOP)); echo end >> {log}",
+            timeout_s=3.0 if then == "deadline" else None)
         t0 = loop.time()
         assert (await rt.wait(blocker)).status == "succeeded" and eng.runs_restarted == 1
         if then == "cancel at once":
