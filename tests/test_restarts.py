@@ -381,6 +381,23 @@ def test_regrants_at_random_give_exactly_the_units_asked_and_keep_the_books():
         m.check_invariants()
 
 
+def test_a_restartable_run_on_a_node_marked_down_is_left_to_the_node_gate():
+    """The gate hides a down node's pools: a completion elsewhere looks past its restartable runs (it
+    once looked their pool up and raised, losing the round's starts)."""
+    down = DownNodes()
+    eng = Engine([NodeGate(CountingManager({"cpu@n0": 8, "mem@n0": 1000, "cpu@n1": 8, "mem@n1": 1000}), down)],
+                 clock=(clock := FakeClock()))
+    _seed_spread(eng.estimator, "suite", CV_AFTER)
+    [other] = eng.submit(make_action("other", cpu=8, t1=10.0, trajectory="o"))  # fills one node
+    eng.submit(make_action("wide", cpu=7, t1=1000.0, trajectory="w"))  # and 7 cores of the other
+    [s] = eng.submit(_suite("s"))
+    assert s.dispatch.node != other.dispatch.node and s.dispatch.dop == 1
+    clock.advance(300.0)
+    down.mark_down(s.dispatch.node)
+    assert not any(x.restart for x in eng.complete("other"))
+    assert eng.running["s"].dispatch.dop == 1
+
+
 def test_a_counted_regrant_moves_the_count_or_nothing():
     m = CountingManager({"cpu@n0": 8})
     m.allocate("cpu@n0", 5, "a")

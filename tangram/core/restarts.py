@@ -34,7 +34,8 @@ def restart_stragglers(eng: Any) -> list[Started]:
     for aid in eng._restartable:
         rec = eng.running[aid]
         runs.setdefault(rec.dispatch.pools["cpu"], []).append(rec)
-    runs = {p: recs for p, recs in runs.items() if pools[p].free > 0}  # most completions: none left
+    # most completions: no unit left; a node marked down has no pool (its runs are failed elsewhere)
+    runs = {p: recs for p, recs in runs.items() if p in pools and pools[p].free > 0}
     if not runs:
         return []
     now = eng.clock()
