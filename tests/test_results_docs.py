@@ -331,6 +331,7 @@ def test_the_mixed_familys_rows_are_the_stored_runs():
 # restartable (--restartable), family, steps
 RESTART_RUNS = {
     "sim-seed-0.json": ("cpu-restartable-sim-seed-0.json", "cpu", None),
+    "sim-seed-1.json": ("cpu-restartable-sim-seed-1.json", "cpu", None),
     "cpu-2-steps-sim-seed-0.json": ("cpu-2-steps-restartable-sim-seed-0.json", "cpu", 2),
     "mixed-sim-seed-0.json": ("mixed-restartable-sim-seed-0.json", "mixed", None),
     "mixed-sim-seed-1.json": ("mixed-restartable-sim-seed-1.json", "mixed", None),
