@@ -15,6 +15,7 @@ import pytest
 from tangram.core.engine import Engine
 from tangram.core.estimator import CV_AFTER, DurationEstimator
 from tangram.core.model import Action, Elasticity, Profile
+from tangram.core import restarts
 from tangram.core.restarts import withdraw
 from tangram.executors.local import LocalExecutor
 from tangram.managers.base import AllocationError, CountingManager
@@ -422,4 +423,21 @@ def test_the_engine_restarts_a_run_on_the_cores_it_holds():
     [r] = [x for x in eng.complete("wide") if x.action.id == "s"]
     new = r.grants["cpu@n0"]
     assert r.restart and len(new) == r.dispatch.dop > 1 and set(old) < set(new)
+    eng.check_invariants()
+
+
+@pytest.mark.parametrize("where", ["nowhere", "the decision", "the manager's regrant"])
+def test_a_bug_in_the_restart_path_leaves_the_run_and_the_completion_as_they_were(where, monkeypatch):
+    """A restart is an optimisation: an exception in it is logged, the run goes on as it was, and the
+    completion returns its round's starts (raising would lose them, their grants held). "nowhere": the
+    same set-up restarts the run."""
+    eng, clock = _straggler()
+    eng.submit(make_action("next", cpu=3, t1=10.0))  # waits for the wide action's cores, and leaves 4
+    if where == "the decision":
+        monkeypatch.setattr(restarts, "straggler_restarts", lambda *a, **k: 1 / 0)
+    elif where == "the manager's regrant":
+        monkeypatch.setattr(CountingManager, "regrant", lambda *a, **k: 1 / 0)
+    out = eng.complete("wide")
+    assert [(x.action.id, x.restart) for x in out] == [("next", False)] + [("s", True)] * (where == "nowhere")
+    assert eng.runs_restarted == (where == "nowhere") and eng.running["s"].dispatch.dop == (5 if where == "nowhere" else 1)
     eng.check_invariants()

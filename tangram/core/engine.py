@@ -8,6 +8,7 @@ reports back with :meth:`Engine.complete`.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -22,16 +23,18 @@ from tangram.core import feasibility, restarts, skips
 from tangram.core.generating import Generating
 from tangram.core.last_round import LastRound
 from tangram.core.offered import OfferedLoad
-from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_pools
+from tangram.core.queue import LaneKey, Lanes, lane_bound, lane_key, lane_pools
 from tangram.core.records import FINAL_STATES, RUNNING, WAITING, ActionRecord, Started, check_grants
-from tangram.core.running import RunningView
-from tangram.managers.base import ResourceManager
+from tangram.core.running import RunBooks, RunningView
+from tangram.managers.base import AllocationError, ResourceManager
 from tangram.policy.memo import drop_entries_of
 from tangram.policy.order import params_key
 from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Dispatch, Plan, PolicyParams, PoolState, Snapshot, pool_name
 
 Policy = Callable[[Snapshot], Plan]
+log = logging.getLogger(__name__)
+START_RETRY_S = 1.0  # a refused start is tried again this soon if no event comes first (next_wakeup)
 
 
 class Engine:
@@ -71,14 +74,13 @@ class Engine:
         self._generating = Generating()  # placed trajectories with nothing queued or running
         self._offered = OfferedLoad()  # elastic work submitted lately, per type (PolicyParams.offered_load_caps)
         self._placed_mem: dict[str, tuple[str, int]] = {}  # holder -> (mem pool, MiB)
-        # pool -> action id -> (estimated end, units), in start order: the snapshot's
-        # completion-heap seed, kept incrementally instead of walking every running action
-        self._running_by_pool: dict[str, dict[str, tuple[float, float, int]]] = {}  # (start, est. end, units)
-        # the same for running GPU actions by service: when its busy resident instances free (GPU affinity)
-        self._running_by_service: dict[str, dict[str, tuple[float, float, int]]] = {}
-        # rounds run (those over part of the lanes among them), rounds skipped, runs restarted wider
-        self.rounds = self.rounds_partial = self.rounds_skipped = self.runs_restarted = 0
-        self._restartable: dict[str, None] = {}  # running restartable CPU runs in start order (not a set's hash order)
+        # the running actions per pool and per GPU service, in start order (the snapshot's completion-heap
+        # seed, kept incrementally instead of walking every running action), and the restartable ones
+        self.books = RunBooks()
+        # rounds run (those over part of the lanes among them), rounds skipped, runs restarted wider,
+        # dispatches a manager refused (or that raised) when the round started them (Engine._start_all)
+        self.rounds = self.rounds_partial = self.rounds_skipped = self.runs_restarted = self.starts_refused = 0
+        self._retry_at: float | None = None  # when to try a refused start again (Engine._try_start)
 
     # ------------------------------------------------------------------ #
     # topology
@@ -172,7 +174,7 @@ class Engine:
             self.rounds_skipped, started = self.rounds_skipped + 1, []
         else:
             started = self._round(set())
-        return started + restarts.restart_stragglers(self) if self._restartable and status == "succeeded" else started
+        return started + restarts.restart_stragglers(self) if self.books.restartable and status == "succeeded" else started
 
     def _round(self, dirty: set[str], pools: Mapping[str, PoolState] | None = None) -> list[Started]:
         """A round when only ``dirty`` pools changed since the last one (those released since, and those
@@ -251,11 +253,13 @@ class Engine:
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
         self._last.forget()  # an explicit re-run re-decides every group
+        self._retry_at = None  # a start refused again sets it again
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
         now = self.clock()
         times = [t for m in self.managers if (t := m.next_wakeup(now)) is not None]
+        times += [self._retry_at] if self._retry_at is not None else []
         return min(times) if times else None
 
     def refilled_unseen(self) -> bool:
@@ -275,7 +279,7 @@ class Engine:
         now = self.clock()
         return Snapshot(
             pools=pools, nodes=nodes, waiting=view, waiting_keys=view.keys,
-            running=RunningView(self._running_by_pool, now), running_services=RunningView(self._running_by_service, now),
+            running=RunningView(self.books.by_pool, now), running_services=RunningView(self.books.by_service, now),
             placement=MappingProxyType(self.placement),  # read only during the synchronous call
             class_estimates=self.estimator.class_estimates(),  # read only during the synchronous call
             upcoming=self._generating.view(self.clock(), self.params.lookahead, self.params.arrival_gap == "residual"),
@@ -313,13 +317,28 @@ class Engine:
             # (policy/affinity.py): no new action's key is then known to sort behind every one
             self._tail_key = float("inf")
         if len(result.dispatches) <= 1:  # most rounds: nothing to order
-            return [self._start(d) for d in result.dispatches]
+            return [s for d in result.dispatches if (s := self._try_start(d)) is not None]
         # buddy chunks are placed largest first, which is what the policy's packing assumed
         ordered = sorted(result.dispatches, key=lambda d: -d.units.get("gpu", 0))
-        started = [self._start(d) for d in ordered]
+        started = [s for d in ordered if (s := self._try_start(d)) is not None]
         order = {d.action.id: i for i, d in enumerate(result.dispatches)}
         started.sort(key=lambda s: order[s.action.id])
         return started
+
+    def _try_start(self, d: Dispatch) -> Started | None:
+        """Start ``d``, or leave it waiting where a manager refuses it (or anything raises): logged and
+        counted, and the round's other starts stand (raising would lose those made before, grants held)."""
+        try:
+            if d.action.id in self.waiting:
+                return self._start(d)
+            log.error("action %s: dispatched by the policy but not waiting; not started", d.action.id)
+        except AllocationError as exc:  # _start put it back in the queue, holding nothing
+            log.warning("action %s: not started, a manager refused it: %s", d.action.id, exc)
+        except Exception:  # noqa: BLE001 - the same, for a bug, which must not lose the other starts either
+            log.exception("action %s: not started", d.action.id)
+        self.starts_refused += 1
+        self._retry_at = self.clock() + START_RETRY_S  # the round may be the last event for a while
+        return None
 
     def _start(self, d: Dispatch) -> Started:
         rec = self._unqueue(d.action.id)
@@ -347,18 +366,12 @@ class Engine:
             self._last.forget()  # a held group read it as running from now
             raise
         now = self.clock()
-        rec.state = RUNNING
-        rec.started_at = now
-        rec.dispatch = d
-        rec.grants = grants
+        rec.state, rec.started_at, rec.dispatch, rec.grants = RUNNING, now, d, grants
         rec.estimated_end = now + (d.estimated_s or self.params.default_duration_s)
         self.running[a.id] = rec
-        for rtype, pname in d.pools.items():
-            self._running_by_pool.setdefault(pname, {})[a.id] = (now, rec.estimated_end, d.units[rtype])
-        if a.service is not None and "gpu" in d.units:
-            self._running_by_service.setdefault(a.service, {})[a.id] = (now, rec.estimated_end, d.units["gpu"])
-        if a.restartable and a.key == "cpu" and a.trajectory is not None:  # a one-shot's environment ends with its run
-            self._restartable[a.id] = None
+        # a one-shot's environment ends with its run: not restartable
+        self.books.enter(a, d.pools, d.units, now, rec.estimated_end,
+                         a.restartable and a.key == "cpu" and a.trajectory is not None)
         return Started(rec, d, grants)
 
     def _finish(self, rec: ActionRecord, status: str) -> None:
@@ -373,19 +386,11 @@ class Engine:
             self.finished.popitem(last=False)
 
     def _release_grants(self, rec: ActionRecord) -> None:
-        self._restartable.pop(rec.action.id, None)
         for pname in rec.grants:
             self._owner[pname].release(pname, rec.action.id)
             self._last.release(pname)
-        if rec.dispatch is not None:
-            for pname in rec.dispatch.pools.values():
-                held = self._running_by_pool.get(pname)
-                if held is not None and held.pop(rec.action.id, None) is not None and not held:
-                    del self._running_by_pool[pname]
-            service = rec.action.service
-            held = self._running_by_service.get(service) if service is not None else None
-            if held is not None and held.pop(rec.action.id, None) is not None and not held:
-                del self._running_by_service[service]
+        self.books.leave(rec.action.id, rec.dispatch.pools.values() if rec.dispatch is not None else (),
+                         rec.action.service)
         if rec.action.trajectory is None:
             self._release_mem(rec.action.id)  # a one-shot action's memory lives with it
 
@@ -398,14 +403,6 @@ class Engine:
     # ------------------------------------------------------------------ #
     # the waiting queue's lanes
 
-    def _lane(self, a: Action) -> LaneKey:
-        home, mem = None, 0
-        if "cpu" in a.demands:
-            home = self.placement.get(a.trajectory) if a.trajectory is not None else None
-            mem = a.mem_mb if home is None else 0
-        restricted = (self._hostable[a.trajectory],) if home is None and a.trajectory in self._hostable else ()
-        return (home, mem, tuple(sorted(a.demands.items())), a.service if "gpu" in a.demands else None) + restricted
-
     def _enqueue(self, rec: ActionRecord, *, first: bool = False) -> float:
         """Into its lane at its order key (``first``: ahead of everything); returns the key."""
         a = rec.action
@@ -413,7 +410,7 @@ class Engine:
         done, gen = self._generating.order_inputs(a.trajectory, rec.submitted_at, self.params)
         key = float("-inf") if first else params_key(a, rec.submitted_at, self.params, self.estimator.class_estimates(),
                                                      done, gen)
-        self._lanes.add(a, self._lane(a), key)
+        self._lanes.add(a, lane_key(a, self.placement, self._hostable), key)
         if a.trajectory is not None and "cpu" in a.demands:
             ids = self._waiting_cpu_of.setdefault(a.trajectory, set())
             ids.add(a.id)
@@ -448,7 +445,7 @@ class Engine:
     def _relane(self, trajectory: str) -> None:
         """The trajectory's node changed: its waiting CPU actions change lanes."""
         for aid in self._waiting_cpu_of.get(trajectory, ()):
-            self._lanes.move(aid, self._lane(self.waiting[aid].action))
+            self._lanes.move(aid, lane_key(self.waiting[aid].action, self.placement, self._hostable))
 
     def _release_wakes_nothing(self) -> bool:
         """Whether a round now would start nothing (skips.release_wakes_nothing)."""
@@ -464,7 +461,7 @@ class Engine:
     def _cannot_start(self, a: Action) -> bool:
         if not self._last.unfit:
             return False
-        home, mem = (self._lanes.lane_of(a.id) or self._lane(a))[:2]
+        home, mem = (self._lanes.lane_of(a.id) or lane_key(a, self.placement, self._hostable))[:2]
         return skips.cannot_start(self._last.unfit, a, home, mem, self._nodes)
 
     # ------------------------------------------------------------------ #

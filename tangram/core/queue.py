@@ -150,6 +150,18 @@ class OrderKeys:
         return (e[0] for e in self._view._entries())
 
 
+def lane_key(a: Action, placement: Mapping[str, str], hostable: Mapping[str, tuple[str, ...]]) -> LaneKey:
+    """The lane of waiting ``a``: a CPU action's home is its trajectory's node (``placement``); one whose
+    trajectory is unplaced places its memory, and keeps to the nodes that trajectory may go to
+    (``hostable``, where known: a fifth field)."""
+    home, mem = None, 0
+    if "cpu" in a.demands:
+        home = placement.get(a.trajectory) if a.trajectory is not None else None
+        mem = a.mem_mb if home is None else 0
+    restricted = (hostable[a.trajectory],) if home is None and a.trajectory in hostable else ()
+    return (home, mem, tuple(sorted(a.demands.items())), a.service if "gpu" in a.demands else None) + restricted
+
+
 def lane_bound(lane: LaneKey, pools: Mapping, nodes: tuple[str, ...]) -> int:
     """How many actions of ``lane`` the free units could start at most (an upper bound)."""
     home, mem, demands = lane[:3]

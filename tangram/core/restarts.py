@@ -31,7 +31,7 @@ def restart_stragglers(eng: Any) -> list[Started]:
         return []
     pools = eng.pool_states()
     runs: dict[str, list[ActionRecord]] = {}  # pool -> its restartable runs, in start order
-    for aid in eng._restartable:
+    for aid in eng.books.restartable:
         rec = eng.running[aid]
         runs.setdefault(rec.dispatch.pools["cpu"], []).append(rec)
     # most completions: no unit left; a node marked down has no pool (its runs are failed elsewhere)
@@ -39,28 +39,31 @@ def restart_stragglers(eng: Any) -> list[Started]:
     if not runs:
         return []
     now = eng.clock()
-    chosen = straggler_restarts(
-        runs, pools, wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
-        eng._generating.expected_cpu() if params.expect_arrivals else {}, eng.estimator, params.restart_gain, now,
-        params.dop_caps)
+    try:
+        chosen = straggler_restarts(
+            runs, pools, wanted_nodes(eng._lanes.items(), eng.nodes(pools)),
+            eng._generating.expected_cpu() if params.expect_arrivals else {}, eng.estimator, params.restart_gain, now,
+            params.dop_caps)
+    except Exception:  # noqa: BLE001 - a restart is an optimisation: a bug in it must not lose the round's starts
+        log.exception("choosing the runs to restart failed; none restarted")
+        return []
     out = []
     for rec, dop in chosen:
         old = rec.dispatch
         pname = old.pools["cpu"]
         try:  # the run keeps what it holds and takes the free units beside it (its process dies on them)
+            d = Dispatch(rec.action, old.node, {**old.units, "cpu": dop}, old.pools, estimated_s=rec.action.duration(dop))
             grant = eng._owner[pname].regrant(pname, dop, rec.id, old.units["cpu"], rec.action)
         except AllocationError as exc:  # the books are unchanged: the run goes on where it is
             log.warning("action %s: not restarted at %d units: %s", rec.id, dop, exc)
             continue
+        except Exception:  # noqa: BLE001 - the same, for a bug: logged, the run left as the engine knows it
+            log.exception("action %s: not restarted at %d units", rec.id, dop)
+            continue
         rec.restarted_s += now - rec.started_at
-        d = Dispatch(rec.action, old.node, {**old.units, "cpu": dop}, old.pools, estimated_s=rec.action.duration(dop))
         rec.grants[pname] = grant
         rec.dispatch, rec.started_at, rec.estimated_end = d, now, now + d.estimated_s
-        running = eng._running_by_pool[pname]
-        del running[rec.id]  # re-entered last, as a new start is (the estimate reads them in start order)
-        running[rec.id] = (now, rec.estimated_end, dop)
-        del eng._restartable[rec.id]
-        eng._restartable[rec.id] = None
+        eng.books.restarted(rec.id, pname, now, rec.estimated_end, dop)
         eng._last.release(pname)
         out.append(Started(rec, d, rec.grants, restart=True))
         eng.runs_restarted += 1
@@ -72,7 +75,7 @@ def restart_stragglers(eng: Any) -> list[Started]:
 def withdraw(eng: Any, action_id: str) -> None:
     """Never restart ``action_id`` again (the driver is cancelling its run: a restart would only start a
     run bound to be cancelled, and count it)."""
-    eng._restartable.pop(action_id, None)
+    eng.books.withdraw(action_id)
 
 
 def wanted_nodes(lanes: Iterable, nodes: Iterable[str]) -> set[str]:

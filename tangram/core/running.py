@@ -5,7 +5,7 @@ and, for GPU actions, per service (``Snapshot.running_services``).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterable, Mapping
 
 
 def _seconds_left(started: float, estimated_end: float, now: float) -> float:
@@ -51,3 +51,50 @@ class RunningView(Mapping[str, tuple[tuple[float, int], ...]]):
 
     def __len__(self) -> int:
         return len(self._by_pool)
+
+
+class RunBooks:
+    """The engine's books of its running actions, per pool and per GPU service (what :class:`RunningView`
+    shows), and its restartable CPU runs, each in start order: entered when a run starts, re-entered when
+    it is restarted, left when it ends. One place, so a start, a restart and an end keep them alike."""
+
+    __slots__ = ("by_pool", "by_service", "restartable")
+
+    def __init__(self) -> None:
+        self.by_pool: dict[str, dict[str, tuple[float, float, int]]] = {}  # pool -> id -> (start, est. end, units)
+        self.by_service: dict[str, dict[str, tuple[float, float, int]]] = {}  # the GPU runs, by service
+        self.restartable: dict[str, None] = {}  # running restartable CPU runs in start order (not a set's hash order)
+
+    def enter(self, action, pools: Mapping[str, str], units: Mapping[str, int], now: float, estimated_end: float,
+              restartable: bool) -> None:
+        """``action`` started now on ``pools`` (resource type -> pool) with ``units`` (resource type -> units)."""
+        for rtype, pname in pools.items():
+            self.by_pool.setdefault(pname, {})[action.id] = (now, estimated_end, units[rtype])
+        if action.service is not None and "gpu" in units:
+            self.by_service.setdefault(action.service, {})[action.id] = (now, estimated_end, units["gpu"])
+        if restartable:
+            self.restartable[action.id] = None
+
+    def restarted(self, action_id: str, pool: str, now: float, estimated_end: float, units: int) -> None:
+        """A restartable run started again now on ``pool`` with ``units``: re-entered last, as a new start is
+        (the ACT estimate reads a pool's runs in start order)."""
+        running = self.by_pool[pool]
+        del running[action_id]
+        running[action_id] = (now, estimated_end, units)
+        del self.restartable[action_id]
+        self.restartable[action_id] = None
+
+    def withdraw(self, action_id: str) -> None:
+        """Never offer ``action_id`` for a restart again (its run is being cancelled)."""
+        self.restartable.pop(action_id, None)
+
+    def leave(self, action_id: str, pools: Iterable[str], service: str | None) -> None:
+        """The run of ``action_id`` ended (or was re-queued): out of every book it is in."""
+        self.restartable.pop(action_id, None)
+        for pname in pools:
+            held = self.by_pool.get(pname)
+            if held is not None and held.pop(action_id, None) is not None and not held:
+                del self.by_pool[pname]
+        held = self.by_service.get(service) if service is not None else None
+        if held is not None and held.pop(action_id, None) is not None and not held:
+            del self.by_service[service]

@@ -78,6 +78,7 @@ class RuntimeStats:
             "overhead": {"p50_s": percentile(ov, 50), "p99_s": percentile(ov, 99), "samples": len(ov)},
             "actions": {f"{k}:{s}": n for (k, s), n in sorted(self.counts.items())},
             "restarts": eng.runs_restarted,  # straggling runs stopped and started again wider (PolicyParams.restart_gain)
+            "starts_refused": eng.starts_refused,  # planned starts a manager refused (left waiting; a bug: see the log)
         }
 
 

@@ -46,6 +46,9 @@ class _PoolCollector:
                                 value=len(self.runtime.environments()))
         yield CounterMetricFamily("tangram_runs_restarted", "Straggling restartable runs stopped and started "
                                   "again at a wider DoP (scheduler.restart_gain)", value=eng.runs_restarted)
+        yield CounterMetricFamily("tangram_starts_refused", "Starts the policy planned that a manager refused or "
+                                  "that raised; each is left waiting and logged (not 0: a bug)",
+                                  value=eng.starts_refused)
 
 
 class ServiceMetrics:

@@ -311,6 +311,7 @@ class Simulation:
                     self._push(w, TICK, None)
             if self.check:
                 self.engine.check_invariants()
+                assert not self.engine.starts_refused, "a manager refused a start the policy planned"
 
     def _on_gen(self, tr: _Traj) -> None:
         it = tr.items[tr.idx]
