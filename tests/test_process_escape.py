@@ -92,6 +92,20 @@ async def test_an_orphaned_process_with_no_environment_dies_when_the_command_exi
     assert find_pids(f"sleep {m}") == []
 
 
+async def test_the_callers_variables_cannot_keep_the_command_out_of_what_kills_it(executor, mark):
+    """``env`` names functions and options bash acts on at its start. They once reached the bash that
+    joins the action's cgroup (``echo $$ > cgroup.procs``, an ``echo`` the caller could define away),
+    so the command ran outside the group its kill empties; now they reach the command alone."""
+    m = mark
+    ex, cores = executor
+    hostile = {"BASH_FUNC_echo%%": "() { :; }", "BASH_ENV": "/dev/null"}
+    r = await ex.exec("e", f"{DETACHED} {RUNNING}; sleep 30".format(m=m), Placement("a", "local", dop=1, cores=cores),
+                      timeout_s=2, env=hostile)
+    assert (r.status, r.stdout) == (TIMEOUT, ""), r  # its echo is the caller's: it prints nothing
+    assert _tracked_by(ex, r.details) != "nothing"
+    assert find_pids(f"sleep {m}") == []
+
+
 async def test_a_cancelled_action_leaves_no_detached_process(executor, mark):
     m = mark
     ex, cores = executor

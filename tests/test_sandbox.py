@@ -98,6 +98,28 @@ async def test_no_way_out_of_the_action_cgroup():
         await c.delete_environment(env)
 
 
+async def test_a_callers_variables_act_on_the_command_alone_never_on_the_host(tmp_path):
+    """The ``env`` field: variables that bash or the dynamic linker act on at a program's start once ran
+    the caller's code on the host, as the service's user, outside the sandbox and before the command
+    joined its cgroup (the host-side chain got them). They now reach the command alone, after the
+    sandbox and the user drop, and cannot replace the executor's own ``TANGRAM_*``."""
+    host = tmp_path / "host-side"  # outside every environment: a sandboxed command cannot write here
+    hostile = {"BASH_ENV": f"$(touch {host}-bash-env)", "BASH_FUNC_echo%%": f"() {{ touch {host}-func; }}",
+               "SHELLOPTS": "xtrace", "PS4": f"$(touch {host}-ps4)", "LD_PRELOAD": f"{tmp_path}/no-such.so",
+               "TANGRAM_DOP": "99", "TANGRAM_ACTION_TOKEN": "forged", "A": "kept as given"}
+    async with running_service() as svc, svc.client() as c:
+        env = await c.create_environment()
+        for cpu in (1, {"min": 1, "max": 2}):  # with cores (a cgroup join first) and as placed
+            r = await c.exec(env, 'printf "%s|%s|%s\\n" "$A" "$TANGRAM_DOP" "$TANGRAM_ACTION_TOKEN"', cpu=cpu,
+                             env=hostile)
+            assert r.ok, r
+            a, dop, token = r.stdout.splitlines()[-1].split("|")
+            assert (a, dop) == ("kept as given", str(r.allocation["dop"])) and token not in ("", "forged")
+            assert r.allocation["isolation"] == "sandbox"
+        assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing ran on the host
+        await c.delete_environment(env)
+
+
 async def test_healthz_and_allocation_report_the_isolation():
     async with running_service() as svc, svc.client() as c:
         r = await c.exec(None, "true")

@@ -81,7 +81,8 @@ from tangram.executors.cgroups import (
     _cpulist,
     _Group,
 )
-from tangram.executors.processes import _Collector, _Tracker, finish_spawn, pid_namespace_mode, pid_namespace_prefix
+from tangram.executors.processes import (
+    _Collector, _Tracker, command_argv, finish_spawn, pid_namespace_mode, pid_namespace_prefix)
 
 log = logging.getLogger(__name__)
 
@@ -316,9 +317,8 @@ class LocalExecutor(EnvironmentExecutor):
             raise ValueError(f"timeout_s: must be positive, got {timeout_s!r}")
         cores = self._check_placement(placement)
         quota = placement.cpu_quota if placement.cpu_quota is not None else (len(cores) or None)
+        argv = command_argv(command, env)  # the caller's variables reach the command alone, not the host's chain
         penv = dict(self.base_env)
-        if env:
-            penv.update(env)
         penv["TANGRAM_DOP"] = str(placement.dop)
         self._seq += 1
         token = f"{self._tag}-{self._seq}"
@@ -329,7 +329,7 @@ class LocalExecutor(EnvironmentExecutor):
 
         t0 = time.perf_counter()
         group: _Group | None = None
-        script = command
+        script = command if argv[0] != "env" else "exec " + shlex.join(argv)
         name = f"{token}-{_SAFE.sub('_', placement.action_id)[:40]}"
         if isolation in (CGROUP_V1, CGROUP_V2):
             # a quota >= the exclusive cores adds nothing to the cpuset: no cpu group (one migration less)
@@ -356,13 +356,13 @@ class LocalExecutor(EnvironmentExecutor):
                 group = _Group((group.dirs if group is not None else []) + limit_dirs)
                 details["memory_mb"], details["pids_max"] = memory_mb, self.pids_max
             fds, files = sbx.sandbox_files(self._sandbox.uid, self._sandbox.gid)
-            inner = self._sandbox.argv(cwd, ["bash", "-c", command], network=network and self.allow_network,
+            inner = self._sandbox.argv(cwd, argv, network=network and self.allow_network,
                                        user_files=files)
             # bwrap itself dies with this service (SIGKILL included): its sandbox dies with it
             script = "exec " + shlex.join(sbx.die_with(os.getpid()) + inner)
         pidns = group is None and self._sandbox is None and self._pidns is not None
         if pidns:  # the command is its namespace's init: every process it leaves dies with it
-            script = "exec " + shlex.join([*self._pidns, "bash", "-c", command])
+            script = "exec " + shlex.join([*self._pidns, *argv])
             details["pid_namespace"] = True
         elif group is None and self._sandbox is None and not self._warned_untracked:
             self._warned_untracked = True

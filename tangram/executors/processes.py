@@ -19,8 +19,30 @@ import os
 import shutil
 import subprocess
 import time
+from typing import Mapping
 
 from tangram.executors.cgroups import _Group
+
+
+EXECUTOR_ENV = ("TANGRAM_DOP", "TANGRAM_ACTION_TOKEN")  # set by the executor; a caller's own are dropped
+
+
+def command_argv(command: str, env: Mapping[str, str] | None) -> list[str]:
+    """``bash -c command`` with the caller's ``env`` set by ``env(1)`` as the last step before it.
+
+    What runs before the command on the host (the cgroup join in a bash, setpriv, bwrap) runs in the
+    executor's own environment: a variable a caller names would act there, outside the sandbox and
+    before the command joins its cgroup (``BASH_ENV`` is run by that bash at its start, ``LD_PRELOAD``
+    loaded into every program, ``BASH_FUNC_*`` defines its builtins away). Inside the sandbox ``env``
+    runs after the user is dropped, as the command itself would.
+    """
+    own = {k: v for k, v in (env or {}).items() if k not in EXECUTOR_ENV}
+    for k, v in own.items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k or not isinstance(v, str) or "\0" in v:
+            raise ValueError(f"env.{k}: a name must be a non-empty string without '=' or NUL, its value a string "
+                             "without NUL")
+    bash = ["/bin/bash" if os.path.exists("/bin/bash") else "bash", "-c", command]
+    return ["env", "--", *(f"{k}={v}" for k, v in own.items()), *bash] if own else bash
 
 
 async def finish_spawn(spawn):
