@@ -7,9 +7,10 @@ import pytest
 
 from tangram.core.engine import Engine
 from tangram.core.errors import DemandError, UnschedulableError
-from tangram.executors.base import EnvironmentExecutor, ExecResult
+from tangram.executors.base import EnvironmentExecutor, ExecResult, wait_through_cancels
 from tangram.managers.base import CountingManager
 from tangram.managers.basic import BasicManager
+from tangram.policy.snapshot import PolicyParams
 from tangram.runtime import Runtime, UnknownEnvironmentError
 from tangram.service.build import build_runtime
 from tangram.service.config import parse_config
@@ -119,6 +120,45 @@ async def test_timeout_safety_net_when_the_executor_ignores_it(monkeypatch):
         whole(rt)
 
 
+class SlowKill(FakeExecutor):
+    """Its kill takes ``kill_s`` and goes on through further cancels, as the local executor's grace does;
+    it notes whether its units were still held when the kill ended."""
+
+    def __init__(self, rt_box, kill_s=0.3):
+        super().__init__()
+        self.rt_box, self.kill_s, self.held_at_kill_end = rt_box, kill_s, None
+
+    async def exec(self, env_id, command, placement, *, timeout_s=None, env=None):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            kill = asyncio.ensure_future(asyncio.sleep(self.kill_s))
+            await wait_through_cancels(kill)
+            self.held_at_kill_end = self.rt_box[0].engine.pool_states()["cpu@n0"].free == 0
+            raise
+
+
+@pytest.mark.parametrize("timeout_s", [None, 20.0], ids=["no timeout", "a timeout (the safety net's task)"])
+async def test_a_second_cancel_does_not_give_the_units_back_before_the_kill_ends(timeout_s):
+    """A hang-up cancels an action and a DELETE cancels it again while its executor still kills it:
+    the action ends, and its core goes back, only once the kill is over (with a timeout the run went
+    through asyncio.wait_for, whose wait for the kill a second cancel cut short)."""
+    box = []
+    ex = SlowKill(box)
+    rt = Runtime(Engine([CountingManager({"cpu@n0": 1, "mem@n0": 1000})]), env_executors={"n0": ex})
+    box.append(rt)
+    async with rt:
+        aid = rt.submit(rt.build_action("exec", {"cpu": 1}, command="run", timeout_s=timeout_s))
+        await asyncio.sleep(0.05)
+        assert rt.state(aid) == "running"
+        rt.cancel(aid)
+        await asyncio.sleep(0.05)
+        rt.cancel(aid)  # during the kill
+        r = await rt.wait(aid)
+        assert r.status == "cancelled" and ex.held_at_kill_end is True
+        whole(rt)
+
+
 async def test_quota_refill_wakes_the_engine():
     api = BasicManager({"q": {"quota": 1, "period_s": 0.2, "window": "fixed"}})
 
@@ -150,6 +190,26 @@ async def test_close_cancels_everything():
     rt.engine.check_invariants()
     with pytest.raises(RuntimeError):
         rt.submit(rt.build_action("exec", {"cpu": 1}, command="true"))
+
+
+async def test_close_ends_what_a_cancel_there_starts():
+    """Cancelling a waiting head at shutdown runs a round, which may start what waited behind it; that
+    action never gets a task, so close ends it too (it was once left running, its core held and its
+    waiter hanging)."""
+    ex = FakeExecutor()
+    rt = Runtime(Engine([CountingManager({"cpu@n0": 2, "mem@n0": 1000})], params=PolicyParams(order="fcfs")),
+                 env_executors={"n0": ex})
+    env = await rt.create_environment()
+    running = rt.submit(rt.build_action("exec", {"cpu": 1}, environment=env, command="sleep 30"))
+    head = rt.submit(rt.build_action("exec", {"cpu": 2}, environment=env, command="true"))
+    behind = rt.submit(rt.build_action("exec", {"cpu": 1}, environment=env, command="true"))
+    await asyncio.sleep(0.05)
+    assert [rt.state(a) for a in (running, head, behind)] == ["running", "waiting", "waiting"]  # the head holds
+    waiter = asyncio.ensure_future(rt.wait(behind))
+    await rt.close()
+    assert (await asyncio.wait_for(waiter, 5)).status == "cancelled"
+    assert [rt.result(a).status for a in (running, head)] == ["cancelled", "cancelled"]
+    whole(rt)
 
 
 async def test_from_config_builds_a_local_runtime():

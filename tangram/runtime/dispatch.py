@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 from tangram.core.engine import Started
 from tangram.core.grants import cores_of, devices_of
 from tangram.core.model import Action, render_command
-from tangram.executors.base import EnvironmentExecutor, ExecResult, Placement
+from tangram.executors.base import EnvironmentExecutor, ExecResult, Placement, wait_through_cancels
 
 log = logging.getLogger("tangram.runtime")
 
@@ -69,11 +69,20 @@ class Dispatcher:
             raise RuntimeError(f"unknown action kind {kind!r}")
         if timeout_s is None:
             return await coro
-        # safety net: an executor that ignores timeout_s is cancelled (and must kill) a bit later
+        # safety net: an executor that ignores timeout_s is cancelled (and must kill) a bit later. Not
+        # asyncio.wait_for: a second cancel (a DELETE after a hang-up) ends its wait for the executor's
+        # kill, and the caller then gave the units back while the process still ran
+        task = asyncio.ensure_future(coro)
         try:
-            return await asyncio.wait_for(coro, timeout_s + TIMEOUT_GRACE_S)
-        except asyncio.TimeoutError:
-            raise ExecutorTimedOut() from None
+            await asyncio.wait((task,), timeout=timeout_s + TIMEOUT_GRACE_S)  # never cancels the task
+        finally:
+            if not task.done():  # the net fired, or this run is cancelled: the executor kills first
+                task.cancel()
+                if await wait_through_cancels(task):
+                    raise asyncio.CancelledError()
+        if task.cancelled():
+            raise ExecutorTimedOut()
+        return task.result()
 
     def model_executor(self, node: str | None) -> Any:
         ex = self.model_executors

@@ -34,16 +34,13 @@ from tangram.core.model import Action, Profile
 from tangram.core.restarts import withdraw
 from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement, wait_through_cancels
 from tangram.runtime.actions import ActionOutcome, Timing, build_action
-from tangram.runtime.upstream import upstream_pause
+from tangram.runtime.upstream import requeue_after_429
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
 from tangram.runtime.environments import Environment, Environments
 from tangram.runtime.job import Job
 from tangram.runtime.stats import RuntimeStats
 
 log = logging.getLogger("tangram.runtime")
-
-# an http action without timeout_s is re-queued after upstream 429s until this long after it was received
-HTTP_429_DEADLINE_S = 600.0
 
 
 class Runtime:
@@ -289,8 +286,10 @@ class Runtime:
             result = ExecResult(status=FAILED, error=f"{type(exc).__name__}: {exc}")
         if job.task is not asyncio.current_task():
             return  # a restart stopped this run: the run that superseded it completes the action
-        if job.kind == "http" and self._upstream_answer(job, s, result):
-            return
+        if job.kind == "http" and (again := requeue_after_429(self.engine, job, s.grants, result, self.clock(),
+                                                               self.upstream_429s_absorbed)) is not None:
+            job.task = None
+            return self._launch(again)
         if job.env is not None and job.env.oneshot:
             try:
                 await asyncio.shield(self.env_registry.drop(job.env))
@@ -299,30 +298,6 @@ class Runtime:
             except Exception:  # noqa: BLE001 - cleanup must not keep the grants
                 log.exception("action %s: removing its one-shot environment failed", a.id)
         self._complete(job, result, placement, exec_s)
-
-    def _upstream_answer(self, job: Job, s: Started, result: ExecResult) -> bool:
-        """Hand the upstream's answer to its pool's manager; True if a 429 was re-queued instead of returned.
-
-        The manager pauses the pool for the advertised delay; the action goes
-        back to the head of the queue unless that delay would pass its
-        deadline (``timeout_s`` after it was received, else ``HTTP_429_DEADLINE_S``).
-        """
-        status, delay, pool = upstream_pause(self.engine, s.grants, result, job.action.id)
-        if status != 429 or delay is None or job.outcome is not None:
-            return False
-        budget = job.action.timeout_s if job.action.timeout_s is not None else HTTP_429_DEADLINE_S
-        if self.clock() + delay >= job.received_at + budget:
-            return False
-        job.requeues += 1
-        self.upstream_429s_absorbed[pool] = self.upstream_429s_absorbed.get(pool, 0) + 1
-        log.info("action %s: upstream 429 on %s, re-queued (pause %.3g s)", job.action.id, pool, delay)
-        try:
-            started = self.engine.requeue(job.action.id)
-        except UnknownActionError:  # cancelled meanwhile (close, delete_environment)
-            return False
-        job.task = None
-        self._launch(started)
-        return True
 
     async def _prepare(self, job: Job, placement: Placement) -> None:
         """Make sure an exec action's environment exists on its node (a one-shot one is made now)."""
@@ -457,15 +432,20 @@ class Runtime:
         if self._wakeup is not None:
             self._wakeup.cancel()
             self._wakeup = None
-        tasks = []
+        tasks, started, gone = [], [], ExecResult(status=CANCELLED, error="service shutting down")
         for aid, job in list(self._jobs.items()):
             if job.outcome is None:
                 if aid in self.engine.waiting:
-                    self.engine.cancel(aid)
-                    self._finish(job, ExecResult(status=CANCELLED, error="service shutting down"), None, 0.0)
+                    started += self.engine.cancel(aid)
+                    self._finish(job, gone, None, 0.0)
                 elif job.task is not None:
                     withdraw(self.engine, aid)
                     tasks.append(job.task)
+        while started:  # what a cancel's round started never runs (its job has no task): it ends at once
+            s = started.pop()
+            started += self.engine.complete(s.record.id, CANCELLED)
+            if (job := self._jobs.get(s.record.id)) is not None and job.outcome is None:
+                self._finish(job, gone, None, 0.0)
         while tasks:  # until no run is left: a completion meanwhile may have restarted one wider
             for t in tasks:
                 t.cancel()
