@@ -247,6 +247,22 @@ def test_a_spent_pool_pauses_from_the_calls_latest_arrival_under_the_guess(books
     assert m.next_wakeup(clock()) == pytest.approx(2.5 if books == "adaptive" else 3.2)
 
 
+@pytest.mark.parametrize("reset", ["1e12", "1700000000000"], ids=["a bogus delta", "epoch milliseconds"])
+def test_a_spent_pools_pause_from_its_reset_header_is_bounded(reset):
+    """``Remaining: 0`` with a reset far off (epoch milliseconds read as seconds since the epoch, or a
+    bogus delta) pauses the pool no longer than a 429's longest pause: it once parked it for ever."""
+    from tangram.managers.basic import MAX_429_PAUSE_S
+
+    clock = Clock(0.0)
+    m = BasicManager({"svc": {"quota": 1, "period_s": 2.0}}, clock=clock)
+    m.allocate("api:svc", 1, "a")
+    m.observe_response("api:svc", 200, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}, "a")
+    m.release("api:svc", "a")
+    assert 2.0 <= m.next_wakeup(clock()) <= MAX_429_PAUSE_S
+    clock.t = MAX_429_PAUSE_S + 1
+    assert next(iter(m.pool_states())).free == 1
+
+
 def test_adaptive_guess_withdrawn_counts_answered_calls_to_their_answer():
     # a call answered after the margin had already left the books at dispatch + margin + period;
     # after the 429 it counts again until answer + period (the 429's pause covers the gap)

@@ -8,7 +8,9 @@ import asyncio
 import itertools
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from tangram.executors.processes import pid_namespace_prefix
 from tests.service_helpers import find_pids
 
 pytestmark = pytest.mark.timeout(60)
+REPO = Path(__file__).resolve().parent.parent
 CAN_SANDBOX, WHY = sbx.probe()
 CORE = min(os.sched_getaffinity(0))
 _SEQ = itertools.count(1)
@@ -258,3 +261,38 @@ async def test_docker_an_action_ending_spares_what_a_concurrent_action_of_its_en
     rb = await b
     assert rb.status == SUCCEEDED, rb
     assert find_pids(f"sleep {helper}") == [] and find_pids(f"sleep {cleared}") == []  # they end with B
+
+
+_CRASHING_SERVICE = """
+import asyncio, os, signal, sys
+from tangram.executors.base import Placement
+from tangram.executors.local import LocalExecutor
+
+async def main():
+    ex = LocalExecutor(sys.argv[1], isolation="affinity", sandbox="none")
+    assert ex._pidns is not None, "no PID namespace here"
+    await ex.create_environment("e")
+    asyncio.ensure_future(ex.exec("e", sys.argv[2], Placement("a", "local", dop=1)))
+    await asyncio.sleep(0.5)
+    print("running", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the service crashes mid-action
+
+asyncio.run(main())
+"""
+
+
+async def test_an_unsandboxed_command_in_its_pid_namespace_dies_with_a_crashed_service(tmp_path, mark):
+    """A ``kill -9`` of the service: the PID namespace's ``unshare`` gets the parent-death signal (as bwrap
+    does in the sandbox) and takes the command with it; it once went on, on cores the restarted service
+    hands out again."""
+    if LocalExecutor(str(tmp_path / "probe"), isolation="affinity", sandbox="none")._pidns is None:
+        pytest.skip("this machine gives no PID namespace (the documented limit)")
+    p = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASHING_SERVICE, str(tmp_path / "envs"), f"sleep {mark}",
+        stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    out, _ = await asyncio.wait_for(p.communicate(), 30)
+    assert (p.returncode, out) == (-signal.SIGKILL, b"running\n")
+    deadline = time.monotonic() + 5
+    while find_pids(f"sleep {mark}") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert find_pids(f"sleep {mark}") == []

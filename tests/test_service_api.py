@@ -6,6 +6,7 @@ reservation or API slot may outlive an error, a timeout or a cancellation.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -292,6 +293,9 @@ BAD_ACTIONS = [
     ({"kind": "exec", "command": "true", "resources": []}, 400, "resources"),
     ({"kind": "exec", "command": "true", "timeout_s": -1}, 400, "timeout_s"),
     ({"kind": "exec", "command": "true", "timeout_s": "soon"}, 400, "timeout_s"),
+    ({"kind": "exec", "command": "true", "timeout_s": 10**400}, 400, "timeout_s"),  # past a float (was a 500)
+    ({"kind": "http", "url": "http://x", "method": "FOO", "resources": {"api": "s"}}, 400, "method"),
+    ({"kind": "http", "url": "http://x", "headers": {"a b": "c"}, "resources": {"api": "s"}}, 400, "headers.a b"),
     ({"kind": "exec", "command": "true", "url": "http://x"}, 400, "url"),  # a field of another kind
     ({"kind": "exec", "command": "true", "bogus": 1}, 400, "bogus"),  # unknown field
     ({"kind": "exec", "command": "true", "resources": {"gpu": 1}}, 400, "resources.gpu"),
@@ -424,3 +428,42 @@ async def test_an_unprofiled_range_runs_at_its_min_first_and_wider_once_its_clas
         for _ in range(2):
             r = await c.run_action(body)
             assert r.ok and r.allocation["dop"] == 1
+
+
+async def test_an_http_answer_that_is_not_text_is_given_as_base64_and_kept(caplog):
+    """An upstream answering bytes that are not UTF-8 (an image, a page in an undeclared charset): the
+    result is JSON (the body as base64; a declared charset decoded), on the wire and in the state store
+    alike. Raw bytes once made the answer, and every later GET of it, a 500."""
+    from aiohttp import web
+
+    png = bytes(range(256))
+
+    async def image(request):
+        return web.Response(body=png, content_type="image/png")
+
+    async def latin(request):
+        return web.Response(body="café".encode("latin-1"), content_type="text/plain", charset="latin-1")
+
+    app = web.Application()
+    app.router.add_get("/png", image)
+    app.router.add_get("/latin", latin)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with running_service(config(api_pools={"web": {"concurrency": 2}})) as svc, \
+                aiohttp.ClientSession() as s:
+            for path, body in (("png", {"base64": base64.b64encode(png).decode()}), ("latin", "café")):
+                req = {"kind": "http", "url": f"http://127.0.0.1:{port}/{path}", "resources": {"api": "web"}}
+                async with s.post(f"{svc.url}/v1/actions?wait=true", json=req) as resp:
+                    out = await resp.json()
+                assert resp.status == 200 and out["status"] == "succeeded", out
+                assert out["output"]["body"] == body
+                async with s.get(f"{svc.url}/v1/actions/{out['id']}") as resp:
+                    assert resp.status == 200 and (await resp.json())["output"]["body"] == body
+            assert_whole(svc.runtime)
+        assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]  # e.g. the store's listener
+    finally:
+        await runner.cleanup()

@@ -11,13 +11,14 @@ a call answered 429). ``aiohttp`` is imported lazily (the core never imports it)
 from __future__ import annotations
 
 import asyncio
+import base64
 import json as _json
 import time
 from typing import Any, Mapping
 
 from tangram.executors.base import FAILED, SUCCEEDED, TIMEOUT, ExecResult
 
-_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 _RATE_HEADERS = ("retry-after", "x-ratelimit-", "ratelimit-")
 
 
@@ -62,8 +63,8 @@ class HttpExecutor:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url: must be an http(s) URL, got {url!r}")
         m = str(method).upper()
-        if m not in _METHODS:
-            raise ValueError(f"method: must be one of {sorted(_METHODS)}, got {method!r}")
+        if m not in METHODS:
+            raise ValueError(f"method: must be one of {sorted(METHODS)}, got {method!r}")
         if json is not None and body is not None:
             raise ValueError("body: give either json or body, not both")
         if timeout_s is not None and not timeout_s > 0:
@@ -115,14 +116,19 @@ class HttpExecutor:
 
 
 def _decode(raw: bytes, content_type: str) -> Any:
-    """JSON bodies as objects, text as str, anything else as bytes."""
+    """JSON bodies as objects, text as str (its declared charset, else UTF-8), anything else (an image,
+    text in an undeclared charset) as ``{"base64": ...}``: every result is JSON, for the wire and the
+    state store alike (raw bytes once made every answer about the action a 500)."""
     if "json" in content_type:
         try:
             return _json.loads(raw)
         except ValueError:
             pass
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        return raw
-
+    charset = next((p.split("=", 1)[1].strip().strip('"') for p in content_type.split(";")[1:]
+                    if p.strip().lower().startswith("charset=")), None)
+    for enc in ([charset] if charset else []) + ["utf-8"]:
+        try:
+            return raw.decode(enc)
+        except (UnicodeDecodeError, LookupError):  # LookupError: a charset Python does not know
+            pass
+    return {"base64": base64.b64encode(raw).decode("ascii")}

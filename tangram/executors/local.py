@@ -362,7 +362,7 @@ class LocalExecutor(EnvironmentExecutor):
             script = "exec " + shlex.join(sbx.die_with(os.getpid()) + inner)
         pidns = group is None and self._sandbox is None and self._pidns is not None
         if pidns:  # the command is its namespace's init: every process it leaves dies with it
-            script = "exec " + shlex.join([*self._pidns, *argv])
+            script = "exec " + shlex.join([*sbx.die_with(os.getpid()), *self._pidns, *argv])  # dies with us too
             details["pid_namespace"] = True
         elif group is None and self._sandbox is None and not self._warned_untracked:
             self._warned_untracked = True

@@ -398,7 +398,7 @@ class BasicManager(ResourceManager):
             if lim.window == SLIDING and p.consumed == lim.quota and reset is not None:
                 live = p.live.get(holder) if holder is not None and p.adapting else None
                 told = min(now, p.latest_arrival(live[1])) if live is not None else now
-                p.blocked_until = max(p.blocked_until, told + reset)
+                p.blocked_until = max(p.blocked_until, told + min(reset, MAX_429_PAUSE_S))  # a bogus reset too
         if status != 429:
             return None
         p.upstream_429s += 1

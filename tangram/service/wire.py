@@ -13,9 +13,11 @@ not hold NUL, and an env key may not hold ``=`` (neither can reach a process).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping
 
 from tangram.core.errors import DemandError
+from tangram.executors.http import METHODS as HTTP_METHODS
 
 KIND_FIELDS = {
     "exec": {"environment", "command", "env", "restartable"},
@@ -27,6 +29,7 @@ ALL_FIELDS = COMMON_FIELDS.union(*KIND_FIELDS.values())
 MODEL_OPS = ("score", "logprobs", "embed")  # what the torch executor implements
 
 # Bounds on what one request may hold (the body itself is bounded by service.max_body_bytes)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: what the executor can send
 LIMITS = {
     "depth": 32,  # JSON nesting: a json payload or model input deeper than this is not an action
     "name": 256,  # class, profile, environment, model, image, method, op, api
@@ -96,8 +99,12 @@ def parse_action(body: Any) -> dict[str, Any]:
         out["profile"] = _string(body["profile"], "profile", limit=LIMITS["name"])
     if body.get("timeout_s") is not None:
         t = body["timeout_s"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t > 0) or math.isinf(t):
-            raise DemandError("timeout_s", f"must be a positive number of seconds, got {t!r}")
+        try:
+            ok = not isinstance(t, bool) and isinstance(t, (int, float)) and 0 < float(t) < math.inf
+        except OverflowError:  # an integer past a float's range (JSON allows 4,300 digits)
+            ok = False
+        if not ok:
+            raise DemandError("timeout_s", f"must be a positive finite number of seconds, got {str(t)[:40]!r}")
         out["timeout_s"] = float(t)
     if "class" in body:
         out["action_class"] = _string(body["class"], "class", limit=LIMITS["name"])
@@ -123,6 +130,8 @@ def parse_action(body: Any) -> dict[str, Any]:
         payload["url"] = url
         if "method" in body:
             payload["method"] = _string(body["method"], "method", limit=LIMITS["name"]).upper()
+            if payload["method"] not in HTTP_METHODS:
+                raise DemandError("method", f"must be one of {sorted(HTTP_METHODS)}, got {body['method']!r}")
         if "headers" in body:
             h = body["headers"]
             if not isinstance(h, Mapping) or not all(isinstance(v, str) for v in h.values()):
@@ -132,6 +141,9 @@ def parse_action(body: Any) -> dict[str, Any]:
                 _string(v, f"headers.{k}", limit=LIMITS["header_value"], nul=False, allow_empty=True)
                 if any(c in k + v for c in "\r\n"):
                     raise DemandError(f"headers.{k}", "must not contain CR or LF")
+                if not _HEADER_NAME.fullmatch(k):
+                    raise DemandError(f"headers.{k}", "a header name is an RFC 9110 token (letters, digits and "
+                                                      "!#$%&'*+-.^_`|~)")
             payload["headers"] = dict(h)
         if "json" in body and "body" in body:
             raise DemandError("body", "give either json or body, not both")
