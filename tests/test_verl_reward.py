@@ -186,6 +186,83 @@ async def test_reward_manager_scores_a_batch_concurrently(settings, project, ser
         await close_clients()
 
 
+def _sample(tok, turns, *, data_source="openai/gsm8k", ground_truth="42", info=None, num_turns=None):
+    """One sample as verl's v1 reward path hands it over: its response the turns' tokens back to back (tool
+    outputs among them), no response_mask, ``__num_turns__`` counted as verl counts it."""
+    import numpy as np
+    import torch
+    from verl.protocol import DataProto
+
+    p = tok.encode("<|im_start|>user\nsolve it<|im_end|>\n", add_special_tokens=False)
+    r = [t for turn in turns for t in tok.encode(turn, add_special_tokens=False)] + [tok.eos_token_id]
+    return DataProto.from_dict(
+        tensors={"prompts": torch.tensor([p]), "responses": torch.tensor([r + [tok.pad_token_id] * 3]),
+                 "attention_mask": torch.tensor([[1] * (len(p) + len(r)) + [0] * 3])},
+        non_tensors={"data_source": np.array([data_source], dtype=object),
+                     "reward_model": np.array([{"ground_truth": ground_truth}], dtype=object),
+                     "extra_info": np.array([info or {}], dtype=object),
+                     "__num_turns__": np.array([num_turns or 2 * len(turns)], dtype=object)})
+
+
+async def test_samples_without_a_spec_get_exactly_what_verls_naive_manager_gives(settings, service, tmp_path):
+    """The tangram manager on a sample without a tangram spec (the default agent loop is tangram_agent, so
+    every sample of a mixed dataset reaches it) against verl's own naive manager, built the same way:
+    the same score and every one of verl's result keys, with verl's values. It once decoded the last turn
+    only (0.0 where the answer was in an earlier one), refused a multi-turn sample without a
+    response_mask, and wrote acc = score over a scorer's own acc."""
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    import integrations.verl.reward_manager  # noqa: F401
+    from integrations.verl.testing import make_tokenizer
+
+    tok = make_tokenizer()
+    scorer = tmp_path / "dapo_like.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+                      "    ok = solution_str.strip().endswith(str(ground_truth))\n"
+                      "    return {'score': 1.0 if ok else -1.0, 'acc': ok, 'pred': solution_str.strip()[-2:],\n"
+                      "            'turns': extra_info['num_turns']}\n")
+    custom = [f"reward.custom_reward_function.path={scorer}", "reward.custom_reward_function.name=compute_score"]
+    samples = [
+        _sample(tok, ["First: 6 * 7 #### 42 <tool_call>check</tool_call>", "\ntool: ok\n", "Verified."]),
+        _sample(tok, ["#### 41"]),
+        _sample(tok, ["I think #### 42"], num_turns=2),
+    ]
+    for extra in ([], custom):
+        model_dir = make_model_dir(tmp_path / f"m{len(extra)}")
+        naive = load_reward_manager(verl_config(model_dir, ["reward.reward_manager.name=naive", *extra]), tok)
+        ours = load_reward_manager(verl_config(model_dir, ["reward.reward_manager.name=tangram", *extra]), tok)
+        for sample in samples:
+            want, got = await naive.run_single(sample), await ours.run_single(sample)
+            assert got["reward_score"] == want["reward_score"], (extra, want, got)
+            mine = {k: v for k, v in got["reward_extra_info"].items() if k in want["reward_extra_info"]}
+            assert mine == want["reward_extra_info"], (extra, want, got)
+            assert got["reward_extra_info"]["tangram_status"] == "none"
+    assert (await ours.run_single(samples[2]))["reward_extra_info"]["acc"] is True  # the scorer's, not the score
+
+
+async def test_a_sandbox_fusion_scorer_is_not_a_custom_function(settings, service, project, tmp_path):
+    """With ``reward.sandbox_fusion.url`` set verl hands every manager a partial of its default scorer;
+    that is no custom reward function, so samples with a tangram spec are still scored by the service (the
+    partial once sent them to verl's default scorer instead)."""
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    import integrations.verl.reward_manager  # noqa: F401
+    from integrations.verl.testing import make_tokenizer
+
+    tok = make_tokenizer()
+    cfg = verl_config(make_model_dir(tmp_path / "m"), [
+        "reward.reward_manager.name=tangram", "+reward.sandbox_fusion.url=http://127.0.0.1:1/run_code",
+        f"+actor_rollout_ref.rollout.custom.tangram.url={service}",
+        "+actor_rollout_ref.rollout.custom.tangram.reward_cpu_max=2"])
+    mgr = load_reward_manager(cfg, tok)
+    assert mgr.custom_score is None and mgr.naive_score is not None
+    try:
+        out = await mgr.run_single(_sample(tok, [GOOD], data_source="x", ground_truth=None, info=_info(project)))
+        assert out["reward_score"] == 1.0 and out["reward_extra_info"]["tangram_status"] == "succeeded"
+    finally:
+        await close_clients()
+
+
 async def test_reward_errors_raise_naming_the_service_and_the_cause(settings, service):
     try:
         with pytest.raises(R.TangramServiceError, match="unknown model") as e:

@@ -31,10 +31,14 @@ either), a mapping with
   response's tokens given ``prompt_template`` (default ``"{prompt}"``),
   reduced by ``reduce`` (``mean``, the default, or ``sum``) into the score.
 
-The result is a dict with the same keys for every sample (:data:`REWARD_KEYS`;
-verl stacks ``reward_extra_info`` per key over a batch): ``score``, ``acc``
-(= score) and ``tangram_*`` keys (the reward action's status, DoP and
-timings; ``tangram_status="none"`` for a sample scored without Tangram).
+The result is a dict with the keys of :data:`REWARD_KEYS` (verl stacks
+``reward_extra_info`` per key over a batch): ``score``, ``acc`` (= score) and
+``tangram_*`` keys (the reward action's status, DoP and timings). A sample
+scored without Tangram keeps what verl's own scorer returned (a dict's every
+key, ``acc`` and ``pred`` among them) with the ``tangram_*`` keys beside them
+(``tangram_status="none"``); verl reads a batch's keys from its first sample, so
+a batch whose scorers return different key sets fails there, as under verl's
+``naive`` manager.
 
 What is scored is the last generated turn, decoded from verl's response
 tokens (``tangram_last_turn`` of the ``tangram_agent`` loop; the whole response
@@ -233,6 +237,14 @@ def logprob_score(output: Any, reduce: str = "mean") -> float:
     return sum(lps) / len(lps) if reduce == "mean" else sum(lps)
 
 
+def naive_keys(got: Any) -> dict[str, Any]:
+    """The ``reward_extra_info`` of a score verl's own scorer gave: what verl's naive manager keeps (a dict
+    result's every key, its ``acc`` and ``pred`` among them; else ``acc`` = the score), with the
+    :data:`REWARD_KEYS` it lacks beside them (``tangram_status`` ``none``)."""
+    score = got["score"] if isinstance(got, Mapping) else got
+    return {**result(float(score)), **(dict(got) if isinstance(got, Mapping) else {"acc": score})}
+
+
 def result(score: float, r: ActionResult | None = None, actions: int = 0) -> dict[str, Any]:
     """A reward result: always the keys of :data:`REWARD_KEYS`, all numbers but the status."""
     t = r.timing if r is not None else None
@@ -346,9 +358,11 @@ async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, 
     if spec is None:
         from verl.utils.reward_score import default_compute_score
 
-        s = default_compute_score(data_source, solution_str, ground_truth, extra_info)
-        return result(float(s["score"] if isinstance(s, Mapping) else s))
+        return naive_keys(default_compute_score(data_source, solution_str, ground_truth, extra_info))
     text = info.get("tangram_last_turn_text")
+    if not isinstance(text, str) and int(info.get("num_turns") or 0) > 2:  # as the tangram manager refuses it
+        raise ValueError(f"a {int(info['num_turns'])}-turn sample carries no tangram_last_turn_text: its whole "
+                         "response holds tool outputs; run it with agent_name=tangram_agent")
     return await score_sample(spec, info, settings=_settings(kwargs),
                               text=text if isinstance(text, str) else solution_str,
                               prompt=str(info.get("prompt") or ""), ground_truth=ground_truth, info=info,

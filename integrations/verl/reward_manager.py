@@ -13,9 +13,12 @@ verl hands the manager: the span the ``tangram_agent`` loop recorded
 batch has one, else the whole response of a single-turn sample. A multi-turn
 sample with neither is refused (its tool outputs would be scored).
 
-Samples without a tangram spec, or a configured ``custom_reward_function``,
-are scored the way verl's ``naive`` manager would, with the same result
-keys (:data:`~integrations.verl.reward.REWARD_KEYS`). The reward loop runs
+Samples without a tangram spec, and every sample when the trainer configures
+its own ``custom_reward_function``, are scored exactly as verl's ``naive``
+manager scores them (the whole valid response, the same ``extra_info``, the
+scorer verl hands the manager: the default one, or its SandboxFusion
+``partial``), with verl's result keys kept and the ``tangram_*`` keys of
+:data:`~integrations.verl.reward.REWARD_KEYS` beside them. The reward loop runs
 ``run_single`` for many samples at once, so the service sees the whole batch.
 """
 from __future__ import annotations
@@ -30,7 +33,7 @@ from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 from verl.utils.reward_score import default_compute_score
 
 from integrations.verl.config import set_active, settings_from_config
-from integrations.verl.reward import _plain, last_turn_span, result, reward_spec, score_sample
+from integrations.verl.reward import _plain, last_turn_span, naive_keys, reward_spec, score_sample
 
 log = logging.getLogger("integrations.verl")
 
@@ -63,44 +66,73 @@ def response_span(item: Any, fields: Mapping[str, Any]) -> tuple[int, int]:
     return 0, valid
 
 
+def custom_reward_configured(config: Any) -> bool:
+    """Whether the trainer names its own reward function (``reward.custom_reward_function.path``): verl
+    then hands the manager that function; otherwise the default scorer, or a ``partial`` of it
+    (``reward.sandbox_fusion.url``), which is not a custom function."""
+    try:
+        reward = config.get("reward") if config is not None else None
+        fn = reward.get("custom_reward_function") if reward is not None else None
+        return bool(fn.get("path")) if fn is not None else False
+    except AttributeError:
+        return False
+
+
 class TangramRewardManager(RewardManagerBase):
     def __init__(self, config, tokenizer, compute_score=None, reward_router_address=None,
                  reward_model_tokenizer=None, **kwargs: Any):
         super().__init__(config, tokenizer, compute_score)
         self.settings = settings_from_config(config)
         set_active(self.settings)
-        # verl hands every manager its default scorer when no custom one is configured
-        self.custom_score = compute_score if compute_score not in (None, default_compute_score) else None
+        # what verl's naive manager would score a sample without a tangram spec with
+        self.naive_score = compute_score or default_compute_score
+        # a function the trainer configured scores every sample, as under naive
+        self.custom_score = compute_score if compute_score is not None and custom_reward_configured(config) else None
+        self.router_kwargs = ({"reward_router_address": reward_router_address,
+                               "reward_model_tokenizer": reward_model_tokenizer}
+                              if reward_router_address is not None else {})
 
     async def run_single(self, data: DataProto) -> dict:
         item = data[-1:][0]
         nt = item.non_tensor_batch
+        reward_model = _plain(nt.get("reward_model")) or {}
+        extra_info = dict(_plain(nt.get("extra_info")) or {})
+        spec = reward_spec(extra_info, reward_model)
+        if spec is None or self.custom_score is not None:
+            return await self.run_as_naive(item)
         fields = _fields(nt)
         start, end = response_span(item, fields)
         ids = item.batch["responses"][start:end]
         text = await self.loop.run_in_executor(None, lambda: self.tokenizer.decode(ids, skip_special_tokens=True))
-        data_source = nt.get("data_source")
-        reward_model = _plain(nt.get("reward_model")) or {}
         ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
-        extra_info = dict(_plain(nt.get("extra_info")) or {})
-        spec = reward_spec(extra_info, reward_model)
-        if spec is not None and self.custom_score is None:
-            out = await score_sample(spec, fields, settings=self.settings, text=text,
-                                     prompt=str(extra_info.get("prompt") or ""), ground_truth=ground_truth,
-                                     info=extra_info, tools_kwargs=nt.get("tools_kwargs"))
-            return {"reward_score": out["score"], "reward_extra_info": out}
-        fn = self.custom_score or default_compute_score
-        kwargs = dict(data_source=data_source, solution_str=text, ground_truth=ground_truth,
-                      extra_info={**extra_info, **fields})
+        out = await score_sample(spec, fields, settings=self.settings, text=text,
+                                 prompt=str(extra_info.get("prompt") or ""), ground_truth=ground_truth,
+                                 info=extra_info, tools_kwargs=nt.get("tools_kwargs"))
+        return {"reward_score": out["score"], "reward_extra_info": out}
+
+    async def run_as_naive(self, item: Any) -> dict:
+        """Exactly what verl's naive manager returns for ``item`` (the whole valid response decoded, its
+        ``extra_info`` with the rollout's extra fields, ``num_turns`` and ``rollout_reward_scores``, the
+        scorer's own result keys), with the ``tangram_*`` keys beside them (status ``none``)."""
+        responses = item.batch["responses"]
+        valid = int(item.batch["attention_mask"][-responses.shape[-1]:].sum())
+        text = await self.loop.run_in_executor(
+            None, lambda: self.tokenizer.decode(responses[:valid], skip_special_tokens=True))
+        nt = item.non_tensor_batch
+        extra_info = dict(nt.get("extra_info", {}) or {})
+        tool_extra_fields = nt.get("tool_extra_fields", None)
+        if tool_extra_fields is not None:
+            extra_info.update(tool_extra_fields.items())
+        extra_info["num_turns"] = nt.get("__num_turns__", None)
+        extra_info["rollout_reward_scores"] = nt.get("reward_scores", {})
+        fn = self.custom_score or self.naive_score
+        kwargs = dict(data_source=nt["data_source"], solution_str=text,
+                      ground_truth=nt["reward_model"]["ground_truth"], extra_info=extra_info, **self.router_kwargs)
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
             got = await fn(**kwargs)
         else:
             got = await self.loop.run_in_executor(None, lambda: fn(**kwargs))
-        if isinstance(got, Mapping) and set(got) >= {"score", "tangram_status"}:
-            out = dict(got)  # tangram's compute_score: already the full key set
-        else:
-            out = result(float(got["score"] if isinstance(got, Mapping) else got))
-        return {"reward_score": out["score"], "reward_extra_info": out}
+        return {"reward_score": got["score"] if isinstance(got, Mapping) else got, "reward_extra_info": naive_keys(got)}
 
 
 # Registered by hand, not with @register: this file may also be loaded by path
