@@ -95,6 +95,28 @@ async def test_compute_score_loaded_by_verl_scores_real_test_runs(settings, proj
         await close_clients()
 
 
+@pytest.mark.parametrize("form", ["flat keys of extra_info", "reward_model.tangram", "tools_kwargs in extra_info"])
+async def test_every_spec_form_sets_up_the_reward_environment(settings, project, form):
+    """The setup_command (which writes the project the tests import) runs in the reward's new environment
+    whichever form the sample gives it in: it was once read from extra_info.tangram alone, and the tests
+    ran in an empty directory and scored 0.0 with no error."""
+    spec = _info(project)["tangram"]
+    reward_model = None
+    if form == "flat keys of extra_info":
+        info = dict(spec)
+    elif form == "reward_model.tangram":
+        info, reward_model = {}, {"ground_truth": None, "tangram": dict(spec)}
+    else:  # verl's dataset keeps tools_kwargs in extra_info; the spec names no setup itself
+        setup = spec.pop("setup_command")
+        info = {"tangram": spec, "tools_kwargs": {"run_shell": {"create_kwargs": {"setup_command": setup}}}}
+    try:
+        for text, want in ((GOOD, 1.0), (BAD, 0.0)):
+            got = await R.compute_score("x", text, None, extra_info=info, reward_model=reward_model)
+            assert got["score"] == want and got["tangram_status"] in ("succeeded", "failed"), (form, got)
+    finally:
+        await close_clients()
+
+
 async def test_samples_without_a_tangram_spec_fall_back_to_verl_default_scoring(settings):
     score = await R.compute_score("openai/gsm8k", "... #### 42", "42", extra_info={})
     # verl's default scorer, and the same keys as a tangram-scored sample (verl stacks them per key)

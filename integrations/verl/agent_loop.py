@@ -76,7 +76,7 @@ class TangramAgentLoop(ToolAgentLoop):
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> AgentLoopOutput:
         key = self._tangram_key = f"traj-{uuid4().hex}"
         info = _plain(kwargs.get("extra_info")) or {}
-        REGISTRY.declare(key, self.tangram, env_spec(info, kwargs.get("tools_kwargs")))
+        REGISTRY.declare(key, self.tangram, env_spec(info, kwargs.get("tools_kwargs"), kwargs.get("reward_model")))
         try:
             output = await super().run(sampling_params, priority=priority, **kwargs)
         except BaseException:

@@ -104,13 +104,18 @@ def reward_spec(extra_info: Any = None, reward_model: Any = None) -> dict[str, A
     return None
 
 
-def env_spec(info: Any, tools_kwargs: Any = None) -> EnvSpec:
-    """How a sample's environment is built: ``extra_info.tangram`` and the tools' ``create_kwargs``."""
+def env_spec(info: Any, tools_kwargs: Any = None, reward_model: Any = None) -> EnvSpec:
+    """How a sample's environment is built: ``extra_info.tangram``'s environment keys, then those of its
+    reward spec in whichever form :func:`reward_spec` reads it (``reward_model.tangram``, flat keys of
+    either), then the tools' ``create_kwargs`` (``tools_kwargs``, else ``extra_info.tools_kwargs``, where
+    verl's dataset keeps them). A setup written in any of the forms runs before the tests."""
     spec = EnvSpec()
     info = _plain(info)
-    if isinstance(info, Mapping) and isinstance(_plain(info.get("tangram")), Mapping):
-        spec = EnvSpec.from_mapping({k: v for k, v in _plain(info["tangram"]).items() if k in _ENV_KEYS}, spec)
-    tools_kwargs = _plain(tools_kwargs)
+    info = info if isinstance(info, Mapping) else {}
+    for src in (_plain(info.get("tangram")), reward_spec(info, reward_model)):
+        if isinstance(src, Mapping):
+            spec = EnvSpec.from_mapping({k: v for k, v in src.items() if k in _ENV_KEYS}, spec)
+    tools_kwargs = _plain(tools_kwargs if tools_kwargs is not None else info.get("tools_kwargs"))
     for tk in tools_kwargs.values() if isinstance(tools_kwargs, Mapping) else ():
         ck = tk.get("create_kwargs") if isinstance(tk, Mapping) else None
         if isinstance(ck, Mapping) and any(k in ck for k in _ENV_KEYS):
@@ -307,7 +312,7 @@ def _trajectory_settings(settings: TangramSettings, fields: Mapping[str, Any]) -
 
 async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, settings: TangramSettings,
                        text: str, prompt: str = "", ground_truth: Any = None, info: Any = None,
-                       tools_kwargs: Any = None) -> dict[str, Any]:
+                       tools_kwargs: Any = None, reward_model: Any = None) -> dict[str, Any]:
     """The one reward path (the ``tangram`` manager and ``compute_score``): score ``text`` (the last
     generated turn) per ``spec``, in the environment the rollout handed over in ``fields`` (its
     ``extra_fields``) or in a new one; delete that environment afterwards; publish the sample's
@@ -322,7 +327,7 @@ async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, se
                                       f"{fields['tangram_error']}")
         is_model = bool(spec.get("model")) and not spec.get("test_command")
         if env_id is None and not is_model:
-            env_id, setup = await create_environment(settings, env_spec(info, tools_kwargs),
+            env_id, setup = await create_environment(settings, env_spec(info, tools_kwargs, reward_model),
                                                      labels={"reward": "1"})
             env_settings = settings
             if setup is not None:
@@ -366,4 +371,4 @@ async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, 
     return await score_sample(spec, info, settings=_settings(kwargs),
                               text=text if isinstance(text, str) else solution_str,
                               prompt=str(info.get("prompt") or ""), ground_truth=ground_truth, info=info,
-                              tools_kwargs=kwargs.get("tools_kwargs"))
+                              tools_kwargs=kwargs.get("tools_kwargs"), reward_model=kwargs.get("reward_model"))

@@ -107,7 +107,7 @@ class TangramRewardManager(RewardManagerBase):
         ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
         out = await score_sample(spec, fields, settings=self.settings, text=text,
                                  prompt=str(extra_info.get("prompt") or ""), ground_truth=ground_truth,
-                                 info=extra_info, tools_kwargs=nt.get("tools_kwargs"))
+                                 info=extra_info, tools_kwargs=nt.get("tools_kwargs"), reward_model=reward_model)
         return {"reward_score": out["score"], "reward_extra_info": out}
 
     async def run_as_naive(self, item: Any) -> dict:
