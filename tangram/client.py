@@ -9,7 +9,8 @@ limited to what is safe: connection errors on idempotent requests (GET,
 DELETE), and on any request when the connection could not even be opened
 (nothing was sent). A ``POST /v1/actions`` whose request went out is never
 retried: the action may already be running, and running it twice is worse
-than reporting the error.
+than reporting the error; one sent with an ``idempotency_key`` is retried on a
+lost connection, since the service runs one action per key.
 
 A request the service *refused for now* (``429`` or ``503`` with a
 ``Retry-After`` header: its admission control, a node that is down; the
@@ -107,12 +108,13 @@ class TangramHTTPError(Exception):
     """The service answered with an error status (or could not be reached / did not answer in time: status 0)."""
 
     def __init__(self, status: int, message: str, field: str | None = None, body: Any = None, *,
-                 timed_out: bool = False, retry_after_s: float | None = None):
+                 timed_out: bool = False, retry_after_s: float | None = None, never_sent: bool = False):
         self.status = status
         self.message = message
         self.field = field
         self.body = body
         self.timed_out = timed_out
+        self.never_sent = never_sent  # the connection could not be opened: the service saw nothing
         self.retry_after_s = retry_after_s  # the service's Retry-After: refused for now, not for good
         where = f" [{field}]" if field else ""
         super().__init__(f"HTTP {status}{where}: {message}")
@@ -236,18 +238,21 @@ class TangramClient:
 
     async def _request_waited(self, method: str, path: str, *, json: Any = None,
                               params: Mapping[str, str] | None = None, timeout_s: float | None = None,
-                              expect: tuple[int, ...] = (200,)) -> tuple[Any, float]:
+                              expect: tuple[int, ...] = (200,),
+                              headers: Mapping[str, str] | None = None) -> tuple[Any, float]:
         """The answer's body, and the seconds spent waiting on refusals for now (admission_wait_s)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._timeout.sock_connect) \
             if timeout_s is not None else self._timeout
-        idempotent = method in _IDEMPOTENT
+        # a POST under an Idempotency-Key is one action however often it is sent: the service answers a
+        # resubmission with the first one's result
+        idempotent = method in _IDEMPOTENT or "Idempotency-Key" in (headers or {})
         attempt = 0
         waited = 0.0
         while True:
             pause = None
             try:
                 async with self._sess().request(method, self.base_url + path, json=json, params=params,
-                                                timeout=timeout) as resp:
+                                                timeout=timeout, headers=headers) as resp:
                     if resp.status == 204:
                         return None, waited
                     if resp.status == 404 and attempt > 0 and method == "DELETE" and "environments" in path:
@@ -268,14 +273,14 @@ class TangramClient:
                                                retry_after_s=retry_after)
             except asyncio.TimeoutError as exc:
                 # the deadline of this request: the service is stalled (or the action queued too long)
-                if not idempotent or attempt >= self._retries:
+                if method not in _IDEMPOTENT or attempt >= self._retries:  # a deadline is the caller's bound
                     raise TangramHTTPError(0, f"no answer from {self.base_url} to {method} {path} within "
                                               f"{timeout.total or timeout.sock_connect} s", timed_out=True) from exc
             except (aiohttp.ClientConnectionError, ConnectionError) as exc:
                 # a connection that could not be opened sent nothing: safe to retry any request
                 never_sent = isinstance(exc, aiohttp.ClientConnectorError)
                 if not (idempotent or never_sent) or attempt >= self._retries:
-                    raise TangramHTTPError(0, f"cannot reach {self.base_url}: {exc}") from exc
+                    raise TangramHTTPError(0, f"cannot reach {self.base_url}: {exc}", never_sent=never_sent) from exc
             if pause is not None:  # refused for now (the connection is back in the pool meanwhile)
                 t0 = time.monotonic()
                 try:
@@ -326,10 +331,15 @@ class TangramClient:
     async def delete_environment(self, env_id: str, *, timeout_s: float | None = None) -> None:
         await self._request("DELETE", f"/v1/environments/{env_id}", timeout_s=timeout_s, expect=(204,))
 
-    async def run_action(self, action: Mapping[str, Any], *, timeout_s: float | None = None) -> ActionResult:
+    async def run_action(self, action: Mapping[str, Any], *, timeout_s: float | None = None,
+                         idempotency_key: str | None = None) -> ActionResult:
         """POST one action body and wait for its result (never sent twice once the service may have taken
-        it; a refusal for now is waited on, see ``admission_wait_s``)."""
-        out, waited = await self._request_waited("POST", "/v1/actions", json=dict(action), timeout_s=timeout_s)
+        it; a refusal for now is waited on, see ``admission_wait_s``). With ``idempotency_key`` (1-256
+        visible ASCII characters) it may be sent again, by this client or its caller: the service runs
+        one action per key and answers every resubmission with that action's result."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
+        out, waited = await self._request_waited("POST", "/v1/actions", json=dict(action), timeout_s=timeout_s,
+                                                 headers=headers)
         result = ActionResult.from_json(out)
         result.admission_wait_s = waited
         return result
@@ -337,7 +347,7 @@ class TangramClient:
     async def exec(self, environment: str | None, command: str, *, cpu: int | Mapping[str, int] | list[int] = 1,
                    profile: str | None = None, timeout_s: float | None = None, mem_mb: int | None = None,
                    env: Mapping[str, str] | None = None, request_timeout_s: float | None = None,
-                   restartable: bool = False) -> ActionResult:
+                   restartable: bool = False, idempotency_key: str | None = None) -> ActionResult:
         """Run ``command`` in ``environment`` (None: a fresh one-shot environment). ``restartable``: the
         service may stop a straggling run and start it again at a wider DoP (a test suite's reward)."""
         body: dict[str, Any] = {"kind": "exec", "command": command, "resources": {"cpu": cpu}}
@@ -353,7 +363,7 @@ class TangramClient:
             body["env"] = dict(env)
         if restartable:
             body["restartable"] = True
-        return await self.run_action(body, timeout_s=request_timeout_s)
+        return await self.run_action(body, timeout_s=request_timeout_s, idempotency_key=idempotency_key)
 
     async def submit(self, action: Mapping[str, Any], *, timeout_s: float | None = 30.0) -> str:
         """POST with ``wait=false``: returns the action id at once."""

@@ -294,6 +294,76 @@ async def test_transient_errors_are_retried_within_the_deadline_then_raise():
             await close_clients()
 
 
+async def test_a_lost_answer_is_sent_again_under_its_key_and_the_command_runs_once(service):
+    """A gateway that forwards a POST and then answers 502 (or drops the connection): the command ran.
+    The integration sends an action again only under the Idempotency-Key it first sent, so the service
+    answers with that run's result; a command such as ``echo >> f`` is never applied twice. A POST
+    that makes an environment has no key: after such an answer it is not sent again (a second
+    environment would be left behind) and the error is raised."""
+    import aiohttp
+    from aiohttp import web
+
+    from integrations.verl.config import TangramSettings
+    from integrations.verl.session import TangramServiceError, get_client, new_key, retrying
+
+    lost = {"/v1/actions": 1, "/v1/environments": 1}  # answers to lose per path
+    seen = []
+
+    async def gateway(request):
+        body = await request.read()
+        keep = {k: v for k, v in request.headers.items() if k in ("Content-Type", "Idempotency-Key")}
+        async with aiohttp.ClientSession() as s, s.request(request.method, service + request.path_qs, data=body,
+                                                           headers=keep) as r:
+            out, status = await r.read(), r.status
+        seen.append((request.path, request.headers.get("Idempotency-Key")))
+        if lost.get(request.path, 0) > 0:
+            lost[request.path] -= 1
+            return web.json_response({"error": "bad gateway"}, status=502)
+        return web.Response(body=out, status=status, content_type="application/json")
+
+    async with local_app([("*", "/{tail:.*}", gateway)]) as url:
+        s = TangramSettings(url=url, retry_s=10)
+        try:
+            async with TangramClient(service) as direct:
+                env = await direct.create_environment()
+                key = new_key()
+                r = await retrying(lambda: get_client(s).exec(env, "echo x >> n; wc -l < n", idempotency_key=key),
+                                   s, "a tool call")
+                assert r.stdout.strip() == "1"  # ran once, though sent twice
+                assert [k for p, k in seen if p == "/v1/actions"] == [key, key]
+                with pytest.raises(TangramServiceError, match="after 1 try: HTTP 502"):
+                    await retrying(lambda: get_client(s).create_environment(), s, "creating an environment",
+                                   resendable=False)
+                assert len([p for p, _ in seen if p == "/v1/environments"]) == 1
+                made = {e["id"] for e in (await direct._request("GET", "/v1/environments"))["environments"]}
+                for e in made:
+                    await direct.delete_environment(e)
+                assert env in made and len(made) == 2  # the one the lost answer made: found, not doubled
+        finally:
+            await close_clients()
+
+
+async def test_any_exception_of_a_tool_call_breaks_the_trajectory_loudly(tools, monkeypatch):
+    """Not only the service's own errors: an exception of any kind in the call (a payload cut short, an
+    answer that does not parse) marks the trajectory broken, so its reward raises instead of scoring it;
+    verl's own handler would have shown the model an error and scored the sample as usual."""
+    from tangram.client import TangramClient as Client
+
+    async def broken(self, *a, **kw):
+        raise KeyError("status")
+
+    monkeypatch.setattr(Client, "run_action", broken)
+    for name, params in (("run_shell", {"command": "true"}), ("search", {"query": "q"})):
+        traj = SimpleNamespace(request_id=f"req-broken-{name}", extra_fields={})
+        try:
+            resp, _, metrics = await _call(tools[name], params, traj)
+            assert metrics["status"] == "error" and f"tool {name}" in traj.extra_fields["tangram_error"], resp.text
+            assert "KeyError" in traj.extra_fields["tangram_error"] or "status" in traj.extra_fields["tangram_error"]
+        finally:
+            await REGISTRY.release(f"req-broken-{name}")
+            await close_clients()
+
+
 async def test_a_rollout_past_the_services_queue_caps_waits_instead_of_failing(tmp_path, monkeypatch):
     """Six trajectories' tool calls at once against a service that queues two per job: the calls the
     service refuses for now (429 + Retry-After) wait and run, none fails its sample, and the wait
@@ -366,7 +436,7 @@ async def test_an_api_call_the_service_cancelled_breaks_the_trajectory_loudly(to
     api.config["endpoint"] = f"http://127.0.0.1:{silent.getsockname()[1]}/search"
     blocker_done = asyncio.Event()
 
-    async def cancelled_by_someone_else(self, body, *, timeout_s=None):
+    async def cancelled_by_someone_else(self, body, *, timeout_s=None, idempotency_key=None):
         aid = await self.submit(body)
         await self.cancel(aid)  # as an operator's DELETE would
         blocker_done.set()

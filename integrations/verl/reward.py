@@ -61,7 +61,7 @@ from typing import Any, Mapping
 from integrations.verl import metrics
 from integrations.verl.config import TangramSettings, active_settings
 from integrations.verl.session import (EnvSpec, TangramServiceError, create_environment, delete_environment,
-                                       get_client, retrying, timing_record)
+                                       get_client, new_key, retrying, timing_record)
 from tangram.client import ActionResult
 
 log = logging.getLogger("integrations.verl")
@@ -290,7 +290,8 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
     else:
         body = suite_action(spec, settings, environment=environment, solution=solution)
         kind = "exec"
-    r = await retrying(lambda: client.run_action(body), settings, f"the {kind} reward action")
+    key = new_key()  # a retry after a lost answer waits for the same action, never runs the suite twice
+    r = await retrying(lambda: client.run_action(body, idempotency_key=key), settings, f"the {kind} reward action")
     why = _broken(r, kind)
     if why:
         raise TangramServiceError(f"tangram service {settings.url}: the {kind} reward action did not run ({why})")

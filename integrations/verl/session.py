@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
@@ -73,13 +74,26 @@ def get_client(settings: TangramSettings) -> TangramClient:
     return c
 
 
-def transient(exc: BaseException) -> bool:
-    return isinstance(exc, TangramHTTPError) and exc.status in _TRANSIENT and not exc.timed_out
+def transient(exc: BaseException, resendable: bool = True) -> bool:
+    """Whether another try may help: a gateway or overload status, or a service not reached (not a deadline
+    that passed: the action may be running). A request that is not ``resendable`` (a POST that makes
+    something, with no Idempotency-Key) only when it was never sent."""
+    return (isinstance(exc, TangramHTTPError) and exc.status in _TRANSIENT and not exc.timed_out
+            and (resendable or exc.never_sent))
 
 
-async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, what: str) -> T:
+def new_key() -> str:
+    """An Idempotency-Key for one action, kept across its retries: the service runs it once."""
+    return f"verl-{uuid.uuid4().hex}"
+
+
+async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, what: str, *,
+                   resendable: bool = True) -> T:
     """``await call()``, retried on transient service errors for up to ``settings.retry_s``;
-    then a :class:`TangramServiceError` naming the service, what was being done and why."""
+    then a :class:`TangramServiceError` naming the service, what was being done and why.
+    ``resendable``: the call may reach the service twice without harm (a GET, a DELETE, an action
+    POSTed under one Idempotency-Key); otherwise it is tried again only when it was never sent (a
+    502 or a reset after sending may have made an environment nobody would delete)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0.0, settings.retry_s)
     delay = 0.25
@@ -89,7 +103,7 @@ async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, 
         try:
             return await call()
         except TangramHTTPError as exc:
-            if not transient(exc) or loop.time() + delay > deadline:
+            if not transient(exc, resendable) or loop.time() + delay > deadline:
                 raise TangramServiceError(f"tangram service {settings.url}: {what} failed after {tries} "
                                           f"tr{'y' if tries == 1 else 'ies'}: {exc}") from exc
             log.info("tangram: %s: %s (retrying in %.2f s)", what, exc, delay)
@@ -316,10 +330,11 @@ async def create_environment(settings: TangramSettings, spec: EnvSpec,
     env_id = await retrying(lambda: client.create_environment(
         image=spec.image or settings.image,
         memory_mb=spec.memory_mb if spec.memory_mb is not None else settings.memory_mb,
-        labels={**labels, **spec.labels}), settings, "creating an environment")
+        labels={**labels, **spec.labels}), settings, "creating an environment", resendable=False)
     if spec.setup_command:
         try:
-            r = await retrying(lambda: client.exec(env_id, spec.setup_command, cpu=1,
+            key = new_key()
+            r = await retrying(lambda: client.exec(env_id, spec.setup_command, cpu=1, idempotency_key=key,
                                                    timeout_s=settings.tool_timeout_s),
                                settings, f"setup_command in environment {env_id}")
         except BaseException:

@@ -24,8 +24,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from integrations.verl.config import TangramSettings, active_settings
-from integrations.verl.session import REGISTRY, EnvSpec, TangramServiceError, get_client, retrying
-from tangram.client import TangramHTTPError
+from integrations.verl.session import REGISTRY, EnvSpec, TangramServiceError, get_client, new_key, retrying
 
 log = logging.getLogger("integrations.verl")
 
@@ -126,11 +125,12 @@ class TangramSandboxTool(_TangramTool):
             if agent_data is not None and isinstance(getattr(agent_data, "extra_fields", None), dict):
                 agent_data.extra_fields["tangram_environment"] = env_id
                 agent_data.extra_fields["tangram_url"] = settings.url
+            idem = new_key()  # a retry after a lost answer waits for this command, never runs it twice
             r = await retrying(lambda: get_client(settings).exec(
                 env_id, command, cpu=self.config.get("cpu", 1), profile=self.config.get("profile"),
-                timeout_s=float(self.config.get("timeout_s") or settings.tool_timeout_s)),
+                timeout_s=float(self.config.get("timeout_s") or settings.tool_timeout_s), idempotency_key=idem),
                 settings, f"tool {self.name}")
-        except (TangramHTTPError, TangramServiceError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever broke the call breaks the trajectory, loudly
             return self._failed(exc, key, agent_data)
         rec = REGISTRY.record(key, "exec", self.name, r)
         if r.exit_code is None and r.status in ("failed", "cancelled"):
@@ -199,8 +199,10 @@ class TangramApiTool(_TangramTool):
         if REGISTRY.environment_of(key) is None and key not in REGISTRY.keys():
             REGISTRY.declare(key, settings)  # timings of API-only trajectories are collected too
         try:
-            r = await retrying(lambda: get_client(settings).run_action(body), settings, f"tool {self.name}")
-        except (TangramHTTPError, TangramServiceError) as exc:
+            idem = new_key()
+            r = await retrying(lambda: get_client(settings).run_action(body, idempotency_key=idem), settings,
+                               f"tool {self.name}")
+        except Exception as exc:  # noqa: BLE001 - see TangramSandboxTool.execute
             return self._failed(exc, key, kwargs.get("agent_data"))
         rec = REGISTRY.record(key, "http", self.name, r)
         if r.status == "cancelled":  # by someone else (this call still waits): no answer to show the model
