@@ -262,6 +262,86 @@ async def test_samples_without_a_spec_get_exactly_what_verls_naive_manager_gives
     assert (await ours.run_single(samples[2]))["reward_extra_info"]["acc"] is True  # the scorer's, not the score
 
 
+async def test_a_sample_verl_scores_still_releases_its_environment_and_fails_on_a_broken_rollout(
+        settings, service, tmp_path):
+    """A sample without a tangram spec whose rollout used the sandbox (the tangram_agent loop handed its
+    environment over): verl's scorer scores it, and the environment is deleted (it once leaked, one per
+    trajectory, out of the idle sweep's reach); if a tool call failed in the service the sample raises
+    instead of being scored, on both the manager and the compute_score path."""
+    import numpy as np
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    import integrations.verl.reward_manager  # noqa: F401
+    from integrations.verl.testing import make_tokenizer
+
+    tok = make_tokenizer()
+    mgr = load_reward_manager(verl_config(make_model_dir(tmp_path / "m"), [
+        "reward.reward_manager.name=tangram", f"+actor_rollout_ref.rollout.custom.tangram.url={service}"]), tok)
+    try:
+        async with TangramClient(service) as c:
+            for path in ("manager", "compute_score"):
+                for broken in (False, True):
+                    env = await c.create_environment()
+                    fields = {"tangram_environment": env, "tangram_url": service}
+                    if broken:
+                        fields["tangram_error"] = "tool run_shell: HTTP 502: bad gateway"
+                    sample = _sample(tok, ["#### 42"])
+                    sample.non_tensor_batch["tool_extra_fields"] = np.array([fields], dtype=object)
+                    if path == "manager":
+                        run = mgr.run_single(sample)
+                    else:
+                        run = R.compute_score("openai/gsm8k", "#### 42", "42", extra_info=dict(fields))
+                    if broken:
+                        with pytest.raises(R.TangramServiceError, match="lost an action"):
+                            await run
+                    else:
+                        out = await run
+                        assert (out["reward_score"] if path == "manager" else out["score"]) == 1.0
+                    listed = (await c._request("GET", "/v1/environments"))["environments"]
+                    assert env not in {e["id"] for e in listed}, (path, broken)
+    finally:
+        await close_clients()
+
+
+async def test_a_reward_models_prompt_is_the_samples_question(settings, service, tmp_path):
+    """``{prompt}`` in a reward model's template: the dataset's extra_info.prompt, else the sample's own
+    prompt tokens decoded (it was once an empty string unless extra_info had one, and the reward model
+    scored the response without its question); compute_score, which verl hands no prompt tokens, refuses
+    a template naming ``{prompt}`` without extra_info.prompt. The toy reward model counts ``!``."""
+    import numpy as np
+    import torch
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    import integrations.verl.reward_manager  # noqa: F401
+    from integrations.verl.testing import make_tokenizer
+
+    tok = make_tokenizer()
+    mgr = load_reward_manager(verl_config(make_model_dir(tmp_path / "m"), [
+        "reward.reward_manager.name=tangram", f"+actor_rollout_ref.rollout.custom.tangram.url={service}"]), tok)
+    rm = {"tangram": {"model": "toy-rm", "op": "score", "gpu": 1, "template": "{prompt} => {response}"}}
+
+    def sample(info):
+        p = [tok.pad_token_id] * 2 + tok.encode("why?!!", add_special_tokens=False)  # left-padded
+        r = tok.encode("because!", add_special_tokens=False) + [tok.eos_token_id]
+        return DataProto.from_dict(
+            tensors={"prompts": torch.tensor([p]), "responses": torch.tensor([r]),
+                     "attention_mask": torch.tensor([[0, 0] + [1] * (len(p) - 2) + [1] * len(r)])},
+            non_tensors={"data_source": np.array(["x"], dtype=object),
+                         "reward_model": np.array([{"ground_truth": None}], dtype=object),
+                         "extra_info": np.array([info], dtype=object)})
+
+    try:
+        assert (await mgr.run_single(sample(rm)))["reward_score"] == 3.0  # "why?!!" and "because!"
+        given = {**rm, "prompt": "told!!!!"}
+        assert (await mgr.run_single(sample(given)))["reward_score"] == 5.0  # the dataset's prompt wins
+        with pytest.raises(ValueError, match=r"uses \{prompt\} but the sample gives no prompt"):
+            await R.compute_score("x", "because!", None, extra_info=rm)
+        assert (await R.compute_score("x", "because!", None, extra_info=given))["score"] == 5.0
+    finally:
+        await close_clients()
+
+
 async def test_a_sandbox_fusion_scorer_is_not_a_custom_function(settings, service, project, tmp_path):
     """With ``reward.sandbox_fusion.url`` set verl hands every manager a partial of its default scorer;
     that is no custom reward function, so samples with a tangram spec are still scored by the service (the

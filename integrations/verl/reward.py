@@ -198,8 +198,16 @@ def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environm
 
 
 def model_action(spec: Mapping[str, Any], *, prompt: str, response: str, ground_truth: Any) -> dict[str, Any]:
+    """The ``model`` action body of a reward-model or teacher reward. A template naming ``{prompt}`` with no
+    prompt to put there is refused: the response would be scored without its question."""
     op = str(spec.get("op") or "score")
-    fields = {"prompt": prompt or "", "response": response or "", "ground_truth": "" if ground_truth is None else ground_truth}
+    fields = {"prompt": prompt or "", "response": response or "",
+              "ground_truth": "" if ground_truth is None else ground_truth}
+    template = str(spec.get("prompt_template") or "{prompt}") if op == "logprobs" else str(spec.get("template") or "")
+    if "{prompt}" in template and not prompt:
+        raise ValueError(f"the {spec.get('model')!r} reward's template uses {{prompt}} but the sample gives no "
+                         "prompt: set extra_info.prompt (the tangram reward manager decodes the sample's prompt "
+                         "tokens when it is absent)")
     gpu = spec.get("gpu") or 1
     body: dict[str, Any] = {"kind": "model", "model": str(spec["model"]), "op": op,
                             "resources": {"gpu": list(gpu) if isinstance(gpu, (list, tuple)) else int(gpu)}}
@@ -348,6 +356,22 @@ async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, se
             await delete_environment(env_settings, env_id)
 
 
+async def settle_unscored(fields: Mapping[str, Any], settings: TangramSettings) -> None:
+    """For a sample that verl's scorer handles, not Tangram (no spec, or the trainer's own function):
+    delete the environment its rollout handed over (it left the idle sweep's registry: nothing else
+    would), and raise if one of its tool calls failed in the service (a trajectory the infrastructure
+    broke is not scored, whatever scores it)."""
+    handed = fields.get("tangram_environment")
+    try:
+        if fields.get("tangram_error"):
+            metrics.publish([dict(x) for x in (fields.get("tangram_trace") or []) if isinstance(x, Mapping)], failed=1)
+            raise TangramServiceError(f"tangram service {_trajectory_settings(settings, fields).url}: the rollout "
+                                      f"lost an action: {fields['tangram_error']}")
+    finally:
+        if isinstance(handed, str) and handed:
+            await delete_environment(_trajectory_settings(settings, fields), handed)
+
+
 async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any = None,
                         **kwargs: Any) -> dict[str, Any] | float:
     """verl's custom reward function contract (async): score the last generated turn through the scheduler.
@@ -364,6 +388,7 @@ async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, 
     if spec is None:
         from verl.utils.reward_score import default_compute_score
 
+        await settle_unscored(info, _settings(kwargs))
         return naive_keys(default_compute_score(data_source, solution_str, ground_truth, extra_info))
     text = info.get("tangram_last_turn_text")
     if not isinstance(text, str) and int(info.get("num_turns") or 0) > 2:  # as the tangram manager refuses it

@@ -33,7 +33,7 @@ from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 from verl.utils.reward_score import default_compute_score
 
 from integrations.verl.config import set_active, settings_from_config
-from integrations.verl.reward import _plain, last_turn_span, naive_keys, reward_spec, score_sample
+from integrations.verl.reward import _plain, last_turn_span, naive_keys, reward_spec, score_sample, settle_unscored
 
 log = logging.getLogger("integrations.verl")
 
@@ -105,8 +105,14 @@ class TangramRewardManager(RewardManagerBase):
         ids = item.batch["responses"][start:end]
         text = await self.loop.run_in_executor(None, lambda: self.tokenizer.decode(ids, skip_special_tokens=True))
         ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
+        prompt = extra_info.get("prompt")
+        if not prompt and "prompts" in item.batch.keys():  # the prompt as the policy saw it, padding dropped
+            p = item.batch["prompts"]
+            kept = p[item.batch["attention_mask"][: p.shape[-1]].bool()]
+            prompt = await self.loop.run_in_executor(
+                None, lambda: self.tokenizer.decode(kept, skip_special_tokens=True))
         out = await score_sample(spec, fields, settings=self.settings, text=text,
-                                 prompt=str(extra_info.get("prompt") or ""), ground_truth=ground_truth,
+                                 prompt=str(prompt or ""), ground_truth=ground_truth,
                                  info=extra_info, tools_kwargs=nt.get("tools_kwargs"), reward_model=reward_model)
         return {"reward_score": out["score"], "reward_extra_info": out}
 
@@ -119,6 +125,7 @@ class TangramRewardManager(RewardManagerBase):
         text = await self.loop.run_in_executor(
             None, lambda: self.tokenizer.decode(responses[:valid], skip_special_tokens=True))
         nt = item.non_tensor_batch
+        await settle_unscored(_fields(nt), self.settings)
         extra_info = dict(nt.get("extra_info", {}) or {})
         tool_extra_fields = nt.get("tool_extra_fields", None)
         if tool_extra_fields is not None:
