@@ -120,3 +120,24 @@ def test_run_script_overrides_compose_into_a_valid_verl_config(tmp_path, monkeyp
     rc = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     assert rc.custom["tangram"]["enabled"] is True
     json.dumps(rc.custom)  # plain data
+
+
+def test_a_validation_logged_on_its_own_gets_its_own_tangram_metrics():
+    """verl logs the validation before training on its own (no training/global_step): its actions go
+    into that log as val-tangram/*, not into the first training step's tangram/* metrics."""
+    from verl.utils.tracking import Tracking
+
+    from integrations.verl import metrics
+
+    metrics.install_logger_hook()
+    metrics.drain()  # what earlier tests of this process left
+    metrics.publish([{"exec_s": 1.0, "queued_s": 0.5, "overhead_s": 0.1, "dop": 2}])
+    val = {"val-core/x/acc/mean@1": 0.5}
+    Tracking("p", "e", default_backend=[]).log(data=val, step=0)
+    assert val["val-tangram/actions"] == 1 and val["val-tangram/exec_mean_s"] == 1.0
+    step = {"training/global_step": 1}
+    Tracking("p", "e", default_backend=[]).log(data=step, step=1)
+    assert step["tangram/actions"] == 0
+    other = {"perf/throughput": 1.0}  # any other log is left alone
+    Tracking("p", "e", default_backend=[]).log(data=other, step=1)
+    assert other == {"perf/throughput": 1.0}

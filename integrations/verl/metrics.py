@@ -18,9 +18,12 @@ trainer's ``Tracking.log`` drains them into the step's metrics dict, under
 Transport: in a Ray job, one named actor (``tangram_metrics``, zero CPUs)
 collects what every worker publishes; without Ray, this process does. The
 hook is installed by :func:`integrations.verl.register` (the ``verl.plugins``
-entry point with ``TANGRAM_ENABLED=1``) and touches only the logs of a
-training step (those carrying ``training/global_step``). No verl import at
-module level.
+entry point with ``TANGRAM_ENABLED=1``; the trainer's process is reached by
+nothing else, so without the plugin the metrics stay unlogged). It adds them
+to the logs of a training step (those carrying ``training/global_step``; a
+validation during training is logged with its step, so its actions count
+there too) and, as ``val-tangram/*``, to a validation logged on its own (the
+one before training). No verl import at module level.
 """
 from __future__ import annotations
 
@@ -141,6 +144,10 @@ def install_logger_hook() -> None:
     def log_with_tangram(self, data, step, backend=None):
         if isinstance(data, dict) and "training/global_step" in data:
             data.update(drain())
+        elif isinstance(data, dict) and any(str(k).startswith("val-") for k in data):
+            # a validation logged on its own (the one before training): its actions are its own, not
+            # the first training step's
+            data.update({f"val-{k}": v for k, v in drain().items()})
         return original(self, data, step, backend=backend)
 
     log_with_tangram.__wrapped__ = original  # type: ignore[attr-defined]
