@@ -129,6 +129,25 @@ def test_minilm_restore_evict_restore_gives_identical_outputs(minilm_executor):
     ex.evict("minilm@dop2", 0)
 
 
+@pytest.mark.parametrize("inputs, why", [
+    ([[101, 999_999_999, 102]], "token id 999999999 is outside the model's vocabulary [0, 30522)"),
+    ([[101, -1, 102]], "token id -1 is outside"),
+    ([[101] * 600], "a sequence of 600 tokens is longer than the model's 512 positions"),
+])
+def test_token_ids_a_model_cannot_embed_fail_the_action_before_the_device_sees_them(minilm_executor, inputs, why):
+    """Token ids from the wire: one outside the vocabulary, or a sequence past the position table, fails
+    its action with the reason (on a GPU the index would be a device-side assert that fails every later
+    call on the device), and the model serves the next call as before."""
+    ex = minilm_executor
+    d = decision("minilm@dop1", Chunk(0, 1))
+    r = ex.run(d, {"model": "minilm", "op": "embed", "inputs": inputs})
+    assert r.status == FAILED and why in r.error, r.error
+    ok = ex.run(decision("minilm@dop1", Chunk(0, 1), hit=True),
+                {"model": "minilm", "op": "embed", "inputs": [[101, 7592, 102]]})
+    assert ok.status == SUCCEEDED and len(ok.output[0]) == 384, ok.error
+    ex.evict("minilm@dop1", 0)
+
+
 def test_minilm_matches_sentence_transformers(minilm_executor, minilm_dir):
     st = pytest.importorskip("sentence_transformers")
     ref = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(TEXTS[:4], convert_to_tensor=True)

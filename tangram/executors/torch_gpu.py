@@ -52,6 +52,7 @@ from tangram.executors.base import CANCELLED, FAILED, SUCCEEDED, TIMEOUT, ExecRe
 from tangram.executors.torch_models import (  # noqa: F401 - re-exported: the models this executor serves
     OPS,
     ActionCancelled,
+    check_token_ids,
     ServedModel,
     _host_memory_bytes,
     _is_int_seq,
@@ -290,6 +291,7 @@ class TorchGpuExecutor:
         return [x for p in parts for x in p]
 
     def _op(self, served: ServedModel, module, device, op: str, inputs: list, tokens: list | None) -> list:
+        check_token_ids(module, [x for x in inputs if _is_int_seq(x)])  # before the device sees them
         if op == "embed":
             return served.embed(module, _to(served.make_batch(inputs), device)).float().cpu().tolist()
         if op == "score":
@@ -315,6 +317,7 @@ class TorchGpuExecutor:
                 raise ValueError("logprobs: each input needs at least one token before its continuation")
             seqs.append(list(x) + cont)
             starts.append(len(x) if tokens is not None else 1)
+        check_token_ids(module, seqs)
         batch = _to(served.make_batch(seqs), device)
         out = served.logprobs(module, batch, starts, [len(s) for s in seqs])
         return [t.float().cpu().tolist() for t in out]

@@ -147,6 +147,22 @@ class ServedModel:
         return out
 
 
+def check_token_ids(module: Any, seqs: Sequence[Sequence[int]]) -> None:
+    """Raise ValueError for a token id outside the model's vocabulary or a sequence longer than its
+    positions, where the model tells them (a transformers model's input embeddings and config). On a
+    GPU an out-of-range index is a device-side assert that spoils every later call on the device."""
+    get = getattr(module, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    vocab = getattr(emb, "num_embeddings", None)
+    cfg = getattr(module, "config", None)
+    longest = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    for s in seqs:
+        if isinstance(vocab, int) and (bad := next((t for t in s if not 0 <= t < vocab), None)) is not None:
+            raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {vocab})")
+        if isinstance(longest, int) and len(s) > longest:
+            raise ValueError(f"a sequence of {len(s)} tokens is longer than the model's {longest} positions")
+
+
 def _is_int_seq(x) -> bool:
     return isinstance(x, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
 
