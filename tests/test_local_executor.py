@@ -412,3 +412,43 @@ async def test_finish_spawn_completes_the_spawn_then_raises_the_cancel_at_the_ne
     with pytest.raises(asyncio.CancelledError):
         await task
     assert steps == ["spawned", "child"]
+
+
+@pytest.mark.cgroup
+@pytest.mark.skipif(not CGROUPS, reason="no writable cgroup hierarchy (cpuset + cpu)")
+@pytest.mark.parametrize("then", ["killed", "ended"])
+async def test_a_cancel_during_the_cleanup_still_kills_everything_and_removes_the_group(tmp_path, monkeypatch,
+                                                                                        then):
+    """A cancel (a second DELETE, the shutdown) that comes while the executor collects what an action left:
+    the collection runs to its end and the action's cgroup is removed. It was cut short and the group stayed
+    until the next start of the service. ``killed``: the action was being cancelled already; ``ended``:
+    its command had exited."""
+    from tangram.executors import processes
+
+    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.2, sandbox="none")
+    if not ex.isolation.startswith("cgroup"):
+        pytest.skip("no cgroup isolation here")
+    await ex.create_environment("traj")
+    real, entered = processes.cleanup, asyncio.Event()
+
+    async def slow_cleanup(*args):
+        entered.set()
+        await asyncio.sleep(0.5)  # the cancel lands here
+        await real(*args)
+
+    monkeypatch.setattr(processes, "cleanup", slow_cleanup)
+    command = "sleep 61.4321 & sleep 30" if then == "killed" else "(sleep 61.4321 &); exit 0"
+    task = asyncio.ensure_future(ex.exec("traj", command, Placement("cut-cleanup", "local", dop=1, cores=(LAST,))))
+    try:
+        if then == "killed":
+            await asyncio.sleep(0.3)
+            task.cancel()
+        await asyncio.wait_for(entered.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        assert find_pids("sleep 61.4321") == []
+        left = [d for parent in ex._cg.parents for d in os.listdir(parent) if d.endswith("cut-cleanup")]
+        assert left == [] and ex._stale == []
+    finally:
+        await ex.close()

@@ -82,7 +82,8 @@ from tangram.executors.cgroups import (
     _Group,
 )
 from tangram.executors.processes import (
-    _Collector, _Tracker, command_argv, finish_spawn, pid_namespace_mode, pid_namespace_prefix)
+    _Collector, _Tracker, cleanup_through_cancels, command_argv, finish_spawn, pid_namespace_mode,
+    pid_namespace_prefix)
 
 log = logging.getLogger(__name__)
 
@@ -405,12 +406,23 @@ class LocalExecutor(EnvironmentExecutor):
         except asyncio.CancelledError:
             try:
                 await self._terminate(track, proto)
-            finally:
-                await self._cleanup(track, transport, proto)
-                if group is not None:
-                    self._remove_group(group)
+            finally:  # to its end, and the group removed, whatever cancels come meanwhile
+                try:
+                    await cleanup_through_cancels(track, transport, proto)
+                finally:
+                    if group is not None:
+                        self._remove_group(group)
             raise
-        await self._cleanup(track, transport, proto)
+        try:
+            cancelled = await cleanup_through_cancels(track, transport, proto)
+        except BaseException:
+            if group is not None:
+                self._remove_group(group)
+            raise
+        if cancelled:  # cancelled while the leftovers died: the group goes all the same
+            if group is not None:
+                self._remove_group(group)
+            raise asyncio.CancelledError()
         details["duration_s"] = time.perf_counter() - t0
         rc = transport.get_returncode()
         if group is not None and rc == JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
@@ -466,31 +478,6 @@ class LocalExecutor(EnvironmentExecutor):
         finally:  # also when cancelled again meanwhile
             track.signal(signal.SIGKILL, scan=True)
         await asyncio.shield(proto.exited)
-
-    async def _cleanup(self, track: "_Tracker", transport, proto: "_Collector") -> None:
-        """Kill what the action left behind, wait until it is gone, collect output, remove the group."""
-        try:
-            # fast path: a command that left nothing costs one killpg returning ESRCH (no /proc scan)
-            leftovers = track.signal(signal.SIGKILL, scan=False)
-            if not leftovers and track.group is None and not proto.pipes_closed.done():
-                # the leader is gone but its output is still open: an escaped descendant holds it
-                try:
-                    await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 0.1)
-                except asyncio.TimeoutError:
-                    leftovers = track.signal(signal.SIGKILL, scan=True)
-            if leftovers:
-                deadline = time.monotonic() + 2.0
-                while time.monotonic() < deadline and track.alive():
-                    track.signal(signal.SIGKILL, scan=True)
-                    await asyncio.sleep(0.005)
-            # output ends when the last writer is gone
-            try:
-                await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 2.0)
-            except asyncio.TimeoutError:
-                log.warning("local executor: output pipes of pid %d still open after the kill", track.pgid)
-            transport.close()
-        finally:  # the namespace handle, also when cancelled meanwhile
-            track.close()
 
     def _remove_group(self, group: _Group) -> None:
         if not _CgroupV1.remove(group):

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import time
 from typing import Mapping
 
+from tangram.executors.base import wait_through_cancels
 from tangram.executors.cgroups import _Group
+
+log = logging.getLogger("tangram.executors.local")
 
 
 EXECUTOR_ENV = ("TANGRAM_DOP", "TANGRAM_ACTION_TOKEN")  # set by the executor; a caller's own are dropped
@@ -340,3 +345,39 @@ class _Collector(asyncio.SubprocessProtocol):
     def process_exited(self) -> None:
         if not self.exited.done():
             self.exited.set_result(None)
+
+
+async def cleanup(track: "_Tracker", transport, proto: "_Collector") -> None:
+    """Kill what an action left behind, wait until it is gone, collect its output."""
+    try:
+        # fast path: a command that left nothing costs one killpg returning ESRCH (no /proc scan)
+        leftovers = track.signal(signal.SIGKILL, scan=False)
+        if not leftovers and track.group is None and not proto.pipes_closed.done():
+            # the leader is gone but its output is still open: an escaped descendant holds it
+            try:
+                await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 0.1)
+            except asyncio.TimeoutError:
+                leftovers = track.signal(signal.SIGKILL, scan=True)
+        if leftovers:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and track.alive():
+                track.signal(signal.SIGKILL, scan=True)
+                await asyncio.sleep(0.005)
+        # output ends when the last writer is gone
+        try:
+            await asyncio.wait_for(asyncio.shield(proto.pipes_closed), 2.0)
+        except asyncio.TimeoutError:
+            log.warning("local executor: output pipes of pid %d still open after the kill", track.pgid)
+        transport.close()
+    finally:  # the namespace handle, also when cancelled meanwhile
+        track.close()
+
+
+async def cleanup_through_cancels(track: "_Tracker", transport, proto: "_Collector") -> bool:
+    """:func:`cleanup` to its end whatever cancels come meanwhile (a second DELETE, the shutdown): cut
+    short, it left processes alive, the pipes open and the action's cgroup behind. True if cancelled
+    meanwhile (the caller raises it once it removed the group)."""
+    task = asyncio.ensure_future(cleanup(track, transport, proto))
+    cancelled = await wait_through_cancels(task)
+    task.result()  # its own error, if any
+    return cancelled
