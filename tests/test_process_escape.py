@@ -296,3 +296,31 @@ async def test_an_unsandboxed_command_in_its_pid_namespace_dies_with_a_crashed_s
     while find_pids(f"sleep {mark}") and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert find_pids(f"sleep {mark}") == []
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+async def test_docker_a_cancel_during_the_timeouts_kill_still_kills(docker_client, mark):
+    """A command that ignores SIGTERM times out, and a cancel (a DELETE, the shutdown) comes during its
+    grace: the kill goes on to SIGKILL before the action ends. The cancel once cut the kill short there,
+    and the command ran on in its container on cores handed to the next action."""
+    import asyncio
+
+    from tangram.executors.docker import DockerExecutor
+
+    ex = DockerExecutor(docker_client, kill_grace_s=2.0)
+    await ex.create_environment("grace")
+    try:
+        task = asyncio.ensure_future(ex.exec("grace", f"trap '' TERM; sleep {mark}; sleep {mark}",
+                                             Placement("a", None, dop=1), timeout_s=1.0))
+        await asyncio.sleep(1.8)  # past the timeout, within the TERM grace
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+        deadline = time.monotonic() + 5
+        while find_pids(f"sleep {mark}") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert find_pids(f"sleep {mark}") == []
+    finally:
+        await ex.destroy_environment("grace")
+        await ex.close()

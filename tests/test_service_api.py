@@ -467,3 +467,29 @@ async def test_an_http_answer_that_is_not_text_is_given_as_base64_and_kept(caplo
         assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]  # e.g. the store's listener
     finally:
         await runner.cleanup()
+
+
+async def test_environments_past_the_cap_are_refused_for_now_and_nothing_is_made():
+    """``service.max_environments``: a caller's loop of POST /v1/environments stops at the cap with 503 and
+    Retry-After (room comes as environments go); what was refused made nothing."""
+    cfg = config(service={"max_environments": 2})
+    async with running_service(cfg) as svc, aiohttp.ClientSession() as s:
+        made = []
+        for _ in range(2):
+            async with s.post(f"{svc.url}/v1/environments", json={}) as resp:
+                assert resp.status == 201
+                made.append((await resp.json())["id"])
+        async with s.post(f"{svc.url}/v1/environments", json={}) as resp:
+            out = await resp.json()
+            assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1, out
+            assert "service.max_environments" in out["error"]
+        assert sorted(e.id for e in svc.runtime.environments()) == sorted(made)
+        async with s.delete(f"{svc.url}/v1/environments/{made[0]}") as resp:
+            assert resp.status == 204
+        async with s.post(f"{svc.url}/v1/environments", json={}) as resp:
+            assert resp.status == 201
+            made[0] = (await resp.json())["id"]
+        for e in made:
+            async with s.delete(f"{svc.url}/v1/environments/{e}") as resp:
+                assert resp.status == 204
+        assert_whole(svc.runtime)

@@ -62,6 +62,7 @@ from tangram.executors.base import (
     wait_through_cancels,
 )
 from tangram.executors.docker_image import SANDBOX_IMAGE, SANDBOX_LABEL, ensure_image, sandbox_run_kwargs, update_cpus
+from tangram.executors.docker_calls import engine_lost, quiet, send_and_close, why
 from tangram.executors.docker_scripts import KILL_ALL, KILLER, REAPER, WRAPPER
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ class DockerExecutor(EnvironmentExecutor):
             except Exception as e:  # noqa: BLE001 - cannot be revived: not adopted, swept
                 if attempt == ADOPT_TRIES - 1:
                     log.warning("docker executor: container %s of %s does not start: %s", c.id[:12], env_id,
-                                _why(e))
+                                why(e))
                     return False
                 await asyncio.sleep(0.5)
         self._envs[env_id] = c.id
@@ -228,7 +229,7 @@ class DockerExecutor(EnvironmentExecutor):
 
     def _lost(self, e: BaseException) -> bool:
         """Did the engine fail under us (vs. refusing)? Then every container of it is suspect."""
-        if not _engine_lost(e):
+        if not engine_lost(e):
             return False
         self._suspect.update(self._envs.values())
         self._cpus.clear()  # a restarted container may have lost its cpuset update
@@ -345,8 +346,8 @@ class DockerExecutor(EnvironmentExecutor):
             try:
                 await self._ctl(self._revive, cid)
             except Exception as e:  # noqa: BLE001 - the engine is still down (or lost the container)
-                return ExecResult(status=FAILED, error=f"docker engine: {_why(e)}", isolation=isolation,
-                                  details=details, node_down=_engine_lost(e))
+                return ExecResult(status=FAILED, error=f"docker engine: {why(e)}", isolation=isolation,
+                                  details=details, node_down=engine_lost(e))
             self._suspect.discard(cid)
         if cores:
             from tangram.core.grants import format_cpulist
@@ -357,7 +358,7 @@ class DockerExecutor(EnvironmentExecutor):
                 try:
                     await self._ctl(update_cpus, self.client, cid, cpuset_cpus=want[0], nano_cpus=want[1])
                 except Exception as e:  # the engine refused (container gone, bad cpuset) or is down: nothing ran
-                    return ExecResult(status=FAILED, error=f"docker update of {cid[:12]}: {_why(e)}",
+                    return ExecResult(status=FAILED, error=f"docker update of {cid[:12]}: {why(e)}",
                                       isolation=isolation, details=details, node_down=self._lost(e))
                 self._cpus[cid] = want
         token = f"{_SAFE.sub('_', placement.action_id)[:40]}.{uuid.uuid4().hex[:12]}"
@@ -371,16 +372,13 @@ class DockerExecutor(EnvironmentExecutor):
             await asyncio.wait_for(asyncio.shield(run), timeout_s)
         except asyncio.TimeoutError:
             status, error = TIMEOUT, f"killed after {timeout_s:g} s"
-            await self._kill_inside(cid, token, run)
+            if await self._kill_through_cancels(cid, token, run):  # cancelled meanwhile: the kill went on
+                raise asyncio.CancelledError() from None
         except asyncio.CancelledError:
-            # return once the kill ended even if cancelled again (cores are freed then); again: SIGKILL now
-            kill = asyncio.ensure_future(self._kill_inside(cid, token, run))
-            again = lambda: self._ctl(self._signal, cid, token, "KILL").add_done_callback(_quiet)  # noqa: E731
-            await wait_through_cancels(kill, again)
-            _quiet(kill)
+            await self._kill_through_cancels(cid, token, run)
             raise
         except Exception as e:  # the exec could not run (container stopped, OOM-killed) or the engine died
-            return ExecResult(status=FAILED, error=f"docker exec in {cid[:12]}: {_why(e)}", isolation=isolation,
+            return ExecResult(status=FAILED, error=f"docker exec in {cid[:12]}: {why(e)}", isolation=isolation,
                               details=details, node_down=self._lost(e))
         details["duration_s"] = time.perf_counter() - t0
         if not run.done():
@@ -394,6 +392,18 @@ class DockerExecutor(EnvironmentExecutor):
             error = None if rc == 0 else f"exit code {rc}"
         return ExecResult(status=status, exit_code=rc, stdout=out, stderr=err, error=error, isolation=isolation,
                           truncated=truncated, details=details)
+
+    async def _kill_through_cancels(self, cid: str, token: str, run: asyncio.Future) -> bool:
+        """Kill an exec and return once the kill ended, whatever cancels come meanwhile (each one sends
+        SIGKILL at once); its own errors are logged. An exec still running then leaves its container
+        suspect: cleaned before its next exec. True if cancelled meanwhile."""
+        kill = asyncio.ensure_future(self._kill_inside(cid, token, run))
+        again = lambda: self._ctl(self._signal, cid, token, "KILL").add_done_callback(quiet)  # noqa: E731
+        cancelled = await wait_through_cancels(kill, again)
+        quiet(kill)
+        if not run.done():
+            self._suspect.add(cid)
+        return cancelled
 
     def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str],
                   stdin: bytes | None = None) -> tuple[str, str, int | None, str, bool]:
@@ -418,7 +428,7 @@ class DockerExecutor(EnvironmentExecutor):
             from docker.utils.socket import demux_adaptor, frames_iter
 
             sock = api.exec_start(ex["Id"], socket=True)
-            threading.Thread(target=_send_and_close, args=(getattr(sock, "_sock", sock), stdin), daemon=True,
+            threading.Thread(target=send_and_close, args=(getattr(sock, "_sock", sock), stdin), daemon=True,
                              name="tangram-docker-stdin").start()
             frames = (demux_adaptor(*f) for f in frames_iter(sock, tty=False))
         try:
@@ -467,32 +477,3 @@ class DockerExecutor(EnvironmentExecutor):
             except Exception:
                 return
         log.error("docker executor: exec in %s did not end after SIGKILL", cid[:12])
-
-
-def _quiet(f: asyncio.Future) -> None:  # a kill's own failure is logged, never left unretrieved
-    f.cancelled() or f.exception() is None or log.warning("docker executor: a kill failed: %r", f.exception())
-
-
-def _send_and_close(sock: Any, data: bytes) -> None:
-    """Write an exec's stdin, then half-close: the command reads EOF, its output keeps flowing back."""
-    import socket
-
-    try:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass  # the command ended or closed its stdin first: what it read is what it gets
-
-
-def _engine_lost(e: BaseException) -> bool:
-    """The engine could not be reached or dropped the call (vs. an answer refusing it): not the command's fault."""
-    import docker
-
-    if isinstance(e, docker.errors.APIError):  # it answered; a lost exec means it restarted under it
-        return e.status_code == 404 and "no such exec" in str(e.explanation or "").lower()
-    return isinstance(e, (OSError, docker.errors.DockerException)) or type(e).__module__.startswith(
-        ("requests", "urllib3"))
-
-
-def _why(e: BaseException) -> str:
-    return getattr(e, "explanation", None) or f"{type(e).__name__}: {e}"

@@ -271,6 +271,10 @@ async def create_environment(request: web.Request) -> web.Response:
     if kwargs.get("network") and not any(n.executor == "local" and n.allow_network
                                          for n in request.app[CONFIG_KEY].cpu_nodes):
         raise UnschedulableError("network", "no node allows environments a network (cpu_nodes[].allow_network)")
+    cap = request.app[CONFIG_KEY].service.max_environments
+    if len(rt.environments()) >= cap:  # nothing made; room comes as environments are deleted or reclaimed
+        raise Refused(503, f"the service holds {cap} environments (service.max_environments); delete ones "
+                           "no longer needed", 5)
     env_id = await rt.create_environment(**kwargs)
     nodes = list(rt.env_executors)
     try:  # recorded before the caller hears of it: a crash from here on cannot lose it

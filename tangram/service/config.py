@@ -87,6 +87,9 @@ class ApiPoolConfig:
     books: str = ADAPTIVE  # without a margin: "adaptive" or "conservative" (tangram.managers.basic)
 
 
+# a rollout of 1,024 prompts x 8 samples holds 8,192 at once; twice that, and no more
+DEFAULT_MAX_ENVIRONMENTS = 16_384
+
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
     host: str = DEFAULT_HOST
@@ -107,6 +110,9 @@ class ServiceConfig:
     state_dir: str | None = None
     env_ttl_s: float = 3600.0  # an environment unused this long, with nothing running, is reclaimed (0: never)
     keep_results: int = 100_000  # finished outcomes kept; older ids answer 410 Gone
+    # live environments at most (a directory or a container each); past it POST /v1/environments is
+    # refused for now (503 + Retry-After): one caller's loop cannot exhaust the node's containers or disk
+    max_environments: int = DEFAULT_MAX_ENVIRONMENTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +254,7 @@ def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> Servic
     m = _mapping(raw, where)
     _known(m, where, {"host", "port", "token", "token_file", "max_body_bytes", "header_timeout_s", "body_timeout_s",
                       "tls_cert", "tls_key", "max_queued_per_job", "max_queued_total",
-                      "engine_window", "state_dir", "env_ttl_s", "keep_results"})
+                      "engine_window", "state_dir", "env_ttl_s", "keep_results", "max_environments"})
     token = m.get("token")
     if token is not None:
         token = _str(token, f"{where}.token")
@@ -281,6 +287,8 @@ def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> Servic
         state_dir=token_path(_str(m["state_dir"], f"{where}.state_dir"), base_dir) if m.get("state_dir") else None,
         env_ttl_s=0.0 if m.get("env_ttl_s", 3600.0) == 0 else _number(m.get("env_ttl_s", 3600.0), f"{where}.env_ttl_s"),
         keep_results=_int(m.get("keep_results", 100_000), f"{where}.keep_results", lo=1),
+        max_environments=_int(m.get("max_environments", DEFAULT_MAX_ENVIRONMENTS), f"{where}.max_environments",
+                              lo=1),
     )
 
 
