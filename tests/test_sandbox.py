@@ -180,6 +180,32 @@ async def test_network_only_when_the_environment_asks_and_the_node_allows():
             await c.delete_environment(env)
 
 
+async def test_a_networked_environment_goes_to_a_node_that_gives_one():
+    """Two nodes, one with ``allow_network``: a networked environment is pinned at once to that node (its
+    memory reserved there, and made there), so its actions run where the network is. It was placed by
+    its first action like any other, on either node, and on the other one every action failed."""
+    cfg = config(cpu_nodes=[{"name": "closed", "executor": "local", "cores": 2, "memory_mb": 4096},
+                            {"name": "open", "executor": "local", "cores": 1, "memory_mb": 1024,
+                             "allow_network": True}])
+    async with running_service(cfg) as svc, svc.client() as c:
+        envs = [(await c._request("POST", "/v1/environments", json={"network": True, "memory_mb": 256},
+                                  expect=(201,)))["id"] for _ in range(3)]
+        probe = f"exec 3<>/dev/tcp/127.0.0.1/{svc.port} && echo connected"
+        for env in envs:
+            r = await c.exec(env, probe, cpu=1)
+            assert (r.allocation["node"], r.stdout) == ("open", "connected\n"), r
+        assert svc.runtime.engine.pool_states()["mem@open"].free == 1024 - 3 * 256
+        from tangram.client import TangramHTTPError
+
+        with pytest.raises(TangramHTTPError) as e:  # no room left where the network is: not now
+            await c._request("POST", "/v1/environments", json={"network": True, "memory_mb": 512})
+        assert (e.value.status, e.value.field) == (503, "network")
+        assert len(svc.runtime.environments()) == 3  # the refused one is gone
+        for env in envs:
+            await c.delete_environment(env)
+        assert_whole(svc.runtime)
+
+
 async def test_read_only_paths_under_tmp_stay_visible(tmp_path):
     """A toolchain or project that lives under /tmp (a venv, a fresh clone) is bound over the private /tmp,
     read-only; the rest of the host's /tmp stays hidden."""

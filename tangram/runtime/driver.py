@@ -29,14 +29,14 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from tangram.core.engine import WAITING, Engine, Started
-from tangram.core.errors import UnknownActionError, UnschedulableError
+from tangram.core.errors import UnavailableError, UnknownActionError, UnschedulableError
 from tangram.core.model import Action, Profile
 from tangram.core.restarts import withdraw
 from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement, wait_through_cancels
 from tangram.runtime.actions import ActionOutcome, Timing, build_action
 from tangram.runtime.upstream import requeue_after_429
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
-from tangram.runtime.environments import Environment, Environments
+from tangram.runtime.environments import Environment, Environments, network_node
 from tangram.runtime.job import Job
 from tangram.runtime.stats import RuntimeStats
 
@@ -382,10 +382,25 @@ class Runtime:
     async def create_environment(self, *, image: str | None = None, memory_mb: int = 0,
                                  labels: Mapping[str, str] | None = None, env_id: str | None = None,
                                  network: bool = False) -> str:
-        """Register a trajectory's environment; its memory is reserved on the node of its first action."""
-        caps = [p.capacity for p in self.engine.pool_states().values() if p.rtype == "mem"]
-        return await self.env_registry.create(image=image, memory_mb=memory_mb, labels=labels, env_id=env_id,
-                                              largest_node_mb=max(caps) if caps else None, network=network)
+        """Register a trajectory's environment; its memory is reserved on the node of its first action
+        (a networked one where not every node gives a network: now, on one that does, and made there)."""
+        pools = self.engine.pool_states()
+        caps = [p.capacity for p in pools.values() if p.rtype == "mem"]
+        env_id = await self.env_registry.create(image=image, memory_mb=memory_mb, labels=labels, env_id=env_id,
+                                                largest_node_mb=max(caps) if caps else None, network=network)
+        if network and len(self.env_executors) > 1 and not all(getattr(ex, "allow_network", False)
+                                                               for ex in self.env_executors.values()):
+            node = network_node(self.env_executors, {p.node: p.free for p in pools.values() if p.rtype == "mem"},
+                                memory_mb)
+            try:
+                if node is None:
+                    raise UnavailableError("network", f"no node that gives a network has {memory_mb} MiB free now", 5)
+                self.engine.place_trajectory(env_id, node, memory_mb)  # the first action goes there too
+                await self.env_registry.ensure_created(self.env_registry.visible(env_id), node)
+            except BaseException:
+                await asyncio.shield(self.delete_environment(env_id))
+                raise
+        return env_id
 
     def environment(self, env_id: str) -> Environment:
         return self.env_registry.visible(env_id)

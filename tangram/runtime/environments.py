@@ -201,3 +201,12 @@ class Environments:
             except Exception:  # noqa: BLE001 - best effort on shutdown
                 log.exception("removing environment %s failed", env.id)
         self._envs.clear()
+
+
+def network_node(executors: Mapping[str, EnvironmentExecutor], free_mb: Mapping[str, int],
+                 memory_mb: int) -> str | None:
+    """The node a networked environment goes to where not every node gives one: of the nodes whose
+    executor allows a network, the one with the most free memory, if it has ``memory_mb``."""
+    able = [n for n, ex in executors.items() if getattr(ex, "allow_network", False) and n in free_mb]
+    node = max(able, key=lambda n: free_mb[n], default=None)
+    return node if node is not None and free_mb[node] >= memory_mb else None
