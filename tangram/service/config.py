@@ -87,8 +87,7 @@ class ApiPoolConfig:
     books: str = ADAPTIVE  # without a margin: "adaptive" or "conservative" (tangram.managers.basic)
 
 
-# a rollout of 1,024 prompts x 8 samples holds 8,192 at once; twice that, and no more
-DEFAULT_MAX_ENVIRONMENTS = 16_384
+DEFAULT_MAX_ENVIRONMENTS = 16_384  # a rollout of 1,024 prompts x 8 samples holds 8,192 at once: twice that
 
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
@@ -110,9 +109,8 @@ class ServiceConfig:
     state_dir: str | None = None
     env_ttl_s: float = 3600.0  # an environment unused this long, with nothing running, is reclaimed (0: never)
     keep_results: int = 100_000  # finished outcomes kept; older ids answer 410 Gone
-    # live environments at most (a directory or a container each); past it POST /v1/environments is
-    # refused for now (503 + Retry-After): one caller's loop cannot exhaust the node's containers or disk
-    max_environments: int = DEFAULT_MAX_ENVIRONMENTS
+    # live environments at most (a directory or container each); past it POST /v1/environments is 503 +
+    max_environments: int = DEFAULT_MAX_ENVIRONMENTS  # Retry-After: one caller cannot exhaust containers or disk
 
 
 @dataclass(frozen=True, slots=True)
