@@ -493,3 +493,33 @@ async def test_environments_past_the_cap_are_refused_for_now_and_nothing_is_made
             async with s.delete(f"{svc.url}/v1/environments/{e}") as resp:
                 assert resp.status == 204
         assert_whole(svc.runtime)
+
+
+async def test_a_delete_whose_removal_fails_can_be_sent_again(monkeypatch):
+    """The node's engine fails to remove an environment: DELETE answers 502 and the environment stays
+    listed (its actions are cancelled), so a second DELETE removes it. It was unlisted first: the error
+    came back and no DELETE could reach it again."""
+    from tangram.executors.local import LocalExecutor
+
+    real, fails = LocalExecutor.destroy_environment, [RuntimeError("engine hiccup")]
+
+    async def flaky(self, env_id):
+        if fails:
+            raise fails.pop()
+        await real(self, env_id)
+
+    monkeypatch.setattr(LocalExecutor, "destroy_environment", flaky)
+    async with running_service() as svc, aiohttp.ClientSession() as s:
+        async with s.post(f"{svc.url}/v1/environments", json={}) as resp:
+            env = (await resp.json())["id"]
+        async with s.delete(f"{svc.url}/v1/environments/{env}") as resp:
+            out = await resp.json()
+            assert resp.status == 502 and "engine hiccup" in out["error"], out
+        assert [e.id for e in svc.runtime.environments()] == [env]
+        async with s.delete(f"{svc.url}/v1/environments/{env}") as resp:
+            assert resp.status == 204
+        from tangram.service.app import STATE_KEY
+
+        assert svc.runtime.environments() == []
+        assert [row["id"] for row in svc.app[STATE_KEY].environments()] == []  # its row went with it
+        assert_whole(svc.runtime)

@@ -291,11 +291,12 @@ class DockerExecutor(EnvironmentExecutor):
         self._cpus.clear()
 
     async def destroy_environment(self, env_id: str) -> None:
-        cid = self._envs.pop(env_id, None)
+        cid = self._envs.get(env_id)
         if cid is None:
             return
+        await self._ctl(self._remove, cid)  # forgotten once removed: a failed removal may be tried again
+        self._envs.pop(env_id, None)
         self._cpus.pop(cid, None)
-        await self._ctl(self._remove, cid)
 
     def _remove(self, cid: str) -> None:
         import docker

@@ -421,7 +421,11 @@ class Runtime:
         if tasks:  # the processes must be dead before the directory or container goes
             await asyncio.gather(*tasks, return_exceptions=True)
         self.close_trajectory(env_id)
-        await self.env_registry.destroy(env)
+        try:
+            await self.env_registry.destroy(env)
+        except BaseException:  # its processes are gone; it stays listed, for a later DELETE to try again
+            self.env_registry.put_back(env)
+            raise
 
     # ------------------------------------------------------------------ #
     # stats and lifecycle

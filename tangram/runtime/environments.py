@@ -120,6 +120,10 @@ class Environments:
         self._envs[env.id] = env
         return env
 
+    def put_back(self, env: Environment) -> None:
+        """Register ``env`` again after its removal failed (a later DELETE tries again)."""
+        self._envs.setdefault(env.id, env)
+
     def remove(self, env_id: str) -> Environment:
         """Unregister a (visible) environment; the caller destroys it."""
         env = self.visible(env_id)
@@ -163,7 +167,12 @@ class Environments:
                     continue
             elif task.cancelled() or task.exception() is not None:
                 continue
-            await self.executors[node].destroy_environment(env.id)
+            try:
+                await self.executors[node].destroy_environment(env.id)
+            except Exception as exc:  # the node's engine failed (a 502 to the caller, who may try again)
+                raise ExecutorFailedError(f"removing environment {env.id} from {node!r} failed: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+            del env.created[node]  # what a later try need not remove again
         env.created.clear()
 
     async def drop(self, env: Environment) -> None:

@@ -312,10 +312,14 @@ async def get_environment(request: web.Request) -> web.Response:
 
 
 async def delete_environment(request: web.Request) -> web.Response:
-    rt = request.app[RUNTIME_KEY]
+    rt, env_id, store = request.app[RUNTIME_KEY], request.match_info["id"], request.app[STATE_KEY]
+
+    async def delete() -> None:
+        await rt.delete_environment(env_id)
+        store.drop_environment(env_id)  # in the shielded part too: a hang-up once left its row behind
+
     # shielded: a client hanging up mid-delete must not leave a half-removed environment
-    await asyncio.shield(rt.delete_environment(request.match_info["id"]))
-    request.app[STATE_KEY].drop_environment(request.match_info["id"])
+    await asyncio.shield(delete())
     return web.Response(status=204)
 
 
