@@ -454,3 +454,27 @@ async def test_an_api_call_the_service_cancelled_breaks_the_trajectory_loudly(to
         silent.close()
         await REGISTRY.release("req-api-cut")
         await close_clients()
+
+
+async def test_the_samples_environment_fields_win_and_the_tools_yaml_fills_the_rest(monkeypatch):
+    """The agent loop declares the sample's environment (here only its setup_command); the tool's YAML and
+    create_kwargs give an image and memory. The environment is built with the sample's setup and the
+    YAML's image and memory: the YAML was once used only when the sample said nothing at all."""
+    from integrations.verl import session
+    from integrations.verl.config import TangramSettings
+    from integrations.verl.session import EnvSpec, TrajectoryRegistry
+
+    built = []
+
+    async def fake_create(settings, spec, labels={}):
+        built.append(spec)
+        return "env-x", None
+
+    monkeypatch.setattr(session, "create_environment", fake_create)
+    reg = TrajectoryRegistry()
+    s = TangramSettings(url="http://127.0.0.1:9")
+    reg.declare("t", s, EnvSpec(setup_command="cp -r /data/x .", labels={"a": "sample"}))
+    assert await reg.ensure("t", s, EnvSpec(image="swe:1", memory_mb=2048, setup_command="echo yaml",
+                                            labels={"a": "yaml", "b": "yaml"})) == "env-x"
+    assert built == [EnvSpec(image="swe:1", memory_mb=2048, setup_command="cp -r /data/x .",
+                             labels={"a": "sample", "b": "yaml"})]

@@ -183,6 +183,13 @@ class EnvSpec:
     setup_command: str | None = None      # run once, right after the environment is created
     labels: dict[str, str] = field(default_factory=dict)
 
+    def filled_from(self, other: "EnvSpec") -> "EnvSpec":
+        """This spec, its unset fields (and labels it lacks) taken from ``other``."""
+        return EnvSpec(image=self.image if self.image is not None else other.image,
+                       memory_mb=self.memory_mb if self.memory_mb is not None else other.memory_mb,
+                       setup_command=self.setup_command if self.setup_command is not None else other.setup_command,
+                       labels={**other.labels, **self.labels})
+
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None, base: "EnvSpec | None" = None) -> "EnvSpec":
         b = base or cls()
@@ -266,8 +273,8 @@ class TrajectoryRegistry:
             self.declare(key, settings, spec)
             t = self._t[key]
         elif t.env_id is None:
-            if spec is not None and t.spec == EnvSpec():
-                t.spec = spec
+            if spec is not None:  # the sample's fields win; what it leaves out comes from the tool's YAML
+                t.spec = t.spec.filled_from(spec)
             if settings is not None:
                 t.settings = settings  # the first tool to need it says which service holds it
         t.last_used = time.monotonic()
