@@ -119,6 +119,33 @@ async def test_client_disconnect_cancels_the_action():
         assert not [p for p in find_pids(marker) if p != os.getpid()]
 
 
+async def test_an_action_sent_under_a_key_outlives_its_client_and_the_resubmission_collects_it():
+    """A client that loses its connection while its action runs (a proxy's reset) sends it again under
+    the same Idempotency-Key: the action was not cancelled, ran once, and the resubmission answers its
+    result. Without a key the disconnect cancels it (the test above)."""
+    async with running_service() as svc, svc.client() as c:
+        env = await c.create_environment()
+        body = {"kind": "exec", "environment": env, "command": "sleep 0.6; echo x >> n; wc -l < n"}
+        headers = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+        async with aiohttp.ClientSession() as s:
+            req = asyncio.create_task(s.post(f"{svc.url}/v1/actions", json=body, headers=headers))
+            for _ in range(200):
+                if svc.runtime.engine.running:
+                    break
+                await asyncio.sleep(0.01)
+            assert svc.runtime.engine.running
+            req.cancel()  # drops the connection
+            with pytest.raises(asyncio.CancelledError):
+                await req
+        await asyncio.sleep(0.4)  # past the disconnect watcher's look
+        assert svc.runtime.engine.running  # not cancelled
+        async with aiohttp.ClientSession() as s, s.post(f"{svc.url}/v1/actions", json=body, headers=headers) as r:
+            out = await r.json()
+        assert (r.status, out["status"], out["stdout"]) == (200, "succeeded", "1\n"), out
+        await c.delete_environment(env)
+        assert_whole(svc.runtime)
+
+
 async def test_client_disconnect_while_queued_cancels_the_action():
     async with running_service() as svc, svc.client() as c:
         rt = svc.runtime

@@ -129,18 +129,20 @@ def test_minilm_restore_evict_restore_gives_identical_outputs(minilm_executor):
     ex.evict("minilm@dop2", 0)
 
 
-@pytest.mark.parametrize("inputs, why", [
-    ([[101, 999_999_999, 102]], "token id 999999999 is outside the model's vocabulary [0, 30522)"),
-    ([[101, -1, 102]], "token id -1 is outside"),
-    ([[101] * 600], "a sequence of 600 tokens is longer than the model's 512 positions"),
+@pytest.mark.parametrize("op, inputs, why", [
+    ("embed", [[101, 999_999_999, 102]], "token id 999999999 is outside the model's vocabulary [0, 30522)"),
+    ("embed", [[101, -1, 102]], "token id -1 is outside"),
+    ("embed", [[101] * 600], "a sequence of 600 tokens is longer than the model's 512 positions"),
+    ("score", [[[101, 102], [101, 999_999_999, 102]]], "token id 999999999 is outside"),  # a pair to compare
 ])
-def test_token_ids_a_model_cannot_embed_fail_the_action_before_the_device_sees_them(minilm_executor, inputs, why):
+def test_token_ids_a_model_cannot_embed_fail_the_action_before_the_device_sees_them(minilm_executor, op, inputs,
+                                                                                    why):
     """Token ids from the wire: one outside the vocabulary, or a sequence past the position table, fails
     its action with the reason (on a GPU the index would be a device-side assert that fails every later
     call on the device), and the model serves the next call as before."""
     ex = minilm_executor
     d = decision("minilm@dop1", Chunk(0, 1))
-    r = ex.run(d, {"model": "minilm", "op": "embed", "inputs": inputs})
+    r = ex.run(d, {"model": "minilm", "op": op, "inputs": inputs})
     assert r.status == FAILED and why in r.error, r.error
     ok = ex.run(decision("minilm@dop1", Chunk(0, 1), hit=True),
                 {"model": "minilm", "op": "embed", "inputs": [[101, 7592, 102]]})

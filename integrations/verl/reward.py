@@ -356,17 +356,21 @@ async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, se
             await delete_environment(env_settings, env_id)
 
 
-async def settle_unscored(fields: Mapping[str, Any], settings: TangramSettings) -> None:
-    """For a sample that verl's scorer handles, not Tangram (no spec, or the trainer's own function):
-    delete the environment its rollout handed over (it left the idle sweep's registry: nothing else
-    would), and raise if one of its tool calls failed in the service (a trajectory the infrastructure
-    broke is not scored, whatever scores it)."""
+async def settle_unscored(fields: Mapping[str, Any], settings: TangramSettings, scoring: Any) -> Any:
+    """Score a sample that verl's scorer handles, not Tangram (no spec, or the trainer's own function):
+    ``await scoring`` unless one of its rollout's tool calls failed in the service (a trajectory the
+    infrastructure broke is not scored, whatever scores it: it raises), then delete the environment its
+    rollout handed over (it left the idle sweep's registry: nothing else would; a scorer that uses it,
+    tangram's own compute_score, deletes it itself)."""
     handed = fields.get("tangram_environment")
     try:
         if fields.get("tangram_error"):
+            if hasattr(scoring, "close"):
+                scoring.close()  # never awaited
             metrics.publish([dict(x) for x in (fields.get("tangram_trace") or []) if isinstance(x, Mapping)], failed=1)
             raise TangramServiceError(f"tangram service {_trajectory_settings(settings, fields).url}: the rollout "
                                       f"lost an action: {fields['tangram_error']}")
+        return await scoring
     finally:
         if isinstance(handed, str) and handed:
             await delete_environment(_trajectory_settings(settings, fields), handed)
@@ -388,8 +392,10 @@ async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, 
     if spec is None:
         from verl.utils.reward_score import default_compute_score
 
-        await settle_unscored(info, _settings(kwargs))
-        return naive_keys(default_compute_score(data_source, solution_str, ground_truth, extra_info))
+        async def scoring() -> dict[str, Any]:
+            return naive_keys(default_compute_score(data_source, solution_str, ground_truth, extra_info))
+
+        return await settle_unscored(info, _settings(kwargs), scoring())
     text = info.get("tangram_last_turn_text")
     if not isinstance(text, str) and int(info.get("num_turns") or 0) > 2:  # as the tangram manager refuses it
         raise ValueError(f"a {int(info['num_turns'])}-turn sample carries no tangram_last_turn_text: its whole "

@@ -125,7 +125,10 @@ class TangramRewardManager(RewardManagerBase):
         text = await self.loop.run_in_executor(
             None, lambda: self.tokenizer.decode(responses[:valid], skip_special_tokens=True))
         nt = item.non_tensor_batch
-        await settle_unscored(_fields(nt), self.settings)
+        return await settle_unscored(_fields(nt), self.settings, self._naive_score(item, text))
+
+    async def _naive_score(self, item: Any, text: str) -> dict:
+        nt = item.non_tensor_batch
         extra_info = dict(nt.get("extra_info", {}) or {})
         tool_extra_fields = nt.get("tool_extra_fields", None)
         if tool_extra_fields is not None:

@@ -334,10 +334,24 @@ async def create_environment(settings: TangramSettings, spec: EnvSpec,
     :class:`TangramServiceError` if the service cannot create it or the setup fails
     (the environment is then deleted again)."""
     client = get_client(settings)
-    env_id = await retrying(lambda: client.create_environment(
-        image=spec.image or settings.image,
-        memory_mb=spec.memory_mb if spec.memory_mb is not None else settings.memory_mb,
-        labels={**labels, **spec.labels}), settings, "creating an environment", resendable=False)
+    tag = {"verl-request": new_key()}  # finds the environment a lost answer made, before sending again
+
+    async def create() -> str:
+        try:
+            return await client.create_environment(
+                image=spec.image or settings.image,
+                memory_mb=spec.memory_mb if spec.memory_mb is not None else settings.memory_mb,
+                labels={**labels, **spec.labels, **tag})
+        except TangramHTTPError as exc:
+            if transient(exc) and not exc.never_sent:  # it may have been made: look before it is sent again
+                listed = await client._request("GET", "/v1/environments")
+                made = [e["id"] for e in listed.get("environments", [])
+                        if (e.get("labels") or {}).items() >= tag.items()]
+                if made:
+                    return made[0]
+            raise
+
+    env_id = await retrying(create, settings, "creating an environment")
     if spec.setup_command:
         try:
             key = new_key()

@@ -253,7 +253,6 @@ class Engine:
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
         self._last.forget()  # an explicit re-run re-decides every group
-        self._retry_at = None  # a start refused again sets it again
         return self.schedule()
 
     def next_wakeup(self) -> float | None:
@@ -298,6 +297,7 @@ class Engine:
             result = self.policy(snap)
             self._last.took_part(result, [p for p in only[1] if p in snap.pools])
             return self._start_all(result)
+        self._retry_at = None  # a full round tries every waiting action: a refusal in it sets it again
         if not self.waiting:
             self._last.released.clear()
             self._last.unfit, self._tail_key = None, float("-inf")

@@ -396,14 +396,11 @@ class DockerExecutor(EnvironmentExecutor):
 
     async def _kill_through_cancels(self, cid: str, token: str, run: asyncio.Future) -> bool:
         """Kill an exec and return once the kill ended, whatever cancels come meanwhile (each one sends
-        SIGKILL at once); its own errors are logged. An exec still running then leaves its container
-        suspect: cleaned before its next exec. True if cancelled meanwhile."""
+        SIGKILL at once); its own errors are logged. True if cancelled meanwhile."""
         kill = asyncio.ensure_future(self._kill_inside(cid, token, run))
         again = lambda: self._ctl(self._signal, cid, token, "KILL").add_done_callback(quiet)  # noqa: E731
         cancelled = await wait_through_cancels(kill, again)
         quiet(kill)
-        if not run.done():
-            self._suspect.add(cid)
         return cancelled
 
     def _run_exec(self, cid: str, argv: list[str], envd: dict[str, str],

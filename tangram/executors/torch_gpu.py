@@ -291,7 +291,9 @@ class TorchGpuExecutor:
         return [x for p in parts for x in p]
 
     def _op(self, served: ServedModel, module, device, op: str, inputs: list, tokens: list | None) -> list:
-        check_token_ids(module, [x for x in inputs if _is_int_seq(x)])  # before the device sees them
+        # before the device sees them: token-id inputs, and either side of a pair to compare
+        check_token_ids(module, [y for x in inputs for y in ((x,) if _is_int_seq(x) else x if isinstance(
+            x, (list, tuple)) and len(x) == 2 else ()) if _is_int_seq(y)])
         if op == "embed":
             return served.embed(module, _to(served.make_batch(inputs), device)).float().cpu().tolist()
         if op == "score":

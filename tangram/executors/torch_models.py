@@ -148,14 +148,17 @@ class ServedModel:
 
 
 def check_token_ids(module: Any, seqs: Sequence[Sequence[int]]) -> None:
-    """Raise ValueError for a token id outside the model's vocabulary or a sequence longer than its
-    positions, where the model tells them (a transformers model's input embeddings and config). On a
-    GPU an out-of-range index is a device-side assert that spoils every later call on the device."""
+    """Raise ValueError for a token id outside the model's vocabulary or a sequence longer than its table
+    of learned positions, where the model has them (a transformers model's input embeddings, and its
+    ``embeddings.position_embeddings``, less RoBERTa's offset of ``padding_idx + 1``; rotary positions
+    have no table and no bound here). On a GPU an out-of-range index is a device-side assert that spoils
+    every later call on the device."""
     get = getattr(module, "get_input_embeddings", None)
-    emb = get() if callable(get) else None
-    vocab = getattr(emb, "num_embeddings", None)
-    cfg = getattr(module, "config", None)
-    longest = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    vocab = getattr(get() if callable(get) else None, "num_embeddings", None)
+    table = getattr(getattr(module, "embeddings", None), "position_embeddings", None)
+    longest = getattr(table, "num_embeddings", None)
+    if isinstance(longest, int) and getattr(table, "padding_idx", None) is not None:
+        longest -= table.padding_idx + 1  # positions count from padding_idx + 1
     for s in seqs:
         if isinstance(vocab, int) and (bad := next((t for t in s if not 0 <= t < vocab), None)) is not None:
             raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {vocab})")

@@ -36,7 +36,7 @@ from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecut
 from tangram.runtime.actions import ActionOutcome, Timing, build_action
 from tangram.runtime.upstream import requeue_after_429
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
-from tangram.runtime.environments import Environment, Environments, network_node
+from tangram.runtime.environments import Environment, Environments, network_node, quietly
 from tangram.runtime.job import Job
 from tangram.runtime.stats import RuntimeStats
 
@@ -398,7 +398,7 @@ class Runtime:
                 self.engine.place_trajectory(env_id, node, memory_mb)  # the first action goes there too
                 await self.env_registry.ensure_created(self.env_registry.visible(env_id), node)
             except BaseException:
-                await asyncio.shield(self.delete_environment(env_id))
+                await quietly(self.delete_environment(env_id), f"removing environment {env_id} after its creation")
                 raise
         return env_id
 
@@ -420,12 +420,12 @@ class Runtime:
                     tasks += [job.task, *job.stopping]
         if tasks:  # the processes must be dead before the directory or container goes
             await asyncio.gather(*tasks, return_exceptions=True)
-        self.close_trajectory(env_id)
         try:
             await self.env_registry.destroy(env)
-        except BaseException:  # its processes are gone; it stays listed, for a later DELETE to try again
+        except BaseException:  # its processes are gone; it stays listed, pinned, for a later DELETE to try again
             self.env_registry.put_back(env)
             raise
+        self.close_trajectory(env_id)
 
     # ------------------------------------------------------------------ #
     # stats and lifecycle

@@ -219,3 +219,12 @@ def network_node(executors: Mapping[str, EnvironmentExecutor], free_mb: Mapping[
     able = [n for n, ex in executors.items() if getattr(ex, "allow_network", False) and n in free_mb]
     node = max(able, key=lambda n: free_mb[n], default=None)
     return node if node is not None and free_mb[node] >= memory_mb else None
+
+
+async def quietly(cleanup: Awaitable[None], what: str) -> None:
+    """Await a cleanup to its end (shielded) on an error path: its own failure is logged, so the error
+    being handled stays the caller's answer."""
+    try:
+        await asyncio.shield(cleanup)
+    except Exception:  # noqa: BLE001
+        log.exception("%s failed", what)

@@ -9,7 +9,9 @@ errors to ``{"error", "field"}`` with the right status.
 A client that disconnects while waiting for its action cancels the action:
 aiohttp cancels the handler when ``handler_cancellation`` is on (as
 ``tangram serve`` runs it) and, whatever the runner's settings, a watcher
-checks the transports of waiting requests a few times a second.
+checks the transports of waiting requests a few times a second. An action sent
+with an ``Idempotency-Key`` is not cancelled so: it runs on, and a resubmission
+with the key (after a lost answer) collects its result.
 """
 from __future__ import annotations
 
@@ -280,7 +282,7 @@ async def create_environment(request: web.Request) -> web.Response:
     try:  # recorded before the caller hears of it: a crash from here on cannot lose it
         request.app[STATE_KEY].record_environment(env_id, image=kwargs.get("image"), memory_mb=kwargs.get("memory_mb", 0),
                                                   labels=kwargs.get("labels", {}),
-                                                  node=nodes[0] if len(nodes) == 1 else None,
+                                                  node=nodes[0] if len(nodes) == 1 else rt.engine.placement.get(env_id),
                                                   network=kwargs.get("network", False))
     except BaseException:
         await asyncio.shield(rt.delete_environment(env_id))
@@ -395,16 +397,21 @@ def _stored(request: web.Request, action_id: str) -> web.Response:
 async def _wait_for(request: web.Request, action_id: str) -> web.Response:
     rt, gate = request.app[RUNTIME_KEY], request.app[GATE_KEY]
     waiters = request.app[WAITERS_KEY]
-    waiters[action_id] = request
+    # sent under an Idempotency-Key, an action outlives its client: a resubmission with the key collects it
+    kept = request.headers.get("Idempotency-Key") is not None
+    if not kept:
+        waiters[action_id] = request
     try:
         try:
             await gate.submitted(action_id)  # held for its job's turn
         except asyncio.CancelledError:
             if (cancelled := gate.cancelled_outcome(action_id)) is not None:
                 return web.json_response(cancelled)  # cancelled by DELETE meanwhile
-            gate.drop(action_id)  # held, or handed to the engine as its client went: nobody waits for it now
+            if not kept:
+                gate.drop(action_id)  # held, or handed to the engine as its client went: nobody waits for it now
             raise
-        outcome = await rt.wait(action_id)  # a cancelled handler (client gone) cancels the action
+        # a cancelled handler (client gone) cancels the action, unless it is kept
+        outcome = await (asyncio.shield(rt.wait(action_id)) if kept else rt.wait(action_id))
     finally:
         waiters.pop(action_id, None)
     return web.json_response(outcome.as_dict())
