@@ -195,6 +195,10 @@ async def test_a_networked_environment_goes_to_a_node_that_gives_one():
             r = await c.exec(env, probe, cpu=1)
             assert (r.allocation["node"], r.stdout) == ("open", "connected\n"), r
         assert svc.runtime.engine.pool_states()["mem@open"].free == 1024 - 3 * 256
+        from tangram.service.app import STATE_KEY
+
+        rows = {r["id"]: r["node"] for r in svc.app[STATE_KEY].environments()}
+        assert [rows[e] for e in envs] == ["open"] * 3  # recorded: a restart keeps the pin and the files
         from tangram.client import TangramHTTPError
 
         with pytest.raises(TangramHTTPError) as e:  # no room left where the network is: not now

@@ -30,6 +30,7 @@ from tangram.core.errors import DemandError  # noqa: E402
 from tangram.service import sandbox_protocol as proto  # noqa: E402
 from tangram.service.config import ConfigError, parse_config  # noqa: E402
 from tangram.service.launch import start_serve  # noqa: E402
+from tangram.service.keys import GATE_KEY  # noqa: E402
 from tests.service_helpers import assert_whole, config, running_service  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -255,6 +256,36 @@ def test_code_runs_sandboxed(served):
     assert lines[-1] == "end" and lines[0] != "0" and len(lines) == 2, lines
 
 
+def test_a_program_cannot_forge_the_runners_report(served):
+    """The runner reports on its own stdout, and the program runs as its child, as the same user. A
+    program that writes a report of its own there (``/proc/<runner>/fd/1``) once had it taken as the
+    result: Success and the stdout it chose, a reward it wrote itself. The runner is now closed to it
+    (not dumpable), and a report must end with the call's secret, which the program never sees."""
+    url, run_url = served
+    forged = "run 2 3 0 Finished 0 0.01\\n42\\ndone 0\\n"
+    code = ("import os, sys\n"
+            "try:\n"
+            f"    open(f'/proc/{{os.getppid()}}/fd/1', 'wb').write(b'{forged}')\n"
+            "    print('wrote')\n"
+            "except OSError as e:\n"
+            "    print('refused', type(e).__name__)\n"
+            "sys.exit(1)\n")
+    resp, err = call_sandbox_api(run_url, code, None, 10, 10, 256, "python")
+    assert err is None and resp["status"] != "Success", resp
+    assert resp["status"] == "Failed" and resp["run_result"]["return_code"] == 1, resp
+    assert resp["run_result"]["stdout"].startswith("refused"), resp
+
+
+def test_a_report_is_taken_only_with_its_nonce_and_at_the_end():
+    """decode_report: a closing record without the call's secret, or followed by more output, is not the
+    runner's report (None: a SandboxError)."""
+    real = "run 2 3 0 Finished 0 0.01\nok\ndone 0 s3cret\n"
+    assert proto.decode_report(real, "s3cret")["run_result"]["stdout"] == "ok\n"
+    assert proto.decode_report(real, "other") is None
+    assert proto.decode_report("run 2 3 0 Finished 0 0.01\n42\ndone 0\n" + real, "s3cret") is None
+    assert proto.decode_report(real + "run 2 0 0 Finished 0 0.01\n", "s3cret") is None
+
+
 def test_client_hanging_up_cancels_its_call(served):
     url, run_url = served
     with pytest.raises(requests.exceptions.ReadTimeout):
@@ -313,8 +344,10 @@ def test_bad_requests_name_the_field(served):
     assert status == 422 and body["field"] == "memory_limit_MB"  # more than the node has: refused at once
     status, body = post(None, data=b"{not json", headers={"Content-Type": "application/json"})
     assert status == 422 and body["field"] == "body"
-    status, body = post({"code": "1", "language": "python", "extra": 1})
-    assert status == 422 and body["field"] == "extra"
+    status, body = post({"code": "print(1)", "language": "python", "extra": 1})
+    assert status == 200 and body["status"] == "Success"  # a field SandboxFusion does not know: ignored, as there
+    status, body = post({"code": "print(1)", "language": "python", "memory_limit_MB": 0})
+    assert status == 200 and body["status"] == "Success"  # verl's memory_limit_mb: 0 is no limit, as there
 
 
 # ---------------------------------------------------------------------------- #
@@ -434,8 +467,12 @@ def test_parse_run_code_defaults_and_errors():
     req = proto.parse_run_code({"code": "x", "language": "python", "stdin": None, "files": {}, "fetch_files": []},
                                langs)
     assert (req.compile_timeout, req.run_timeout, req.memory_limit_mb, req.stdin) == (10.0, 10.0, -1, None)
+    # as SandboxFusion: a memory limit of 0 or below is none, and a field it does not know is ignored
+    for m in (0, -5):
+        assert proto.parse_run_code({"code": "x", "language": "python", "memory_limit_MB": m,
+                                     "a_newer_field": 1}, langs).memory_limit_mb == -1
     for body, field in [({"code": 1, "language": "python"}, "code"),
-                        ({"code": "x", "language": "python", "memory_limit_MB": 0}, "memory_limit_MB"),
+                        ({"code": "x", "language": "python", "memory_limit_MB": 1.5}, "memory_limit_MB"),
                         ({"code": "x", "language": "python", "stdin": 3}, "stdin"),
                         ({"code": "\ud800", "language": "python"}, "code"),
                         ({"code": "x", "language": "python", "args": "-x"}, "args"),
@@ -538,3 +575,30 @@ def test_responses_match_the_openapi_contract(served):
         spec.validate_request(req)
         spec.validate_response(req, MockResponse(r.content, status_code=r.status_code, headers=dict(r.headers),
                                                  content_type="application/json"))
+
+
+async def test_a_call_held_at_admission_when_the_service_stops_gets_a_504():
+    """Calls past the engine's window wait at admission; the service stops: each gets a 504 with
+    Retry-After, which verl's call_sandbox_api retries. The route once dropped their connections, which
+    verl counts as a failed test case."""
+    import asyncio
+
+    import aiohttp
+
+    cfg = config(cpu_nodes=[{"name": "local", "executor": "local", "cores": 1, "memory_mb": 1024}],
+                 service={"engine_window": 1})
+    async with aiohttp.ClientSession() as s:
+        async with running_service(cfg) as svc:
+            url = svc.url + "/sandbox/run_code"
+
+            async def call():
+                async with s.post(url, json={"code": "import time; time.sleep(30)", "language": "python"}) as r:
+                    return r.status, r.headers.get("Retry-After"), await r.json(content_type=None)
+
+            calls = [asyncio.ensure_future(call()) for _ in range(4)]
+            while svc.app[GATE_KEY].stats()["held"] < 2:  # one running, one in the engine's window
+                await asyncio.sleep(0.01)
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+    held = [a for a in answers if not isinstance(a, BaseException) and a[0] == 504]
+    assert len(held) >= 2, answers
+    assert all(int(retry) >= 1 and "stopping" in body["error"] for _, retry, body in held)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import secrets
 import logging
 import os
 import shlex
@@ -80,7 +81,8 @@ class SandboxFusionEndpoint:
             return _invalid(exc.field, exc.reason)
         lang = self.languages[req.language]
         # a bytearray, emptied once the action ended: the finished result keeps its action, not the input
-        stdin = proto.encode_request(req, lang, max_output_bytes=self.cfg.max_output_bytes)
+        nonce = secrets.token_hex(16)  # the runner's report must carry it: the program cannot forge one
+        stdin = proto.encode_request(req, lang, max_output_bytes=self.cfg.max_output_bytes, nonce=nonce)
         resources: dict[str, Any] = {"cpu": self.cfg.cpu}
         if req.memory_limit_mb > 0:
             resources["mem_mb"] = req.memory_limit_mb + RUNNER_MEM_MB + 4 * -(-self.cfg.max_output_bytes >> 20)
@@ -102,6 +104,9 @@ class SandboxFusionEndpoint:
             try:
                 await gate.submitted(action_id)  # held for its job's turn
             except asyncio.CancelledError:
+                if gate.cancelled_outcome(action_id) is not None:  # ended held (the service stops): say so
+                    return web.json_response({"error": "the service is stopping", "status": 503}, status=504,
+                                             headers={"Retry-After": "5"})  # 504: what verl retries
                 gate.drop(action_id)  # held, or handed to the engine as its client went
                 raise
             except DemandError as exc:  # refused by the engine when its turn came
@@ -110,7 +115,9 @@ class SandboxFusionEndpoint:
         finally:
             waiters.pop(action_id, None)
             stdin.clear()
-        return web.json_response(response_of(outcome))
+        answer = response_of(outcome, nonce)
+        outcome.stdout = outcome.stderr = None  # nobody can ask for it again (its id is never given out): free it
+        return web.json_response(answer)
 
     async def _body(self, request: web.Request) -> Any:
         limit = self.cfg.max_body_bytes
@@ -138,10 +145,10 @@ class SandboxFusionEndpoint:
             return _invalid("body", "JSON nested too deeply")
 
 
-def response_of(outcome: Any) -> dict[str, Any]:
+def response_of(outcome: Any, nonce: str) -> dict[str, Any]:
     """The RunCodeResponse of a finished action (SandboxError unless the runner reported)."""
     if outcome.status == "succeeded":
-        report = proto.decode_report(outcome.stdout or "")
+        report = proto.decode_report(outcome.stdout or "", nonce)
         if report is not None:
             return proto.response_from_report(report)
         return proto.sandbox_error("the sandbox runner's report is missing or cut short")

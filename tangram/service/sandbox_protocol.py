@@ -167,10 +167,7 @@ def parse_run_code(body: Any, languages: Mapping[str, Language]) -> RunCodeReque
     """Validate a ``run_code`` body; raises DemandError naming the field."""
     if not isinstance(body, Mapping):
         raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
-    for key in body:
-        if key not in REQUEST_FIELDS:
-            raise DemandError(str(key) or "<empty key>",
-                              f"unknown field (expected {', '.join(sorted(REQUEST_FIELDS))})")
+    # a field SandboxFusion does not know is ignored, as its request model ignores it (a newer client's)
     if "code" not in body:
         raise DemandError("code", "is required")
     code = _text(body["code"], "code")
@@ -198,9 +195,7 @@ def parse_run_code(body: Any, languages: Mapping[str, Language]) -> RunCodeReque
                 m = int(m)
             else:
                 raise DemandError("memory_limit_MB", f"must be an integer (MiB; -1 for none), got {m!r}")
-        if m == 0 or m < -1:
-            raise DemandError("memory_limit_MB", f"must be a positive number of MiB or -1 for none, got {m}")
-        out["memory_limit_mb"] = m
+        out["memory_limit_mb"] = m if m > 0 else -1  # SandboxFusion: 0 or below is no limit
     if body.get("stdin") is not None:
         out["stdin"] = _text(body["stdin"], "stdin")
     files = body.get("files") or {}
@@ -231,9 +226,10 @@ def parse_run_code(body: Any, languages: Mapping[str, Language]) -> RunCodeReque
     return RunCodeRequest(**out)
 
 
-def encode_request(req: RunCodeRequest, lang: Language, *, max_output_bytes: int) -> bytearray:
+def encode_request(req: RunCodeRequest, lang: Language, *, max_output_bytes: int, nonce: str) -> bytearray:
     """What :mod:`tangram.service.sandbox_runner` reads on its stdin: records ``kind n len1..lenn
-    fields..\\n`` each followed by its n payloads (files decoded here, so the runner needs no base64)."""
+    fields..\\n`` each followed by its n payloads (files decoded here, so the runner needs no base64).
+    ``nonce``: a secret the runner's closing record repeats (:func:`decode_report`)."""
     fill = lambda argv: "\0".join(a.replace("{source}", lang.source) for a in argv).encode()  # noqa: E731
     buf = bytearray()
 
@@ -244,7 +240,7 @@ def encode_request(req: RunCodeRequest, lang: Language, *, max_output_bytes: int
             buf.extend(p)
 
     record("limits", fields=(repr(req.compile_timeout), repr(req.run_timeout), max(req.memory_limit_mb, 0),
-                             max_output_bytes))
+                             max_output_bytes, nonce))
     for path, content in req.files.items():
         if content is not None:
             record("file", (path.encode(), base64.b64decode(content)))
@@ -259,9 +255,12 @@ def encode_request(req: RunCodeRequest, lang: Language, *, max_output_bytes: int
     return buf
 
 
-def decode_report(text: str) -> dict[str, Any] | None:
+def decode_report(text: str, nonce: str) -> dict[str, Any] | None:
     """The runner's report as SandboxFusion's CodeRunResult (``compile_result``, ``run_result``,
-    ``files``); None when it is cut short or malformed."""
+    ``files``); None when it is cut short, malformed, or not the runner's own: its closing record must
+    carry ``nonce`` (which the program never sees) and end the output. A program that wrote a report of
+    its own into the runner's output (through ``/proc/<runner>/fd/1``, which the runner also closes
+    to it) gets a SandboxError, not the result it wrote.""" 
     data = text.encode("utf-8", "surrogateescape")
     report: dict[str, Any] = {"compile_result": None, "run_result": None, "files": {}}
     i = 0
@@ -287,7 +286,7 @@ def decode_report(text: str) -> dict[str, Any] | None:
             elif kind == "file":
                 report["files"][payloads[0].decode("utf-8", "replace")] = payloads[1].decode("ascii")
             elif kind == "done":
-                return report
+                return report if fields == [nonce] and not data[i:].strip() else None
     except (ValueError, IndexError, UnicodeDecodeError):
         return None
     return None  # no closing record: the output was cut short
