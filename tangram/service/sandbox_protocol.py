@@ -71,8 +71,9 @@ def default_languages() -> dict[str, Language]:
     py_prefix = os.path.realpath(sys.base_prefix)
     return {
         "python": Language("python", "main.py", (py, "{source}"), paths=(py_prefix,)),
-        "cpp": Language("cpp", "main.cpp", ("./main",), compile=("g++", "-std=c++17", "-O2", "{source}", "-o", "main"),
-                        paths=("/usr",)),
+        # SandboxFusion's flags: no optimisation (a borderline solution times out there as here)
+        "cpp": Language("cpp", "main.cpp", ("./main",), compile=("g++", "-std=c++17", "{source}", "-o", "main",
+                                                                 "-lpthread"), paths=("/usr",)),
         "bash": Language("bash", "main.sh", ("bash", "{source}"), paths=("/usr", "/bin")),
     }
 
