@@ -78,7 +78,10 @@ class Dispatcher:
         finally:
             if not task.done():  # the net fired, or this run is cancelled: the executor kills first
                 task.cancel()
-                if await wait_through_cancels(task):
+                cancelled = await wait_through_cancels(task)
+                if not task.cancelled():
+                    task.exception()  # retrieved here; the timeout's path below raises it again
+                if cancelled:
                     raise asyncio.CancelledError()
         if task.cancelled():
             raise ExecutorTimedOut()
