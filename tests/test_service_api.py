@@ -121,11 +121,11 @@ async def test_client_disconnect_cancels_the_action():
 
 async def test_an_action_sent_under_a_key_outlives_its_client_and_the_resubmission_collects_it():
     """A client that loses its connection while its action runs (a proxy's reset) sends it again under
-    the same Idempotency-Key: the action was not cancelled, ran once, and the resubmission answers its
-    result. Without a key the disconnect cancels it (the test above)."""
+    the same Idempotency-Key: the action (with a timeout_s, which bounds it) was not cancelled, ran once,
+    and the resubmission answers its result. Without a key, or a timeout, the disconnect cancels it."""
     async with running_service() as svc, svc.client() as c:
         env = await c.create_environment()
-        body = {"kind": "exec", "environment": env, "command": "sleep 0.6; echo x >> n; wc -l < n"}
+        body = {"kind": "exec", "environment": env, "command": "sleep 0.6; echo x >> n; wc -l < n", "timeout_s": 30}
         headers = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
         async with aiohttp.ClientSession() as s:
             req = asyncio.create_task(s.post(f"{svc.url}/v1/actions", json=body, headers=headers))

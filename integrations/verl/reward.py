@@ -197,7 +197,8 @@ def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environm
     return body
 
 
-def model_action(spec: Mapping[str, Any], *, prompt: str, response: str, ground_truth: Any) -> dict[str, Any]:
+def model_action(spec: Mapping[str, Any], *, prompt: str, response: str, ground_truth: Any,
+                 settings: TangramSettings | None = None) -> dict[str, Any]:
     """The ``model`` action body of a reward-model or teacher reward. A template naming ``{prompt}`` with no
     prompt to put there is refused: the response would be scored without its question."""
     op = str(spec.get("op") or "score")
@@ -216,8 +217,8 @@ def model_action(spec: Mapping[str, Any], *, prompt: str, response: str, ground_
         body["tokens"] = [response or ""]
     else:
         body["inputs"] = [str(spec.get("template") or "{response}").format(**fields)]
-    if spec.get("timeout_s"):
-        body["timeout_s"] = float(spec["timeout_s"])
+    if spec.get("timeout_s") or settings is not None:  # bounded, it is kept under its key if the answer is lost
+        body["timeout_s"] = float(spec.get("timeout_s") or settings.reward_timeout_s)
     if spec.get("profile"):
         body["profile"] = str(spec["profile"])
     return body
@@ -293,7 +294,8 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
     settings = settings or active_settings()
     client = get_client(settings)
     if spec.get("model") and not spec.get("test_command"):
-        body = model_action(spec, prompt=prompt, response=solution or "", ground_truth=ground_truth)
+        body = model_action(spec, prompt=prompt, response=solution or "", ground_truth=ground_truth,
+                            settings=settings)
         kind = "model"
     else:
         body = suite_action(spec, settings, environment=environment, solution=solution)
@@ -363,6 +365,7 @@ async def settle_unscored(fields: Mapping[str, Any], settings: TangramSettings, 
     rollout handed over (it left the idle sweep's registry: nothing else would; a scorer that uses it,
     tangram's own compute_score, deletes it itself)."""
     handed = fields.get("tangram_environment")
+    got: Any = None
     try:
         if fields.get("tangram_error"):
             if hasattr(scoring, "close"):
@@ -370,9 +373,12 @@ async def settle_unscored(fields: Mapping[str, Any], settings: TangramSettings, 
             metrics.publish([dict(x) for x in (fields.get("tangram_trace") or []) if isinstance(x, Mapping)], failed=1)
             raise TangramServiceError(f"tangram service {_trajectory_settings(settings, fields).url}: the rollout "
                                       f"lost an action: {fields['tangram_error']}")
-        return await scoring
+        got = await scoring
+        return got
     finally:
-        if isinstance(handed, str) and handed:
+        info = got.get("reward_extra_info", got) if isinstance(got, Mapping) else None
+        scored_here = isinstance(info, Mapping) and info.get("tangram_status") not in (None, "none")
+        if isinstance(handed, str) and handed and not scored_here:  # a Tangram score deleted it already
             await delete_environment(_trajectory_settings(settings, fields), handed)
 
 

@@ -343,8 +343,10 @@ async def create_environment(settings: TangramSettings, spec: EnvSpec,
                 memory_mb=spec.memory_mb if spec.memory_mb is not None else settings.memory_mb,
                 labels={**labels, **spec.labels, **tag})
         except TangramHTTPError as exc:
-            if transient(exc) and not exc.never_sent:  # it may have been made: look before it is sent again
-                listed = await client._request("GET", "/v1/environments")
+            if exc.status in _TRANSIENT and not exc.never_sent:  # it may have been made (also past the
+                # deadline): look, retrying the look itself, before anything is sent again
+                listed = await retrying(lambda: client._request("GET", "/v1/environments"), settings,
+                                        "looking for an environment whose creation lost its answer")
                 made = [e["id"] for e in listed.get("environments", [])
                         if (e.get("labels") or {}).items() >= tag.items()]
                 if made:

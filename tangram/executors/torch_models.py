@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 OPS = ("score", "logprobs", "embed")
@@ -147,22 +148,45 @@ class ServedModel:
         return out
 
 
-def check_token_ids(module: Any, seqs: Sequence[Sequence[int]]) -> None:
-    """Raise ValueError for a token id outside the model's vocabulary or a sequence longer than its table
-    of learned positions, where the model has them (a transformers model's input embeddings, and its
-    ``embeddings.position_embeddings``, less RoBERTa's offset of ``padding_idx + 1``; rotary positions
-    have no table and no bound here). On a GPU an out-of-range index is a device-side assert that spoils
-    every later call on the device."""
+_POSITION_TABLES = ("position_embeddings", "wpe", "embed_positions")  # BERT/RoBERTa, GPT-2, OPT/BART
+_BOUNDS: "weakref.WeakKeyDictionary[Any, tuple[int | None, int | None]]" = weakref.WeakKeyDictionary()
+
+
+def _id_bounds(module: Any) -> tuple[int | None, int | None]:
+    """(vocabulary size, longest sequence) where the model states them: its input embeddings, and its
+    table of learned positions found among its submodules (a head's model keeps it one level down),
+    less RoBERTa's offset of ``padding_idx + 1`` or OPT's and BART's ``offset``; rotary positions have
+    no table and no bound here."""
+    try:
+        return _BOUNDS[module]
+    except (KeyError, TypeError):
+        pass
     get = getattr(module, "get_input_embeddings", None)
     vocab = getattr(get() if callable(get) else None, "num_embeddings", None)
-    table = getattr(getattr(module, "embeddings", None), "position_embeddings", None)
-    longest = getattr(table, "num_embeddings", None)
-    if isinstance(longest, int) and getattr(table, "padding_idx", None) is not None:
-        longest -= table.padding_idx + 1  # positions count from padding_idx + 1
+    longest = None
+    for name, sub in (module.named_modules() if hasattr(module, "named_modules") else ()):
+        n = getattr(sub, "num_embeddings", None)
+        if name.rsplit(".", 1)[-1] in _POSITION_TABLES and isinstance(n, int):
+            pad = getattr(sub, "padding_idx", None)
+            longest = n - (pad + 1 if pad is not None else 0) - int(getattr(sub, "offset", 0) or 0)
+            break
+    bounds = (vocab if isinstance(vocab, int) else None, longest)
+    try:
+        _BOUNDS[module] = bounds
+    except TypeError:
+        pass
+    return bounds
+
+
+def check_token_ids(module: Any, seqs: Sequence[Sequence[int]]) -> None:
+    """Raise ValueError for a token id outside the model's vocabulary or a sequence longer than its
+    table of learned positions (:func:`_id_bounds`). On a GPU an out-of-range index is a device-side
+    assert that spoils every later call on the device."""
+    vocab, longest = _id_bounds(module)
     for s in seqs:
-        if isinstance(vocab, int) and (bad := next((t for t in s if not 0 <= t < vocab), None)) is not None:
+        if vocab is not None and (bad := next((t for t in s if not 0 <= t < vocab), None)) is not None:
             raise ValueError(f"token id {bad} is outside the model's vocabulary [0, {vocab})")
-        if isinstance(longest, int) and len(s) > longest:
+        if longest is not None and len(s) > longest:
             raise ValueError(f"a sequence of {len(s)} tokens is longer than the model's {longest} positions")
 
 

@@ -118,6 +118,11 @@ class FairGate:
     def total(self) -> int:
         return len(self._job_of) + len(self._by_id)
 
+    @property
+    def closing(self) -> bool:
+        """The service is stopping: what is cancelled now is cancelled by the shutdown."""
+        return self._closed
+
     def check(self, job: str) -> None:
         """Raise :class:`Refused` if ``job`` could not be offered an action now. Cheap, and it writes
         nothing: the service calls it before recording the action, so a refusal costs no write."""

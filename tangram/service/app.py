@@ -10,8 +10,9 @@ A client that disconnects while waiting for its action cancels the action:
 aiohttp cancels the handler when ``handler_cancellation`` is on (as
 ``tangram serve`` runs it) and, whatever the runner's settings, a watcher
 checks the transports of waiting requests a few times a second. An action sent
-with an ``Idempotency-Key`` is not cancelled so: it runs on, and a resubmission
-with the key (after a lost answer) collects its result.
+with an ``Idempotency-Key`` and a ``timeout_s`` is not cancelled so: it runs on,
+bounded by its timeout, and a resubmission with the key (after a lost answer)
+collects its result.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from aiohttp import web
 
 from tangram.core.errors import DemandError, UnavailableError, UnknownActionError, UnschedulableError
 from tangram.runtime import ExecutorFailedError, ExecutorMissingError, Runtime, UnknownEnvironmentError
+from tangram.runtime.environments import quietly
 from tangram.service import sandbox_fusion, wire
 from tangram.service.config import ClusterConfig, default_config
 from tangram.service.admission import FairGate, Refused, job_of
@@ -285,7 +287,7 @@ async def create_environment(request: web.Request) -> web.Response:
                                                   node=nodes[0] if len(nodes) == 1 else rt.engine.placement.get(env_id),
                                                   network=kwargs.get("network", False))
     except BaseException:
-        await asyncio.shield(rt.delete_environment(env_id))
+        await quietly(rt.delete_environment(env_id), f"removing environment {env_id} after its record failed")
         raise
     return web.json_response({"id": env_id}, status=201)
 
@@ -331,9 +333,10 @@ async def post_action(request: web.Request) -> web.Response:
     wait = _flag(request.query.get("wait", "true"), "wait")
     key = _idempotency_key(request)
     kwargs = wire.parse_action(await _json_body(request))
+    kept = key is not None and kwargs.get("timeout_s") is not None  # bounded: it may outlive its client
     store = request.app[STATE_KEY]
     if key is not None and (seen := store.action_for_key(key)) is not None:
-        return await _answer_existing(request, seen, wait)  # a resubmission: never run twice
+        return await _answer_existing(request, seen, wait, kept)  # a resubmission: never run twice
     action = rt.build_action(**kwargs)
     gate = request.app[GATE_KEY]
     job = job_of(request.headers, lambda: request.remote)
@@ -341,7 +344,7 @@ async def post_action(request: web.Request) -> web.Response:
     try:
         store.record_action(action.id, idem_key=key, environment=kwargs.get("environment"))
     except sqlite3.IntegrityError:  # the same key raced in: answer that one
-        return await _answer_existing(request, store.action_for_key(key), wait)
+        return await _answer_existing(request, store.action_for_key(key), wait, kept)
     try:
         action_id = gate.offer(job, action, received)  # no await since the check: the same answer
     except BaseException:
@@ -352,7 +355,7 @@ async def post_action(request: web.Request) -> web.Response:
     if not wait:
         return web.json_response({"id": action_id, "status": gate.held_state(action_id) or rt.state(action_id)},
                                  status=202)
-    return await _wait_for(request, action_id)
+    return await _wait_for(request, action_id, kept)
 
 
 def _idempotency_key(request: web.Request) -> str | None:
@@ -365,7 +368,7 @@ def _idempotency_key(request: web.Request) -> str | None:
     return key
 
 
-async def _answer_existing(request: web.Request, action_id: str, wait: bool) -> web.Response:
+async def _answer_existing(request: web.Request, action_id: str, wait: bool, kept: bool) -> web.Response:
     rt, gate = request.app[RUNTIME_KEY], request.app[GATE_KEY]
     try:
         rt.result(action_id)  # raises for an id this runtime never saw or has forgotten
@@ -380,7 +383,7 @@ async def _answer_existing(request: web.Request, action_id: str, wait: bool) -> 
             return web.json_response(outcome.as_dict())
         return web.json_response({"id": action_id, "status": gate.held_state(action_id) or rt.state(action_id)},
                                  status=202)
-    return await _wait_for(request, action_id)
+    return await _wait_for(request, action_id, kept)
 
 
 def _stored(request: web.Request, action_id: str) -> web.Response:
@@ -394,11 +397,11 @@ def _stored(request: web.Request, action_id: str) -> web.Response:
     return web.json_response(outcome)
 
 
-async def _wait_for(request: web.Request, action_id: str) -> web.Response:
+async def _wait_for(request: web.Request, action_id: str, kept: bool = False) -> web.Response:
+    """The action's outcome once it ends. ``kept``: sent under an Idempotency-Key with a timeout_s, it
+    outlives its client (a resubmission with the key collects it), its timeout the bound."""
     rt, gate = request.app[RUNTIME_KEY], request.app[GATE_KEY]
     waiters = request.app[WAITERS_KEY]
-    # sent under an Idempotency-Key, an action outlives its client: a resubmission with the key collects it
-    kept = request.headers.get("Idempotency-Key") is not None
     if not kept:
         waiters[action_id] = request
     try:

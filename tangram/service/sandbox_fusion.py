@@ -115,6 +115,9 @@ class SandboxFusionEndpoint:
         finally:
             waiters.pop(action_id, None)
             stdin.clear()
+        if outcome.status == "cancelled" and gate.closing:
+            return web.json_response({"error": "the service is stopping", "status": 503}, status=504,
+                                     headers={"Retry-After": "5"})  # a run the shutdown ended: verl retries
         answer = response_of(outcome, nonce)
         outcome.stdout = outcome.stderr = None  # nobody can ask for it again (its id is never given out): free it
         return web.json_response(answer)
