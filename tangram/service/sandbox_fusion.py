@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import secrets
 import logging
 import os
+import secrets
 import shlex
 from pathlib import Path
 from typing import Any
@@ -105,8 +105,7 @@ class SandboxFusionEndpoint:
                 await gate.submitted(action_id)  # held for its job's turn
             except asyncio.CancelledError:
                 if gate.cancelled_outcome(action_id) is not None:  # ended held (the service stops): say so
-                    return web.json_response({"error": "the service is stopping", "status": 503}, status=504,
-                                             headers={"Retry-After": "5"})  # 504: what verl retries
+                    return _stopping()
                 gate.drop(action_id)  # held, or handed to the engine as its client went
                 raise
             except DemandError as exc:  # refused by the engine when its turn came
@@ -115,9 +114,8 @@ class SandboxFusionEndpoint:
         finally:
             waiters.pop(action_id, None)
             stdin.clear()
-        if outcome.status == "cancelled" and gate.closing:
-            return web.json_response({"error": "the service is stopping", "status": 503}, status=504,
-                                     headers={"Retry-After": "5"})  # a run the shutdown ended: verl retries
+        if outcome.status == "cancelled" and gate.closing:  # a run the shutdown ended
+            return _stopping()
         answer = response_of(outcome, nonce)
         outcome.stdout = outcome.stderr = None  # nobody can ask for it again (its id is never given out): free it
         return web.json_response(answer)
@@ -146,6 +144,12 @@ class SandboxFusionEndpoint:
             return _invalid("body", f"malformed JSON: {exc}")
         except RecursionError:
             return _invalid("body", "JSON nested too deeply")
+
+
+def _stopping() -> web.Response:
+    """A call the service's shutdown ended: 504 with Retry-After, which SandboxFusion clients (verl) retry."""
+    return web.json_response({"error": "the service is stopping", "status": 503}, status=504,
+                             headers={"Retry-After": "5"})
 
 
 def response_of(outcome: Any, nonce: str) -> dict[str, Any]:

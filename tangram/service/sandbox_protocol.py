@@ -40,8 +40,6 @@ SANDBOX_FUSION_LANGUAGES = (
     "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest", "junit", "kotlin_script", "jest",
     "verilog", "python_gpu", "lean", "swift", "racket",
 )
-REQUEST_FIELDS = {"code", "language", "compile_timeout", "run_timeout", "memory_limit_MB", "stdin", "files",
-                  "fetch_files", "args"}
 KEY_CHARS = re.compile(r"^[A-Za-z0-9._~-]{16,256}$")  # URL-safe without escaping; long enough to be a secret
 MAX_TIMEOUT_S = 3600.0  # one action's own bound; SandboxFusion has none, an hour is beyond any test case
 
@@ -261,7 +259,7 @@ def decode_report(text: str, nonce: str) -> dict[str, Any] | None:
     ``files``); None when it is cut short, malformed, or not the runner's own: its closing record must
     carry ``nonce`` (which the program never sees) and end the output. A program that wrote a report of
     its own into the runner's output (through ``/proc/<runner>/fd/1``, which the runner also closes
-    to it) gets a SandboxError, not the result it wrote.""" 
+    to it) gets a SandboxError, not the result it wrote."""
     data = text.encode("utf-8", "surrogateescape")
     report: dict[str, Any] = {"compile_result": None, "run_result": None, "files": {}}
     i = 0
