@@ -16,7 +16,6 @@ from tangram.core.engine import Engine
 from tangram.core.estimator import CV_AFTER, DurationEstimator
 from tangram.core.model import Action, Elasticity, Profile
 from tangram.core import restarts
-from tangram.core.restarts import withdraw
 from tangram.executors.local import LocalExecutor
 from tangram.managers.base import AllocationError, CountingManager
 from tangram.managers.cpu import CpuManager, CpuNode
@@ -159,7 +158,7 @@ def test_what_keeps_the_engine_from_restarting(case):
     if case == "wanted by the queue":  # a fixed action of 8 cores waits for the node: the cores are its
         eng.submit(make_action("next", cpu=8, t1=10.0, trajectory="t2"))
     if case == "a cancel on its way":  # the driver is killing its run (Runtime.cancel)
-        withdraw(eng, "s")
+        eng.books.withdraw("s")
     out = eng.complete("wide", "failed" if case == "a failed completion" else "succeeded")
     assert not any(x.restart for x in out)
     assert eng.runs_restarted == 0 and eng.running["s"].dispatch.dop == 1

@@ -72,12 +72,6 @@ def restart_stragglers(eng: Any) -> list[Started]:
     return out
 
 
-def withdraw(eng: Any, action_id: str) -> None:
-    """Never restart ``action_id`` again (the driver is cancelling its run: a restart would only start a
-    run bound to be cancelled, and count it)."""
-    eng.books.withdraw(action_id)
-
-
 def wanted_nodes(lanes: Iterable, nodes: Iterable[str]) -> set[str]:
     """The nodes some waiting CPU action could be placed on (a lane's home, or any it may go to)."""
     nodes = tuple(nodes)

@@ -85,7 +85,8 @@ class RunBooks:
         self.restartable[action_id] = None
 
     def withdraw(self, action_id: str) -> None:
-        """Never offer ``action_id`` for a restart again (its run is being cancelled)."""
+        """Never offer ``action_id`` for a restart again (the driver is cancelling its run: a restart would only
+        start a run bound to be cancelled, and count it)."""
         self.restartable.pop(action_id, None)
 
     def leave(self, action_id: str, pools: Iterable[str], service: str | None) -> None:

@@ -31,8 +31,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 from tangram.core.engine import WAITING, Engine, Started
 from tangram.core.errors import UnavailableError, UnknownActionError, UnschedulableError
 from tangram.core.model import Action, Profile
-from tangram.core.restarts import withdraw
-from tangram.executors.base import CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement, wait_through_cancels
+from tangram.executors.base import (CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement,
+                                    wait_through_cancels)
 from tangram.runtime.actions import ActionOutcome, Timing, build_action
 from tangram.runtime.upstream import requeue_after_429
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
@@ -198,7 +198,7 @@ class Runtime:
             self._launch(started)
         elif job.task is not None:
             job.cancelling = True
-            withdraw(self.engine, action_id)  # a restart now would start a run bound to be cancelled
+            self.engine.books.withdraw(action_id)  # a restart now would start a run bound to be cancelled
             job.task.cancel()  # the task kills the process, then completes the engine
         return True
 
@@ -458,7 +458,7 @@ class Runtime:
                     started += self.engine.cancel(aid)
                     self._finish(job, gone, None, 0.0)
                 elif job.task is not None:
-                    withdraw(self.engine, aid)
+                    self.engine.books.withdraw(aid)
                     tasks.append(job.task)
         while started:  # what a cancel's round started never runs (its job has no task): it ends at once
             s = started.pop()
@@ -469,7 +469,8 @@ class Runtime:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            tasks = [t for job in self._jobs.values() for t in (job.task, *job.stopping) if t is not None and not t.done()]
+            tasks = [t for job in self._jobs.values() for t in (job.task, *job.stopping)
+                     if t is not None and not t.done()]
         if self.keep_environments:
             await self.env_registry.close_keeping(self.engine.close_trajectory)
             for ex in self.env_executors.values():
