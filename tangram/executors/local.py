@@ -413,15 +413,13 @@ class LocalExecutor(EnvironmentExecutor):
                     if group is not None:
                         self._remove_group(group)
             raise
+        cancelled = True  # until the collection says otherwise: failed or cancelled, the group goes now
         try:
             cancelled = await cleanup_through_cancels(track, transport, proto)
-        except BaseException:
-            if group is not None:
+        finally:
+            if cancelled and group is not None:
                 self._remove_group(group)
-            raise
-        if cancelled:  # cancelled while the leftovers died: the group goes all the same
-            if group is not None:
-                self._remove_group(group)
+        if cancelled:
             raise asyncio.CancelledError()
         details["duration_s"] = time.perf_counter() - t0
         rc = transport.get_returncode()

@@ -30,6 +30,7 @@ log = logging.getLogger("tangram.executors.local")
 
 
 EXECUTOR_ENV = ("TANGRAM_DOP", "TANGRAM_ACTION_TOKEN")  # set by the executor; a caller's own are dropped
+_BASH = "/bin/bash" if os.path.exists("/bin/bash") else "bash"  # by path: a caller's PATH cannot choose it
 
 
 def command_argv(command: str, env: Mapping[str, str] | None) -> list[str]:
@@ -46,7 +47,7 @@ def command_argv(command: str, env: Mapping[str, str] | None) -> list[str]:
         if not isinstance(k, str) or not k or "=" in k or "\0" in k or not isinstance(v, str) or "\0" in v:
             raise ValueError(f"env.{k}: a name must be a non-empty string without '=' or NUL, its value a string "
                              "without NUL")
-    bash = ["/bin/bash" if os.path.exists("/bin/bash") else "bash", "-c", command]
+    bash = [_BASH, "-c", command]
     return ["env", "--", *(f"{k}={v}" for k, v in own.items()), *bash] if own else bash
 
 
