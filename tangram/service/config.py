@@ -89,6 +89,7 @@ class ApiPoolConfig:
 
 DEFAULT_MAX_ENVIRONMENTS = 16_384  # a rollout of 1,024 prompts x 8 samples holds 8,192 at once: twice that
 
+
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
     host: str = DEFAULT_HOST
@@ -109,8 +110,8 @@ class ServiceConfig:
     state_dir: str | None = None
     env_ttl_s: float = 3600.0  # an environment unused this long, with nothing running, is reclaimed (0: never)
     keep_results: int = 100_000  # finished outcomes kept; older ids answer 410 Gone
-    # live environments at most (a directory or container each); past it POST /v1/environments is 503 +
-    max_environments: int = DEFAULT_MAX_ENVIRONMENTS  # Retry-After: one caller cannot exhaust containers or disk
+    # live environments at most (a directory or a container each): past it POST /v1/environments is 503
+    max_environments: int = DEFAULT_MAX_ENVIRONMENTS  # with Retry-After: one caller cannot exhaust a node
 
 
 @dataclass(frozen=True, slots=True)
