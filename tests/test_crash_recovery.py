@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,8 @@ async def test_sigkill_then_restart_reattaches_and_fails_in_flight_actions(tmp_p
                     break
                 await asyncio.sleep(0.05)
         srv.kill()
-        (state / "envs" / "here" / "env-orphan").mkdir(parents=True)  # owned, never recorded
+        (state / "envs" / "here" / "env-orphan").mkdir(parents=True)  # made, marked, never recorded
+        _marks(state, state / "envs" / "here").joinpath("env-orphan").touch()
         srv = _serve(state, cfg)
         url = srv.url
         # the sandbox dies with the service (pdeathsig on bwrap, --die-with-parent below it); what a kill
@@ -85,7 +87,51 @@ async def test_sigkill_then_restart_reattaches_and_fails_in_flight_actions(tmp_p
             assert (await s.delete(f"{url}/v1/environments/{eid}")).status == 204
     finally:
         srv.stop(grace_s=30)
-    assert list((state / "envs" / "here").iterdir()) == []
+    assert list((state / "envs" / "here").iterdir()) == []  # no directory, no mark
+
+
+def _marks(state: Path, root: Path) -> Path:
+    """Where the service marks the environment directories it made under ``root`` (owned_dirs.py)."""
+    with sqlite3.connect(state / "state.sqlite3") as db:
+        owner = db.execute("SELECT value FROM meta WHERE key = 'service_id'").fetchone()[0]
+    return root / ".tangram-owned" / owner
+
+
+async def test_a_restart_sweeps_only_what_it_made_in_a_shared_workdir(tmp_path):
+    """A node's ``workdir`` may hold a user's files and another service's environments: a restart's
+    sweep removes only the directories this service made and no longer records."""
+    work = tmp_path / "work"
+    (work / "precious").mkdir(parents=True)
+    (work / "precious" / "file.txt").write_text("mine")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048, isolation: none,\n"
+                   f"      workdir: {work}}}\ngpu_nodes: []\n")
+    states = [tmp_path / "state-a", tmp_path / "state-b"]
+    srvs = [_serve(st, cfg) for st in states]
+    try:
+        ids = []
+        async with aiohttp.ClientSession() as s:
+            for srv in srvs:
+                st, env = await _j(await s.post(f"{srv.url}/v1/environments", json={}))
+                assert st == 201
+                ids.append(env["id"])
+        for srv in srvs:
+            srv.kill()
+        (work / "env-orphan").mkdir()  # service a made it and crashed before recording it
+        _marks(states[0], work).joinpath("env-orphan").touch()
+        srvs = [_serve(states[0], cfg)]
+        assert sorted(p.name for p in work.iterdir() if p.name != ".tangram-owned") == sorted(ids + ["precious"])
+        assert (work / "precious" / "file.txt").read_text() == "mine"
+        async with aiohttp.ClientSession() as s:
+            st, listed = await _j(await s.get(f"{srvs[0].url}/v1/environments"))
+            assert [e["id"] for e in listed["environments"]] == [ids[0]]
+            assert (await s.delete(f"{srvs[0].url}/v1/environments/{ids[0]}")).status == 204
+        assert not (work / ids[0]).exists() and (work / ids[1]).is_dir()  # b's environment waits for b
+        assert not _marks(states[0], work).exists()
+        assert [p.name for p in _marks(states[1], work).iterdir()] == [ids[1]]
+    finally:
+        for srv in srvs:
+            srv.stop(grace_s=30)
 
 
 async def test_graceful_restart_keeps_environments(tmp_path):

@@ -72,6 +72,7 @@ from tangram.executors.base import (
     Placement,
 )
 from tangram.executors import sandbox as sbx
+from tangram.executors.owned_dirs import MARKS_DIR, OwnedMarks
 from tangram.executors.cgroups import (
     CGROUP_V1,
     CGROUP_V2,
@@ -129,6 +130,7 @@ class LocalExecutor(EnvironmentExecutor):
         self._own_root = root is None
         self.root = root or tempfile.mkdtemp(prefix="tangram-envs-")
         os.makedirs(self.root, exist_ok=True)
+        self._marks = OwnedMarks(self.root)  # what this service made under root: all a restart may sweep
         self.requested_isolation = isolation
         self.cgroup_parent = cgroup_parent
         self.kill_grace_s = float(kill_grace_s)
@@ -244,13 +246,14 @@ class LocalExecutor(EnvironmentExecutor):
     async def create_environment(self, env_id: str, *, image: str | None = None, memory_mb: int = 0,
                                  labels: Mapping[str, str] | None = None, network: bool = False) -> None:
         """``network``: the environment asks for a network (granted only if the executor allows it)."""
-        if not isinstance(env_id, str) or not env_id or env_id in (".", "..") or _SAFE.search(env_id):
+        if not isinstance(env_id, str) or not env_id or env_id in (".", "..", MARKS_DIR) or _SAFE.search(env_id):
             raise ValueError(f"env_id: must be a non-empty name of [A-Za-z0-9_.-], got {env_id!r}")
         if network and not self.allow_network and self.sandbox == sbx.SANDBOX:
             raise ValueError("network: this node does not allow environments a network (allow_network)")
         if env_id in self._envs:
             return
         d = os.path.join(self.root, env_id)
+        self._marks.mark(env_id)  # before the directory: a crash between the two leaves nothing unmarked
         os.makedirs(d, exist_ok=True)
         if self._sandbox is not None:
             self._sandbox.prepare_workdir(d)
@@ -259,21 +262,30 @@ class LocalExecutor(EnvironmentExecutor):
 
     async def adopt_environment(self, env_id: str, *, memory_mb: int = 0, network: bool = False) -> bool:
         d = os.path.join(self.root, env_id)
-        if _SAFE.search(env_id) or not os.path.isdir(d):
+        if _SAFE.search(env_id) or env_id == MARKS_DIR or not os.path.isdir(d):
             return False
+        self._marks.mark(env_id)
         self._envs[env_id] = d
         self._env_info[env_id] = (int(memory_mb or 0), bool(network))
         return True
 
+    def set_owner(self, owner: str) -> None:
+        self._marks.set_owner(owner)
+
     async def sweep_unrecorded(self, keep: set[str]) -> list[str]:
+        """Only directories this owner marked: a workdir may hold anything else (owned_dirs.py)."""
         if self._own_root:  # a fresh temporary root holds nothing of a previous run
             return []
         gone = []
-        for name in os.listdir(self.root):
+        for name in self._marks.marked():
+            if name in keep or name in self._envs:
+                continue
             path = os.path.join(self.root, name)
-            if name not in keep and name not in self._envs and os.path.isdir(path):
+            if os.path.isdir(path):
                 await asyncio.to_thread(shutil.rmtree, path, True)
                 gone.append(name)
+            if not os.path.lexists(path):
+                self._marks.unmark(name)
         return gone
 
     def detach(self) -> None:
@@ -285,6 +297,8 @@ class LocalExecutor(EnvironmentExecutor):
         self._env_info.pop(env_id, None)
         if d is not None:
             await asyncio.to_thread(shutil.rmtree, d, True)
+            if not os.path.lexists(d):  # a removal that failed stays marked: a restart's sweep retries it
+                self._marks.unmark(env_id)
 
     async def close(self) -> None:
         for env_id in list(self._envs):
