@@ -198,7 +198,7 @@ def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environm
 
 
 def model_action(spec: Mapping[str, Any], *, prompt: str, response: str, ground_truth: Any,
-                 settings: TangramSettings | None = None) -> dict[str, Any]:
+                 settings: TangramSettings | None = None, trajectory: str | None = None) -> dict[str, Any]:
     """The ``model`` action body of a reward-model or teacher reward. A template naming ``{prompt}`` with no
     prompt to put there is refused: the response would be scored without its question."""
     op = str(spec.get("op") or "score")
@@ -221,6 +221,8 @@ def model_action(spec: Mapping[str, Any], *, prompt: str, response: str, ground_
         body["timeout_s"] = float(spec.get("timeout_s") or settings.reward_timeout_s)
     if spec.get("profile"):
         body["profile"] = str(spec["profile"])
+    if trajectory:  # the rollout it scores: the order credits the trajectory's generation
+        body["trajectory"] = trajectory
     return body
 
 
@@ -287,7 +289,7 @@ def _broken(r: ActionResult, kind: str) -> str | None:
 
 async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | None = None,
                      environment: str | None = None, solution: str | None = None, prompt: str = "",
-                     ground_truth: Any = None) -> tuple[dict[str, Any], ActionResult]:
+                     ground_truth: Any = None, trajectory: str | None = None) -> tuple[dict[str, Any], ActionResult]:
     """Run one reward action described by ``spec`` (in ``environment`` if given, else in a one-shot
     environment with the spec's ``setup_command`` run first); raises :class:`TangramServiceError`
     when the service cannot give a verdict. Returns the result dict and the action's result."""
@@ -295,7 +297,7 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
     client = get_client(settings)
     if spec.get("model") and not spec.get("test_command"):
         body = model_action(spec, prompt=prompt, response=solution or "", ground_truth=ground_truth,
-                            settings=settings)
+                            settings=settings, trajectory=trajectory)
         kind = "model"
     else:
         body = suite_action(spec, settings, environment=environment, solution=solution)
@@ -345,7 +347,8 @@ async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, se
                 trace.append(timing_record("exec", "setup", setup))
         out, r = await run_reward(spec, settings=env_settings if not is_model else settings,
                                   environment=env_id if not is_model else None, solution=text,
-                                  prompt=prompt, ground_truth=ground_truth)
+                                  prompt=prompt, ground_truth=ground_truth,
+                                  trajectory=fields.get("tangram_trajectory") or env_id)
         trace.append(timing_record("model" if is_model else "exec", "reward", r))
         out["tangram_actions"] = float(len(trace))
         metrics.publish(trace)

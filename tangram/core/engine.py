@@ -250,6 +250,9 @@ class Engine:
         self._generating.closed(trajectory)
         return self.schedule()
 
+    def trajectory_busy(self, trajectory: str) -> bool:
+        return self._generating.busy(trajectory)
+
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""
         self._last.forget()  # an explicit re-run re-decides every group

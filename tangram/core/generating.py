@@ -118,6 +118,10 @@ class Generating:
                 self._fixed_cpu[node] = self._fixed_cpu.get(node, 0) + a.demands["cpu"].min
         return fixed
 
+    def busy(self, trajectory: str) -> bool:
+        """An action of ``trajectory`` is in the engine (queued or running)."""
+        return trajectory in self._active
+
     def closed(self, trajectory: str) -> None:
         """The trajectory ended: nothing more will come from it."""
         self._active.pop(trajectory, None)

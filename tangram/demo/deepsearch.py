@@ -27,6 +27,7 @@ import asyncio
 import random
 import statistics
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlencode
@@ -115,10 +116,12 @@ async def run_with_service(client: Any, spec: DeepSearchSpec, questions: list[Qu
                            progress: Callable[[], None] = lambda: None) -> DeepSearchResult:
     """Every search an ``http`` action on API pool ``pool`` of the tangram service behind ``client``."""
 
+    run = uuid.uuid4().hex[:8]  # a name per rollout and run: the order credits each trajectory's generation
+
     async def call(i: int, query: str) -> SearchSample:
         t0 = time.monotonic()
         r = await client.run_action({"kind": "http", "url": search_url(url, query, spec.k), "method": "GET",
-                                     "resources": {"api": pool}, "timeout_s": 600})
+                                     "resources": {"api": pool}, "timeout_s": 600, "trajectory": f"q{i}-{run}"})
         act = time.monotonic() - t0
         status = (r.output or {}).get("status")
         body = (r.output or {}).get("body")

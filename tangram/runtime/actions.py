@@ -99,6 +99,7 @@ def build_action(
     action_id: str | None = None,
     restore_estimate: Callable[[str], Mapping[int, float]] | None = None,
     restartable: bool = False,
+    trajectory: str | None = None,
 ) -> Action:
     """Validate and build an action against what the cluster has.
 
@@ -150,6 +151,8 @@ def build_action(
             raise DemandError("model", f"unknown model {model!r} (served: {sorted(models)})")
     if environment is not None and kind != "exec":
         raise DemandError("environment", "only exec actions run inside an environment")
+    if trajectory is not None and kind == "exec" and trajectory != environment:
+        raise DemandError("trajectory", "an exec action's trajectory is its environment (give the same or none)")
     if environment is not None and environment_memory is not None:
         mem_mb = environment_memory(environment)
     prof = None
@@ -161,7 +164,7 @@ def build_action(
         action_id or uuid.uuid4().hex,
         demands,
         action_class=action_class or profile or kind,
-        trajectory=environment,
+        trajectory=environment if kind == "exec" else trajectory,
         profile=prof,
         mem_mb=mem_mb,
         timeout_s=timeout_s,

@@ -34,6 +34,7 @@ from tangram.core.model import Action, Profile
 from tangram.executors.base import (CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement,
                                     wait_through_cancels)
 from tangram.runtime.actions import ActionOutcome, Timing, build_action
+from tangram.runtime.loose import LooseTrajectories
 from tangram.runtime.upstream import requeue_after_429
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
 from tangram.runtime.environments import Environment, Environments, network_node, quietly
@@ -70,6 +71,7 @@ class Runtime:
         self.clock = engine.clock
         self.dispatcher = Dispatcher(dict(env_executors or {}), http_executor, model_executors)
         self.env_registry = Environments(self.dispatcher.env_executors)
+        self.loose = LooseTrajectories(self.close_trajectory, engine.trajectory_busy)  # http/model trajectories
         # the models the GPU nodes can serve (None: unchecked); an unknown one never reaches a manager
         self.models: frozenset[str] | None = None if models is None else frozenset(models)
         self.profiles: dict[str, Profile] = dict(profiles or {})
@@ -107,14 +109,10 @@ class Runtime:
         kind: str,
         resources: Mapping[str, Any] | None = None,
         *,
-        environment: str | None = None,
-        command: str | None = None,
-        profile: str | None = None,
-        timeout_s: float | None = None,
-        action_class: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-        action_id: str | None = None,
-        restartable: bool = False,
+        environment: str | None = None, command: str | None = None, profile: str | None = None,
+        timeout_s: float | None = None, action_class: str | None = None,
+        payload: Mapping[str, Any] | None = None, action_id: str | None = None,
+        restartable: bool = False, trajectory: str | None = None,
     ) -> Action:
         """Validate and build an action; raises DemandError (naming the field) or UnknownEnvironmentError."""
         return build_action(
@@ -122,7 +120,7 @@ class Runtime:
             executors=self.dispatcher.kinds() | {"exec"},
             environment=environment, environment_memory=lambda e: self.env_registry.get(e).memory_mb,
             command=command, profile=profile, timeout_s=timeout_s, action_class=action_class,
-            payload=payload, action_id=action_id, restartable=restartable,
+            payload=payload, action_id=action_id, restartable=restartable, trajectory=trajectory,
             restore_estimate=next((m.restore_estimate for m in self.engine.managers
                                    if hasattr(m, "restore_estimate")), None))
 
@@ -135,7 +133,7 @@ class Runtime:
             raise RuntimeError("the runtime is closed")
         received_at = self.clock() if received_at is None else received_at
         kind = action.payload.get("kind", "exec")
-        env = self.env_registry.get(action.trajectory) if action.trajectory is not None else None
+        env = self.env_registry.get(action.trajectory) if action.trajectory is not None and kind == "exec" else None
         if action.id in self._jobs:
             raise UnschedulableError("id", f"action {action.id!r} was already submitted")
         job = Job(action, kind, received_at, env, held_s)
@@ -148,6 +146,8 @@ class Runtime:
         job.enqueued_at = self.clock()
         if env is not None:
             env.active.add(action.id)
+        elif action.trajectory is not None and action.trajectory not in self.env_registry:  # else: closes with it
+            self.loose.seen(action.trajectory)
         self._launch(started)
         return action.id
 

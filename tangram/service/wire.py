@@ -21,8 +21,10 @@ from tangram.executors.http import METHODS as HTTP_METHODS
 
 KIND_FIELDS = {
     "exec": {"environment", "command", "env", "restartable"},
-    "http": {"url", "method", "headers", "json", "body"},
-    "model": {"model", "op", "inputs", "tokens"},
+    # trajectory: the rollout an http or model action belongs to (an exec action's is its environment), for
+    # the order's generation credit (docs/scheduling.md)
+    "http": {"url", "method", "headers", "json", "body", "trajectory"},
+    "model": {"model", "op", "inputs", "tokens", "trajectory"},
 }
 COMMON_FIELDS = {"kind", "resources", "profile", "timeout_s", "class"}
 ALL_FIELDS = COMMON_FIELDS.union(*KIND_FIELDS.values())
@@ -32,7 +34,7 @@ MODEL_OPS = ("score", "logprobs", "embed")  # what the torch executor implements
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: what the executor can send
 LIMITS = {
     "depth": 32,  # JSON nesting: a json payload or model input deeper than this is not an action
-    "name": 256,  # class, profile, environment, model, image, method, op, api
+    "name": 256,  # class, profile, environment, trajectory, model, image, method, op, api
     "command": 256 * 1024,
     "env_vars": 256,
     "env_key": 256,
@@ -108,6 +110,8 @@ def parse_action(body: Any) -> dict[str, Any]:
         out["timeout_s"] = float(t)
     if "class" in body:
         out["action_class"] = _string(body["class"], "class", limit=LIMITS["name"])
+    if body.get("trajectory") is not None:
+        out["trajectory"] = _string(body["trajectory"], "trajectory", limit=LIMITS["name"])
     payload: dict[str, Any] = {}
     if kind == "exec":
         if "command" not in body:
