@@ -44,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from datasets_patch.fields import DEFAULT_FIELDS, INSTALL_FIELD
     from datasets_patch.io import FORMATS, DatasetError, read_dataset, write_dataset
+    from datasets_patch.jsonvalues import display_default
     try:
         from datasets_patch.records import patch_record
         from datasets_patch.report import Report
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         try:
             with open(args.report, "w", encoding="utf-8") as fh:
-                json.dump(report.to_dict(), fh, indent=2, ensure_ascii=False, default=str)
+                json.dump(report.to_dict(), fh, indent=2, ensure_ascii=False, default=display_default)
                 fh.write("\n")
         except OSError as exc:
             print(f"tangram patch-dataset: cannot write report {args.report}: {exc}", file=sys.stderr)
@@ -85,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         except DatasetError as exc:
             print(f"tangram patch-dataset: cannot write output {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # the write is atomic: say OUT is intact, no traceback
+            print(f"tangram patch-dataset: interrupted; {args.output} left as it was", file=sys.stderr)
+            return 130
     print(report.format())
     print("dry run: nothing written" if args.dry_run
           else f"wrote {len(ds.records)} records to {args.output}")

@@ -3,13 +3,19 @@
 The format follows the file extension; an unknown extension is sniffed from the
 content. Parquet keeps its schema: columns and struct children we add are
 appended with their inferred types, everything else keeps its original type.
+Writes are atomic (a temporary file renamed into place), so OUT may be IN.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from typing import Any
+
+from datasets_patch.jsonvalues import json_default
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
            ".pq": "parquet"}
@@ -119,27 +125,63 @@ def _read_parquet(path: str) -> Dataset:
 
 
 def write_dataset(path: str, ds: Dataset, fmt: str | None = None) -> None:
+    """Write ``ds`` to ``path`` atomically: a failed or interrupted write leaves it as it was.
+
+    The data goes to a temporary file next to ``path``, which replaces ``path``
+    only once complete, so OUT may safely be IN.
+    """
     fmt = fmt or ds.fmt
+    target = os.path.realpath(path)  # a symlinked OUT: replace its target, keep the link
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise DatasetError(path, "is a directory, expected a file")
+    if not os.path.isdir(folder):
+        raise DatasetError(path, f"cannot write: directory {folder} does not exist")
+    tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        if fmt == "parquet":
-            _write_parquet(path, ds)
-        elif fmt == "json":
-            with open(path, "w", encoding="utf-8") as fh:
-                json.dump(ds.records, fh, ensure_ascii=False, indent=ds.indent)
-                fh.write("\n")
-        else:
-            with open(path, "w", encoding="utf-8") as fh:
-                for rec in ds.records:
-                    fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    except DatasetError:
+        # 0o666 less the umask, as open(path, "w") would give a new file
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        raise DatasetError(path, f"cannot write: {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            _write_to(fh, ds, fmt, path)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if os.path.exists(target):
+            os.chmod(tmp, os.stat(target).st_mode & 0o777)  # keep OUT's mode
+        os.replace(tmp, target)
+    except BaseException as exc:  # Ctrl-C too: never leave the temporary file behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, (OSError, TypeError, ValueError, NotImplementedError)):
+            raise DatasetError(path, f"cannot write: {exc}") from exc
         raise
-    except (OSError, TypeError, ValueError) as exc:
-        raise DatasetError(path, f"cannot write: {exc}") from exc
 
 
-def _write_parquet(path: str, ds: Dataset) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def _write_to(fh, ds: Dataset, fmt: str, path: str) -> None:
+    if fmt == "parquet":
+        _write_parquet(fh, ds, path)
+        return
+    text = io.TextIOWrapper(fh, encoding="utf-8", write_through=True)
+    try:
+        if fmt == "json":
+            json.dump(ds.records, text, ensure_ascii=False, indent=ds.indent, default=json_default)
+            text.write("\n")
+        else:
+            for rec in ds.records:
+                text.write(json.dumps(rec, ensure_ascii=False, default=json_default) + "\n")
+        text.flush()
+    finally:
+        text.detach()  # the caller closes fh
+
+
+def _write_parquet(fh, ds: Dataset, path: str) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # the [datasets] extra is missing
+        raise DatasetError(path, "writing Parquet needs pyarrow (pip install 'arl-tangram[datasets]')") from exc
 
     try:
         inferred = pa.Table.from_pylist(ds.records).schema if ds.records else None
@@ -153,7 +195,7 @@ def _write_parquet(path: str, ds: Dataset) -> None:
     if schema is None:
         raise DatasetError(path, "no records and no schema to write")
     table = pa.Table.from_pylist(ds.records, schema=schema)
-    pq.write_table(table, path)
+    pq.write_table(table, fh)
 
 
 def _merge_schema(orig, inferred):

@@ -119,6 +119,11 @@ def _patch_field(path: str, container: dict, key: str, keep_explicit: bool,
         parts, is_list = [value], False
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         parts, is_list = list(value), True
+    elif isinstance(value, (bytes, bytearray)) or (
+            isinstance(value, (list, tuple)) and any(isinstance(v, (bytes, bytearray)) for v in value)):
+        # a binary column: the rewrite works on text and does not guess an encoding
+        why = f"field {path!r} holds bytes (a binary column); only text commands are patched, left as is"
+        return FieldResult(path, "no_test_command", before=value, notes=[why]), False
     else:
         why = f"field {path!r} holds {type(value).__name__}, expected a string or a list of strings"
         return FieldResult(path, "no_test_command", before=value, notes=[why]), False

@@ -5,6 +5,7 @@ import json
 from collections import Counter, defaultdict
 from typing import Any
 
+from datasets_patch.jsonvalues import display_default
 from datasets_patch.records import RecordResult, repo_of
 from datasets_patch.rewrite import OUTCOMES
 
@@ -80,12 +81,19 @@ class Report:
             for ex in examples:
                 where = f"#{ex['index']} {ex['repo']}"
                 if "field" in ex:
-                    lines.append(f"  {where} {ex['field']}: {json.dumps(ex['before'])[:160]}")
-                    if ex["after"] != ex["before"]:
-                        lines.append(f"    -> {json.dumps(ex['after'])[:160]}")
+                    lines.append(f"  {where} {ex['field']}: {_json(ex['before'])}")
+                    if ex["after"] is not None and ex["after"] != ex["before"]:  # None: skipped
+                        lines.append(f"    -> {_json(ex['after'])}")
+                    elif ex["notes"] and outcome == "no_test_command":
+                        lines.append(f"    ({ex['notes'][0]})")  # why it was skipped
                 else:
                     lines.append(f"  {where}: no test command field")
         return "\n".join(lines)
+
+
+def _json(value: Any) -> str:
+    # field values from Parquet may be bytes, timestamps, ...: shown, never a crash
+    return json.dumps(value, default=display_default)[:160]
 
 
 def _counts(counter: dict) -> str:

@@ -150,7 +150,11 @@ def _patch_pytest(text: str, cmd: Command, runner: Runner, keep_explicit: bool,
             loads_xdist = True
         if value.startswith("-pxdist") or value.startswith("-p=xdist"):
             loads_xdist = True
-        if value in ("-n", "--numprocesses") and j + 1 < len(words):
+        if _missing_count(words, j):
+            # pytest would stop at it anyway; any edit would hide or drop words
+            inv.runner, inv.outcome = "pytest (-n without a value)", "unsupported_runner"
+            return inv
+        if value in ("-n", "--numprocesses"):
             span = (j, j + 1)
             is_ours = value == "-n" and _raw_is_parallel(words[j + 1])
             (ours if is_ours else explicit).append(span)
@@ -185,6 +189,20 @@ def _patch_pytest(text: str, cmd: Command, runner: Runner, keep_explicit: bool,
         else:
             edits.append((_strip_left(text, first.start), last.end, ""))
     return inv
+
+
+def _missing_count(words: list[Word], j: int) -> bool:
+    """``-n`` / ``--numprocesses`` at ``j`` has no value: last word, ``-n=``, or an option next."""
+    value = words[j].value
+    if value in ("-n=", "--numprocesses="):
+        return True
+    if value not in ("-n", "--numprocesses"):
+        return False
+    if j + 1 == len(words):
+        return True
+    nxt = words[j + 1].value
+    # argparse takes "-x" or "--" as the next option, not as -n's value
+    return nxt.startswith("-") and not re.match(r"^-\d", nxt)
 
 
 def _patch_django(text: str, cmd: Command, runner: Runner, keep_explicit: bool,
