@@ -21,8 +21,11 @@ out (every fold keeps every DoP); otherwise, with at least three DoPs, leave one
 samples. Amdahl (fewer degrees of freedom) wins ties: isotonic must beat it by
 ``ISOTONIC_MARGIN`` (10 %); under leave-one-repeat-out a third candidate, the
 per-DoP mean table, must beat the incumbent by the same margin (it is the only
-one that can show a DoP slower than a smaller one). When no cross-validation can run (two DoPs, one sample
-each), E comes straight from the measured means ("table" model):
+one that can show a DoP slower than a smaller one). Without a DoP-1 sample only
+Amdahl may be chosen: T1 is the model's value at m = 1, and only Amdahl's form
+reaches there (isotonic and table would repeat the smallest measured DoP's
+duration). When no cross-validation can run (two DoPs, one sample each), E
+comes straight from the measured means ("table" model):
 ``E(m) = T(1) / (m T(m))``, clipped to (0, 1].
 """
 from __future__ import annotations
@@ -208,6 +211,10 @@ def fit_class(
         return _table_fit(m, t, dops, feas, n, max_cv_error)
     method, folds = cv
     models = _MODELS if method == "leave-one-repeat-out" else (_Amdahl, _Isotonic)
+    if 1 not in dops:
+        # T1 is read off the model at m = 1: isotonic and table would repeat the smallest measured
+        # DoP's duration there (T1 = T(2), E(2) = 0.5); only Amdahl reaches m = 1 by its form
+        models = (_Amdahl,)
     errors = {cls.name: cross_validate(cls, m, t, folds) for cls in models}
     best = "amdahl"  # simplest first; a more flexible model must beat the incumbent by the margin
     for name in ("isotonic", "table"):
@@ -217,6 +224,9 @@ def fit_class(
     if not math.isfinite(err):
         return _table_fit(m, t, dops, feas, n, max_cv_error)
     if err > max_cv_error:
+        if 1 not in dops:
+            return Unfit(f"no DoP-1 sample, and amdahl (the only model that extrapolates to DoP 1) does not fit: "
+                         f"cross-validated relative error {err:.3f} > {max_cv_error}", n, dops, err)
         return Unfit(f"too noisy: {best} cross-validated relative error {err:.3f} > {max_cv_error}", n, dops, err)
     model = _BY_NAME[best]().fit(m, t)
     t1 = float(model.predict(np.array([1.0]))[0])

@@ -4,6 +4,7 @@ Configuration, as YAML (``tangram profile --config sweep.yaml``)::
 
     out: profiles.json            # the profile store (``--out`` overrides)
     executor: auto                # auto (docker if image else local) | local | docker | subprocess
+                                  # (a class with an image needs docker or auto)
     max_cv_error: 1.0             # classes noisier than this are reported unfit
     defaults: {repeats: 3, warmups: 1, dops: [1, 2, 4]}
     classes:
@@ -15,79 +16,24 @@ Configuration, as YAML (``tangram profile --config sweep.yaml``)::
         image: tangram-sandbox:latest
         timeout_s: 600
 
-``classes`` may also be a list of objects with a ``name`` key. Omitted
-``dops`` default to 1, 2, 4, ... up to the cores available.
+``classes`` may also be a list of objects with a ``name`` key; a class may
+be just its command string. Omitted ``dops`` default to 1, 2, 4, ... up to the
+cores available. :mod:`profiling.config` checks all of it before anything
+runs: an unknown or misspelt key, a wrong type, a duplicate class name is an
+error naming the key.
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from profiling.fit import DEFAULT_MAX_CV_ERROR, FitResult, Unfit, fit_class, summarize
+from profiling.config import EXECUTOR_KINDS, SweepConfig, load_config, parse_config  # noqa: F401 - re-exported
+from profiling.fit import FitResult, Unfit, fit_class, summarize
 from profiling.store import ProfileStore, StoreError, entry_from_fit
 from profiling.sweep import ClassOutcome, ClassSpec, SampleLog, make_executor, samples_path, sweep
-
-_SPEC_KEYS = {"command", "workdir", "image", "dops", "repeats", "warmups", "timeout_s", "env"}
-
-
-@dataclass(slots=True)
-class SweepConfig:
-    classes: list[ClassSpec]
-    out: str | None = None
-    executor: str = "auto"
-    max_cv_error: float = DEFAULT_MAX_CV_ERROR
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def parse_config(doc: Mapping[str, Any], *, source: str = "config") -> SweepConfig:
-    if not isinstance(doc, Mapping):
-        raise ValueError(f"{source}: expected a mapping at the top level")
-    defaults = dict(doc.get("defaults") or {})
-    unknown = set(defaults) - _SPEC_KEYS
-    if unknown:
-        raise ValueError(f"{source}: defaults: unknown keys {sorted(unknown)}")
-    raw = doc.get("classes")
-    if isinstance(raw, Mapping):
-        items = [(str(k), v or {}) for k, v in raw.items()]
-    elif isinstance(raw, list):
-        items = []
-        for i, v in enumerate(raw):
-            if not isinstance(v, Mapping) or "name" not in v:
-                raise ValueError(f"{source}: classes[{i}]: needs a 'name'")
-            items.append((str(v["name"]), {k: x for k, x in v.items() if k != "name"}))
-    else:
-        raise ValueError(f"{source}: 'classes' must be a mapping or a list")
-    if not items:
-        raise ValueError(f"{source}: no classes to profile")
-    specs = []
-    for name, body in items:
-        if isinstance(body, str):
-            body = {"command": body}
-        unknown = set(body) - _SPEC_KEYS
-        if unknown:
-            raise ValueError(f"{source}: classes.{name}: unknown keys {sorted(unknown)}")
-        merged = {**defaults, **body}
-        if "command" not in merged:
-            raise ValueError(f"{source}: classes.{name}: 'command' is required")
-        if "env" in merged:
-            merged["env"] = {str(k): str(v) for k, v in (merged["env"] or {}).items()}
-        try:
-            specs.append(ClassSpec(name=name, **merged))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: classes.{name}: {exc}") from None
-    return SweepConfig(classes=specs, out=doc.get("out"), executor=str(doc.get("executor", "auto")),
-                       max_cv_error=float(doc.get("max_cv_error", DEFAULT_MAX_CV_ERROR)))
-
-
-def load_config(path: str) -> SweepConfig:
-    import yaml
-
-    with open(path, encoding="utf-8") as f:
-        doc = yaml.safe_load(f)
-    return parse_config(doc, source=path)
 
 
 @dataclass(slots=True)
@@ -113,22 +59,28 @@ def run_profile(config: SweepConfig, out: str, *, progress: bool = True, restart
                 console=None, err_console=None) -> ProfileRun:
     """Sweep every class, fit, merge into the store at ``out``; report on the consoles."""
     from rich.console import Console
+    from rich.markup import escape  # messages quote user input: never read it as markup
 
     console = console or Console()
     err_console = err_console or Console(stderr=True)
+    problem = preflight(config, out)
+    if problem is not None:  # before a sweep that may take hours, not after it
+        err_console.print(f"[bold red]error[/]: {escape(problem)}", highlight=False)
+        return ProfileRun(None, [], {}, False, 2)
     log_path = samples_path(out)
     existed = log_path.exists()
     if restart and existed:
         log_path.unlink()
         existed = False
     log = SampleLog(log_path)
-    executors: dict[str, Any] = {}
+    executors: dict[tuple[str, str | None], Any] = {}
 
     def executor_for(spec: ClassSpec):
-        kind = config.executor if config.executor != "auto" else ("docker" if spec.image else "local")
-        if kind not in executors:
-            executors[kind] = make_executor(kind, spec)
-        return executors[kind]
+        kind = executor_kind(config, spec)
+        key = (kind, spec.image if kind == "docker" else None)  # a docker executor accepts only its images
+        if key not in executors:
+            executors[key] = make_executor(kind, spec)
+        return executors[key]
 
     async def go():
         try:
@@ -141,12 +93,15 @@ def run_profile(config: SweepConfig, out: str, *, progress: bool = True, restart
             return await sweep(config.classes, executor_for, log)
         finally:
             for ex in executors.values():
-                await ex.close()
+                try:
+                    await ex.close()
+                except Exception as exc:  # noqa: BLE001 - the samples are measured: do not lose them
+                    err_console.print(f"[yellow]warning[/]: closing the {ex.name} executor: {exc}", highlight=False)
 
     outcomes = asyncio.run(go())
     failed = [o for o in outcomes if o.error is not None]
     for o in failed:
-        err_console.print(f"[bold red]error[/]: {o.error}", highlight=False, markup=True)
+        err_console.print(f"[bold red]error[/]: {escape(str(o.error))}", highlight=False, markup=True)
         if o.error.stderr:
             sys.stderr.write(o.error.stderr.rstrip() + "\n")
             sys.stderr.flush()
@@ -169,18 +124,40 @@ def run_profile(config: SweepConfig, out: str, *, progress: bool = True, restart
         else:
             new.put_unfit(o.spec.name, f.reason, samples=f.samples, dops=f.dops,
                           measured={str(d): xs for d, xs in measured.items()}, command=o.spec.command)
-    store = new
-    if os.path.exists(out):
-        try:
-            store = ProfileStore.load(out).merge(new)
-        except (StoreError, OSError) as exc:
-            err_console.print(f"[yellow]warning[/]: {out} is not a readable profile store ({exc}); replacing it")
+    try:  # read again: another run may have written it during the sweep
+        store = ProfileStore.load(out).merge(new) if os.path.exists(out) else new
+    except (StoreError, OSError) as exc:  # it became unreadable meanwhile: never overwrite what we cannot read
+        err_console.print(f"[bold red]error[/]: {escape(f'{out} not written: {exc}')}; the samples are in "
+                          f"{escape(str(log_path))}, rerun to fit them once the store is fixed", highlight=False)
+        return ProfileRun(None, outcomes, fits, False, 1)
     store.save(out)
     print_fit_table(console, store, only=[o.spec.name for o in outcomes if o.spec.name in fits])
     unfit = [n for n, f in fits.items() if isinstance(f, Unfit)]
     for n in unfit:
         err_console.print(f"[bold yellow]unfit[/]: class {n!r}: {fits[n].reason}")
     return ProfileRun(store, outcomes, fits, True, 1 if (failed or unfit) else 0)
+
+
+def executor_kind(config: SweepConfig, spec: ClassSpec) -> str:
+    return config.executor if config.executor != "auto" else ("docker" if spec.image else "local")
+
+
+def preflight(config: SweepConfig, out: str) -> str | None:
+    """Why this sweep cannot run or its result could not be stored, or None."""
+    if config.executor not in EXECUTOR_KINDS:
+        return f"executor: must be one of {', '.join(EXECUTOR_KINDS)}, got {config.executor!r}"
+    for spec in config.classes:
+        kind = executor_kind(config, spec)
+        if spec.image and kind != "docker":
+            return (f"classes.{spec.name}.image: the {kind} executor runs commands on this machine and cannot "
+                    f"run image {spec.image!r}; use executor docker (or auto), or drop the image")
+    if os.path.exists(out):
+        try:
+            ProfileStore.load(out)
+        except (StoreError, OSError) as exc:
+            return (f"{out}: cannot read the existing profile store, so it is left as it is ({exc}); "
+                    "fix or move it, or choose another --out")
+    return None
 
 
 def print_fit_table(console, store: ProfileStore, only: list[str] | None = None) -> None:

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -77,6 +78,9 @@ class ProfileStore:
             raise StoreError(f"{source}: 'classes' and 'unfit' must be objects")
         for name, entry in classes.items():
             validate_entry(entry, where=f"{source}: classes[{name!r}]")
+        for name, info in unfit.items():
+            if not isinstance(info, Mapping):
+                raise StoreError(f"{source}: unfit[{name!r}]: must be an object, got {type(info).__name__}")
         return cls(classes={k: dict(v) for k, v in classes.items()}, unfit={k: dict(v) for k, v in unfit.items()},
                    created=str(data.get("created") or now_iso()), version=STORE_VERSION)
 
@@ -87,15 +91,23 @@ class ProfileStore:
                 data = json.load(f)
         except json.JSONDecodeError as exc:
             raise StoreError(f"{path}: not valid JSON: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise StoreError(f"{path}: not UTF-8 text: {exc}") from None
         return cls.from_dict(data, source=str(path))
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (temp file + rename): a reader never sees half a store."""
+        """Write atomically (temp file + rename): a reader never sees half a store.
+
+        The file keeps its permissions (mkstemp's 0600 would hide a shared store
+        from the service reading it); a new one gets 0644 less the umask.
+        """
         path = os.fspath(path)
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
+        mode = _mode_for(path)
         fd, tmp = tempfile.mkstemp(prefix=".profiles.", suffix=".json", dir=d)
         try:
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(self.to_dict(), f, indent=2, sort_keys=False)
                 f.write("\n")
@@ -133,6 +145,16 @@ class ProfileStore:
 
     def profile(self, name: str):
         return profile_from_entry(self.classes[name])
+
+
+def _mode_for(path: str) -> int:
+    """The permission bits a rewrite of ``path`` should have: its own, or 0644 less the umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)  # the only way to read it: set and put back at once
+        os.umask(umask)
+        return 0o644 & ~umask
 
 
 def validate_entry(entry: Any, *, where: str = "entry") -> None:

@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -33,11 +34,12 @@ from profiling.fit import Sample
 
 
 class SweepError(RuntimeError):
-    """A class's command failed (non-zero exit, not found, timeout)."""
+    """A class could not be measured: its command failed (non-zero exit, not found, timeout), or
+    its environment could not be made (``dop`` None)."""
 
-    def __init__(self, cls: str, dop: int, message: str, stderr: str = ""):
+    def __init__(self, cls: str, dop: int | None, message: str, stderr: str = ""):
         self.cls, self.dop, self.stderr = cls, dop, stderr
-        super().__init__(f"class {cls!r} at DoP {dop}: {message}")
+        super().__init__(f"class {cls!r}{'' if dop is None else f' at DoP {dop}'}: {message}")
 
 
 def available_cores() -> list[int]:
@@ -95,6 +97,19 @@ class ClassSpec:
 
     def dop_list(self) -> list[int]:
         return list(self.dops) if self.dops else default_dops()
+
+
+_UNSAFE_IN_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def environment_id(spec: ClassSpec) -> str:
+    """An environment id executors accept ([A-Za-z0-9_.-]) for any class name.
+
+    Names like ``pytest:django/django`` are sanitised; the hash of the real
+    name keeps two names that sanitise alike apart.
+    """
+    digest = hashlib.sha256(spec.name.encode()).hexdigest()[:8]
+    return f"profile-{_UNSAFE_IN_ID.sub('_', spec.name)[:40]}-{digest}-{os.getpid()}"
 
 
 def samples_path(out: str | os.PathLike) -> Path:
@@ -233,41 +248,56 @@ async def sweep(
         outcomes.append(out)
         points = pending[spec.name]
         if points:
-            executor = executor_for(spec)
-            env_id = f"profile-{spec.name}-{os.getpid()}"
             try:
-                await executor.create_environment(env_id, image=spec.image, labels={"profile": spec.name})
-                try:
-                    if spec.image is not None and spec.workdir is not None:
-                        await copy_workdir(executor, env_id, spec.workdir)
-                    warm_dop = max(spec.dop_list())  # the fastest run warms caches as well as any
-                    for w in range(spec.warmups):
-                        _describe(progress, task, f"{spec.name}: warm-up {w + 1}/{spec.warmups} (dop {warm_dop})")
-                        await run_point(executor, env_id, spec, warm_dop, cores, f"warmup{w}")
-                        _advance(progress, task)
-                    for dop, rep in points:
-                        _describe(progress, task, f"{spec.name}: dop {dop}, repeat {rep + 1}/{spec.repeats}")
-                        secs, res = await run_point(executor, env_id, spec, dop, cores, f"d{dop}r{rep}")
-                        log.append({"class": spec.name, "dop": dop, "repeat": rep, "seconds": secs,
-                                    "fingerprint": spec.fingerprint(), "command": spec.command,
-                                    "workdir": spec.workdir, "image": spec.image, "cores": len(cores),
-                                    "isolation": res.isolation,
-                                    "load1": _load1(),
-                                    "at": time.time()})
-                        out.measured_now += 1
-                        if on_point is not None:
-                            on_point(spec, dop, rep, secs)
-                        _advance(progress, task)
-                finally:
-                    await executor.destroy_environment(env_id)
+                await _measure(spec, points, executor_for, log, cores, out, progress, task, on_point)
             except SweepError as exc:
                 out.error = exc
-                if progress is not None and task is not None:  # the failed class's points will not come
-                    later = specs[specs.index(spec) + 1:]
-                    progress.update(task, total=next(t.completed for t in progress.tasks if t.id == task) + sum(
-                        len(pending[s.name]) + (s.warmups if pending[s.name] else 0) for s in later))
+            except Exception as exc:  # noqa: BLE001 - e.g. an executor that refuses the class: this class only
+                out.error = SweepError(spec.name, None, _describe_exception(exc))
+            if out.error is not None and progress is not None and task is not None:
+                # the failed class's points will not come
+                later = specs[specs.index(spec) + 1:]
+                progress.update(task, total=next(t.completed for t in progress.tasks if t.id == task) + sum(
+                    len(pending[s.name]) + (s.warmups if pending[s.name] else 0) for s in later))
         out.samples = log.samples(spec)
     return outcomes
+
+
+async def _measure(spec: ClassSpec, points: list[tuple[int, int]], executor_for, log: SampleLog,
+                   cores: Sequence[int], out: ClassOutcome, progress, task, on_point) -> None:
+    """One class's warm-ups and pending points, in an environment of its own; each sample logged at once."""
+    executor = executor_for(spec)
+    env_id = environment_id(spec)
+    await executor.create_environment(env_id, image=spec.image, labels={"profile": spec.name})
+    try:
+        if spec.image is not None and spec.workdir is not None:
+            await copy_workdir(executor, env_id, spec.workdir)
+        warm_dop = max(spec.dop_list())  # the fastest run warms caches as well as any
+        for w in range(spec.warmups):
+            _describe(progress, task, f"{spec.name}: warm-up {w + 1}/{spec.warmups} (dop {warm_dop})")
+            await run_point(executor, env_id, spec, warm_dop, cores, f"warmup{w}")
+            _advance(progress, task)
+        for dop, rep in points:
+            _describe(progress, task, f"{spec.name}: dop {dop}, repeat {rep + 1}/{spec.repeats}")
+            secs, res = await run_point(executor, env_id, spec, dop, cores, f"d{dop}r{rep}")
+            log.append({"class": spec.name, "dop": dop, "repeat": rep, "seconds": secs,
+                        "fingerprint": spec.fingerprint(), "command": spec.command,
+                        "workdir": spec.workdir, "image": spec.image, "cores": len(cores),
+                        "isolation": res.isolation,
+                        "load1": _load1(),
+                        "at": time.time()})
+            out.measured_now += 1
+            if on_point is not None:
+                on_point(spec, dop, rep, secs)
+            _advance(progress, task)
+    finally:
+        await executor.destroy_environment(env_id)
+
+
+def _describe_exception(exc: Exception) -> str:
+    # ValueError / OSError messages name their field or file; others need their type to make sense
+    text = str(exc)
+    return text if isinstance(exc, (ValueError, OSError)) and text else f"{type(exc).__name__}: {text}"
 
 
 def _load1() -> float | None:
