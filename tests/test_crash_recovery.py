@@ -363,3 +363,33 @@ def test_the_default_state_key_tells_hosts_and_gpu_or_api_only_services_apart(mo
     here = key(gpu_a)
     monkeypatch.setattr("socket.gethostname", lambda: "another-host-sharing-this-home")
     assert key(gpu_a) != here
+
+
+def test_a_damaged_state_database_is_named_and_holds_no_lock(tmp_path):
+    """A file that is not a database, or a schema version that is not a number, is a clear error naming
+    the file; the directory's lock is released, so the next start (once the file is moved) is not told
+    that another service holds it."""
+    from tangram.service.state import StateError, StateStore
+
+    (tmp_path / "state.sqlite3").write_bytes(os.urandom(8192))
+    with pytest.raises(StateError, match="state.sqlite3 cannot be read"):
+        StateStore(str(tmp_path))
+    (tmp_path / "state.sqlite3").unlink()
+    store = StateStore(str(tmp_path))  # not "in use by another tangram service"
+    store.db.execute("UPDATE meta SET value='x' WHERE key='schema_version'")
+    store.close()
+    with pytest.raises(StateError, match="cannot be read"):
+        StateStore(str(tmp_path))
+    StateStore(str(tmp_path / "other")).close()
+
+
+def test_serve_on_a_damaged_state_database_exits_with_the_reason(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cpu_nodes:\n  - {name: here, executor: local, cores: 1, memory_mb: 2048}\ngpu_nodes: []\n")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "state.sqlite3").write_bytes(b"\x00not a database" * 512)
+    done = subprocess.run([sys.executable, "-m", "tangram.cli", "serve", "--config", str(cfg), "--port", "0",
+                           "--no-auth", "--state-dir", str(tmp_path / "state")], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "service.state_dir" in done.stderr and "cannot be read" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -88,19 +88,26 @@ def _runtime_ctx(factory: RuntimeFactory | None):
 
             raise ConfigError("service.state_dir", str(exc)) from None
         app[STATE_KEY] = store
-        if factory is None:
-            from tangram.service.build import build_runtime
+        runtime = None
+        try:  # a failed start releases what it took: the state's lock, the runtime, the metrics callback
+            if factory is None:
+                from tangram.service.build import build_runtime
 
-            runtime = await build_runtime(app[CONFIG_KEY])
-        else:
-            made = factory(app[CONFIG_KEY])
-            runtime = await made if inspect.isawaitable(made) else made
-        app[RUNTIME_KEY] = runtime
-        app[METRICS_KEY] = ServiceMetrics(runtime)
-        try:
+                runtime = await build_runtime(app[CONFIG_KEY])
+            else:
+                made = factory(app[CONFIG_KEY])
+                runtime = await made if inspect.isawaitable(made) else made
+            app[RUNTIME_KEY] = runtime
+            app[METRICS_KEY] = ServiceMetrics(runtime)
             await reconcile(store, runtime)
         except BaseException:
-            app[METRICS_KEY].close()  # the process's collection callback goes with the failed start
+            try:
+                if METRICS_KEY in app:
+                    app[METRICS_KEY].close()
+                if runtime is not None:
+                    await runtime.close()
+            finally:
+                store.close()
             raise
         runtime.listeners.append(lambda job, outcome: store.finish_action(job.action.id, outcome.as_dict()))
         reap = (asyncio.get_running_loop().create_task(reaper(store, runtime, cfg.service.env_ttl_s))

@@ -21,6 +21,9 @@ from tangram.managers.basic import ADAPTIVE, BOOKS_NEED, CONSERVATIVE
 from tangram.policy.snapshot import (DEFAULT_ARRIVAL_GAP, DEFAULT_GENERATION_CREDIT, DEFAULT_OFFERED_LOAD_CAPS,
                                      DEFAULT_RESTART_GAIN)
 from tangram.service.sandbox_protocol import SandboxFusionConfig, parse_sandbox_fusion
+from tangram.service.config_files import anchored as _anchored
+from tangram.service.config_files import merged as _merged
+from tangram.service.config_files import read_yaml as _read_yaml
 from tangram.service.scheduler_config import parse_scheduler
 from tangram.service.tokens import (  # noqa: F401 - re-exported: where tangram serve and clients find tokens
     DEFAULT_TOKEN_FILE,
@@ -164,38 +167,13 @@ def load_config(path: str | Path | list[str | Path] | tuple[str | Path, ...] | N
         return default_config()
     doc: dict[str, Any] = {}
     for q in paths:
-        part = _read_yaml(Path(q))
-        if isinstance(part.get("profiles"), list):  # relative to the file that names them
-            part = {**part, "profiles": [str((Path(q).parent / f).resolve()) if isinstance(f, str)
-                                         and not os.path.isabs(f) else f for f in part["profiles"]]}
+        part = _anchored(_read_yaml(Path(q)), Path(q).parent)
         doc = _merged(doc, part)
     p = Path(paths[0])
     cfg = parse_config(doc, base_dir=p.parent)
     # relative profile paths are relative to the config file
     profiles = tuple(str((p.parent / q).resolve()) if not os.path.isabs(q) else q for q in cfg.profiles)
     return _replace(cfg, profiles=profiles)
-
-
-def _read_yaml(p: Path) -> Any:
-    import yaml
-
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(str(p), f"cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(p), f"not valid YAML: {exc}") from None
-    doc = {} if doc is None else doc
-    if not isinstance(doc, Mapping):
-        raise ConfigError(str(p), f"must be a mapping of sections, got {type(doc).__name__}")
-    return doc
-
-
-def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merged(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
-    return out
 
 
 def default_config() -> ClusterConfig:
@@ -264,7 +242,8 @@ def _service(raw: Any, where: str, base_dir: str | Path | None = None) -> Servic
         token_file = token_path(_str(m["token_file"], f"{where}.token_file"), base_dir)
         if os.path.exists(token_file):  # else `tangram serve` creates it
             token = read_token_file(token_file, f"{where}.token_file")
-    tls = tuple(_str(m[k], f"{where}.{k}") if m.get(k) is not None else None for k in ("tls_cert", "tls_key"))
+    tls = tuple(token_path(_str(m[k], f"{where}.{k}"), base_dir) if m.get(k) is not None else None
+                for k in ("tls_cert", "tls_key"))  # relative to the config file, as token_file is
     if (tls[0] is None) != (tls[1] is None):
         raise ConfigError(f"{where}.{'tls_key' if tls[1] is None else 'tls_cert'}", "TLS needs both tls_cert and tls_key")
     for k, f in zip(("tls_cert", "tls_key"), tls):

@@ -147,6 +147,8 @@ def read_key_file(path: str, where: str) -> str:
         key = Path(path).read_text().strip()
     except OSError as exc:
         raise FieldError(where, f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise FieldError(where, f"{path} is not UTF-8 text") from None
     return check_key(key, where)
 
 

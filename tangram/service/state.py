@@ -75,16 +75,20 @@ class StateStore:
                 self._lock_fd = None
                 raise StateError(f"state directory {directory} is in use by another tangram service") from None
             path = os.path.join(directory, "state.sqlite3")
-        self.db = sqlite3.connect(path, isolation_level=None)  # autocommit; explicit transactions below
-        if directory is not None:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")  # a committed row survives a power cut
+        self.db = None
         try:
+            self.db = sqlite3.connect(path, isolation_level=None)  # autocommit; explicit transactions below
+            if directory is not None:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=FULL")  # a committed row survives a power cut
             self._migrate()
-        except BaseException:
-            self.close()
+            self.service_id = self._meta("service_id") or self._set_meta("service_id", uuid.uuid4().hex[:12])
+        except BaseException as exc:
+            self.close()  # the lock too: nothing of this store stays held
+            if isinstance(exc, (sqlite3.DatabaseError, ValueError)):  # a damaged file, or rows not ours
+                raise StateError(f"state database {path} cannot be read ({exc}): move it away to start "
+                                 "with an empty state, or point service.state_dir elsewhere") from None
             raise
-        self.service_id = self._meta("service_id") or self._set_meta("service_id", uuid.uuid4().hex[:12])
         self._finished_since_trim = 0
 
     # ------------------------------------------------------------------ #
@@ -217,7 +221,8 @@ class StateStore:
                 "(SELECT seq FROM actions ORDER BY seq DESC LIMIT 1 OFFSET ?)", (EXPIRED, 10 * self.keep_results))
 
     def close(self) -> None:
-        self.db.close()
+        if self.db is not None:
+            self.db.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None

@@ -39,6 +39,8 @@ def read_token_file(path: str, where: str = "token_file") -> str:
         token = Path(path).read_text().strip()
     except OSError as exc:
         raise ConfigError(where, f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(where, f"{path} is not UTF-8 text") from None
     if not token:
         raise ConfigError(where, f"{path} is empty")
     return token
