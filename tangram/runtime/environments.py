@@ -49,6 +49,20 @@ class Environments:
     def __contains__(self, env_id: str) -> bool:
         return env_id in self._envs
 
+    def refusal(self, image: str | None, network: bool) -> tuple[str, str] | None:
+        """``(field, reason)`` when no node's executor (as built: ``executor: auto`` resolved) could make
+        such an environment, else None. A Docker node takes only its allowed images, never a pulled
+        name; a network only where a local node allows it (``allow_network``)."""
+        built = [getattr(ex, "inner", ex) for ex in self.executors.values()]  # scale-out wraps each node's
+        images = {i for ex in built for i in (getattr(ex, "allowed_images", None) or ())}
+        if image is not None and any(getattr(ex, "allowed_images", None) is not None for ex in built) \
+                and image not in images:
+            return "image", f"{image!r} is not an allowed image (allowed: {sorted(images)})"
+        if network and not any(getattr(ex, "name", None) == "local" and getattr(ex, "allow_network", False)
+                               for ex in built):
+            return "network", "no node allows environments a network (cpu_nodes[].allow_network)"
+        return None
+
     def get(self, env_id: str) -> Environment:
         """A registered environment (one-shot ones included); UnknownEnvironmentError otherwise."""
         env = self._envs.get(env_id)

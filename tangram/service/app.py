@@ -274,14 +274,9 @@ async def healthz(request: web.Request) -> web.Response:
 async def create_environment(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME_KEY]
     kwargs = wire.parse_environment(await _json_body(request, optional=True))
-    docker_nodes = [n for n in request.app[CONFIG_KEY].cpu_nodes if n.executor == "docker"]
-    if kwargs.get("image") is not None and docker_nodes:
-        allowed = sorted({i for n in docker_nodes for i in n.allowed_images()})
-        if kwargs["image"] not in allowed:  # never a registry pull of a name a caller chose
-            raise UnschedulableError("image", f"{kwargs['image']!r} is not an allowed image (allowed: {allowed})")
-    if kwargs.get("network") and not any(n.executor == "local" and n.allow_network
-                                         for n in request.app[CONFIG_KEY].cpu_nodes):
-        raise UnschedulableError("network", "no node allows environments a network (cpu_nodes[].allow_network)")
+    # the executors as built (``executor: auto`` resolved): never a registry pull of a name a caller chose
+    if (why := rt.env_registry.refusal(kwargs.get("image"), bool(kwargs.get("network")))) is not None:
+        raise UnschedulableError(*why)
     cap = request.app[CONFIG_KEY].service.max_environments
     if len(rt.environments()) >= cap:  # nothing made; room comes as environments are deleted or reclaimed
         raise Refused(503, f"the service holds {cap} environments (service.max_environments); delete ones "
