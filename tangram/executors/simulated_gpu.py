@@ -144,7 +144,8 @@ class SimulatedGpuExecutor:
 
     def _acquire(self, d: CacheDecision) -> None:
         clash = {dev: self._busy[dev] for dev in d.devices if dev in self._busy}
-        assert not clash, f"one action per GPU: {d.holder} on {d.chunk} clashes with {clash}"
+        if clash:  # an invariant: a real exception, not an assert that `python -O` drops
+            raise AssertionError(f"one action per GPU: {d.holder} on {d.chunk} clashes with {clash}")
         for dev in d.devices:
             self._busy[dev] = d.holder
 

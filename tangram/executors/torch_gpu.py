@@ -329,8 +329,10 @@ class TorchGpuExecutor:
     def _acquire(self, decision: CacheDecision) -> None:
         with self._lock:
             clash = {d: self._busy[d] for d in decision.devices if d in self._busy}
-            assert not clash, f"one action per GPU: {decision.holder} on {decision.chunk} clashes with {clash}"
-            assert decision.chunk.end <= len(self.devices), f"{decision.chunk} past {len(self.devices)} devices"
+            if clash:  # an invariant: a real exception, not an assert that `python -O` drops
+                raise AssertionError(f"one action per GPU: {decision.holder} on {decision.chunk} clashes with {clash}")
+            if decision.chunk.end > len(self.devices):
+                raise AssertionError(f"{decision.chunk} past {len(self.devices)} devices")
             for d in decision.devices:
                 self._busy[d] = decision.holder
 
@@ -365,11 +367,13 @@ def _materialize(master: _Master, device) -> Any:
     non_blocking = device.type == "cuda"
     with torch.no_grad():
         for (name, dst), (sname, s) in zip(replica.named_parameters(), src.named_parameters()):
-            assert name == sname, (name, sname)
+            if name != sname:
+                raise AssertionError(f"replica and master differ: {name!r} against {sname!r}")
             dst.copy_(s, non_blocking=non_blocking)
         # buffers too (not state_dict: non-persistent buffers such as position ids must come along)
         for (name, dst), (sname, s) in zip(replica.named_buffers(), src.named_buffers()):
-            assert name == sname, (name, sname)
+            if name != sname:
+                raise AssertionError(f"replica and master differ: {name!r} against {sname!r}")
             dst.copy_(s, non_blocking=non_blocking)
     return replica.eval()
 
