@@ -15,7 +15,7 @@ def register(sub) -> None:
                    help="built-in name (ai-coding, cpu-contended, deepsearch, mopd, mopd-skewed, mopd+search) or a YAML file")
     p.add_argument("--policy", default="tangram",
                    help="tangram, tangram:fcfs|aging (queue order), trajectory, fixed-dop:N, static-services, "
-                        "serverless, api-naive, api-retry, or all")
+                        "serverless, serverless:fewest, api-naive, api-retry, or all")
     p.add_argument("--cluster", help="YAML file with cpu_nodes/cores_per_node/gpu_nodes/gpus_per_node/api (replaces the workload's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, help="trajectories per step (per job), overriding the workload")

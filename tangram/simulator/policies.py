@@ -15,8 +15,12 @@
 ``static-services`` SGLang-like: every GPU service on its own dedicated replicas
                    (fixed DoP); the engine sees one slot pool per service
 ``serverless``     ServerlessLLM-like: GPU pool shared, every service at its
-                   fixed DoP, loaded on demand from disk, one model per GPU (no
-                   multi-model residency), no affinity in placement
+                   fixed DoP (its ``static-services`` replicas' where the
+                   workload gives one), loaded on demand from disk, one model
+                   per GPU (no multi-model residency), no affinity in placement
+``serverless:fewest`` the same, every service on the fewest GPUs its weights fit
+                   (how ServerlessLLM would be deployed without a static sizing
+                   to copy: more instances, each slower)
 ``api-naive``      API calls bypass the engine's quota manager; the API
                    answers 429 over its limits and callers retry with backoff,
                    giving up after ``max_retries`` (the call fails and its
@@ -38,8 +42,8 @@ from tangram.policy.schedule import plan as elastic_plan
 from tangram.policy.snapshot import Plan, PolicyParams, Snapshot
 from tangram.simulator.errors import WorkloadError
 
-POLICY_NAMES = ("tangram", "tangram:ORDER", "trajectory", "fixed-dop:N", "static-services", "serverless", "api-naive",
-                "api-retry")
+POLICY_NAMES = ("tangram", "tangram:ORDER", "trajectory", "fixed-dop:N", "static-services", "serverless",
+                "serverless:fewest", "api-naive", "api-retry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,7 @@ class PolicySpec:
     gpu_mode: str = "eoe"  # "eoe" | "static" | "serverless"
     api_mode: str = "managed"  # "managed" | "naive"
     api_gives_up: bool = True  # naive: a call fails after the workload's max_retries (False: retries until it succeeds)
+    serverless_fewest: bool = False  # serverless: each service on the fewest GPUs it fits, not its replicas' DoP
 
 
 def _no_affinity(snap: Snapshot) -> Plan:
@@ -73,6 +78,8 @@ def policy_spec(name: str) -> PolicySpec:
         return PolicySpec(name, gpu_mode="static")
     if name == "serverless":
         return PolicySpec(name, plan=_no_affinity, gpu_mode="serverless")
+    if name == "serverless:fewest":
+        return PolicySpec(name, plan=_no_affinity, gpu_mode="serverless", serverless_fewest=True)
     if name == "api-naive":
         return PolicySpec(name, api_mode="naive")
     if name == "api-retry":

@@ -241,8 +241,8 @@ class Simulation:
         return Action.build(rec.id, demands, **kw)
 
     def _serverless_dop(self, cls: ActionClass, svc: str) -> int:
-        opts = self._gpu_options(cls, svc)
-        if svc in self._static and self._static[svc][0] in opts:
+        opts = self._gpu_options(cls, svc)  # the DoPs its weights fit, fewest first
+        if not self.spec.serverless_fewest and svc in self._static and self._static[svc][0] in opts:
             return self._static[svc][0]
         return opts[0]
 
@@ -311,7 +311,8 @@ class Simulation:
                     self._push(w, TICK, None)
             if self.check:
                 self.engine.check_invariants()
-                assert not self.engine.starts_refused, "a manager refused a start the policy planned"
+                if self.engine.starts_refused:  # an invariant: not an assert that `python -O` drops
+                    raise AssertionError("a manager refused a start the policy planned")
 
     def _on_gen(self, tr: _Traj) -> None:
         it = tr.items[tr.idx]
