@@ -141,3 +141,22 @@ async def test_a_half_sent_request_head_is_dropped_and_a_stalled_body_is_408():
                 await asyncio.sleep(0.7)
             async with s.get(f"{svc.url}/healthz") as r:
                 assert r.status == 200
+
+
+async def test_an_idle_keep_alive_connection_is_closed_after_the_service_keepalive(monkeypatch):
+    """Between requests the head deadline does not run; the keep-alive timeout closes an idle connection
+    (aiohttp's own default would hold it for an hour)."""
+    from tangram.service import app as service_app
+
+    monkeypatch.setattr(service_app, "KEEPALIVE_S", 0.5)
+    async with running_service(config()) as svc:
+        reader, writer = await asyncio.open_connection("127.0.0.1", svc.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()  # kept alive
+        length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+        await reader.readexactly(length)
+        rest = await asyncio.wait_for(reader.read(), 5)  # then nothing: the service closes the idle connection
+        writer.close()
+        assert rest == b""

@@ -481,9 +481,12 @@ def _flag(v: str, field: str) -> bool:
 # running
 
 
+KEEPALIVE_S = 75.0  # an idle keep-alive connection is closed then (nginx's default), not after aiohttp's hour
+
+
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start ``app`` on ``host:port`` (0: any free port); returns the runner and the bound port."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=KEEPALIVE_S)
     await runner.setup()
     svc = app[CONFIG_KEY].service
     ctx = tls_context(svc.tls_cert, svc.tls_key) if svc.tls_cert else None
