@@ -129,7 +129,8 @@ def _gpu_count(base, b, shapes, seed):
 
     wl = base.with_batch(b)
     target = run(wl, "static-services", seed)
-    full = wl.cluster.total_gpus
+    # what static-services' replicas hold (the ratio's denominator), not the cluster (mopd leaves 4 idle)
+    full = sum(dop * replicas for dop, replicas in wl.baselines.static.values()) or wl.cluster.total_gpus
     sweep = []
     for nodes, per in shapes:
         try:
@@ -142,7 +143,8 @@ def _gpu_count(base, b, shapes, seed):
                       "lower_bound_mean_act_s": r["lower_bound_mean_act_s"], "step_time_s": r["step_time_s"]})
     ok = [s for s in sweep if "mean_act_s" in s and s["mean_act_s"] <= target["mean_act_s"]]
     match = min((s["gpus"] for s in ok), default=None)
-    return {"batch": b, "static_services_gpus": full, "static_services_mean_act_s": target["mean_act_s"],
+    return {"batch": b, "static_services_gpus": full, "cluster_gpus": wl.cluster.total_gpus,
+            "static_services_mean_act_s": target["mean_act_s"],
             "sweep": sweep, "tangram_matching_gpus": match,
             "fraction_of_gpus": (round(match / full, 3) if match else None)}
 
