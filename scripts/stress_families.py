@@ -231,7 +231,10 @@ def mixed_workload(seed: int, smoke: bool = False) -> dict:
     """One random workload whose trajectories use every kind of resource: a coding agent's shell
     actions and web searches, then its test suite on CPUs and a judge model on GPUs. The ranges are
     the three families' own but for the judges' count and the searches' share (the reason beside each)."""
-    r = random.Random(30_000 + seed)  # apart from the other families' draws
+    # apart from the cpu, gpu and api families' draws, but the same stream as the neighbours' (a slip the
+    # stored runs were drawn with, kept so that they reproduce): the two families read it for different
+    # things, so a mixed draw and a neighbour of the same seed share numbers, not a workload
+    r = random.Random(30_000 + seed)
     # [reason] the gpu family's model sizes; one judge to three (the api family has one, the gpu family
     # 2-8 teachers: a coding job's judges are fewer)
     sizes = [r.choice(TEACHER_SIZES_GB) for _ in range(r.choice([1, 2, 3]))]
