@@ -56,3 +56,9 @@ class UnavailableError(UnschedulableError):
 class UnknownActionError(TangramError, KeyError):
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else "unknown action"
+
+
+def invariant(ok: object, message: str) -> None:
+    """Raise ``AssertionError(message)`` unless ``ok``: a bare ``assert`` is removed by ``python -O``."""
+    if not ok:
+        raise AssertionError(message)

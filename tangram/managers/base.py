@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Iterable, Mapping
 
+from tangram.core.errors import invariant
 from tangram.core.grants import Grant
 from tangram.core.model import Action
 from tangram.managers.buddy import BuddyAllocator, Chunk
@@ -130,11 +131,11 @@ class CountingManager(ResourceManager):
     def check_invariants(self) -> None:
         for name, cap in self._capacity.items():
             held = sum(g.size if isinstance(g, Chunk) else g for g in self._holders[name].values())
-            assert held == self._used[name], f"{name}: holders have {held}, books say {self._used[name]}"
-            assert 0 <= self._used[name] <= cap, f"{name}: used {self._used[name]} of {cap}"
+            invariant(held == self._used[name], f"{name}: holders have {held}, books say {self._used[name]}")
+            invariant(0 <= self._used[name] <= cap, f"{name}: used {self._used[name]} of {cap}")
             buddy = self._buddies.get(name)
             if buddy is not None:
-                assert buddy.free_devices == cap - self._used[name], f"{name}: buddy disagrees"
+                invariant(buddy.free_devices == cap - self._used[name], f"{name}: buddy disagrees")
 
     def held(self) -> Mapping[str, Mapping[str, Any]]:
         return {p: dict(h) for p, h in self._holders.items()}

@@ -67,6 +67,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from tangram.core.errors import invariant
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
 from tangram.core.pools import PoolState
@@ -430,18 +431,18 @@ class BasicManager(ResourceManager):
     def check_invariants(self) -> None:
         for p in self._pools.values():
             held = sum(p.holders.values())
-            assert held == p.in_flight, f"{p.name}: holders have {held}, books say {p.in_flight} in flight"
+            invariant(held == p.in_flight, f"{p.name}: holders have {held}, books say {p.in_flight} in flight")
             lim = p.limit
             if lim.concurrency is not None:
-                assert p.slots_free() + p.in_flight == lim.concurrency, f"{p.name}: concurrency books"
-                assert 0 <= p.in_flight <= lim.concurrency, f"{p.name}: {p.in_flight} in flight of {lim.concurrency}"
+                invariant(p.slots_free() + p.in_flight == lim.concurrency, f"{p.name}: concurrency books")
+                invariant(0 <= p.in_flight <= lim.concurrency, f"{p.name}: {p.in_flight} in flight of {lim.concurrency}")
             if lim.quota is not None:
-                assert 0 <= p.consumed <= lim.quota, f"{p.name}: consumed {p.consumed} of quota {lim.quota}"
-                assert p.quota_left() + p.consumed == lim.quota, f"{p.name}: quota books"
-                assert set(p.live) == set(p.holders), f"{p.name}: in-flight grants disagree with holders"
+                invariant(0 <= p.consumed <= lim.quota, f"{p.name}: consumed {p.consumed} of quota {lim.quota}")
+                invariant(p.quota_left() + p.consumed == lim.quota, f"{p.name}: quota books")
+                invariant(set(p.live) == set(p.holders), f"{p.name}: in-flight grants disagree with holders")
                 if lim.window == SLIDING:
                     counted = sum(g.units for g in p.grants.values())
-                    assert counted == p.consumed, f"{p.name}: window grants {counted}, consumed {p.consumed}"
+                    invariant(counted == p.consumed, f"{p.name}: window grants {counted}, consumed {p.consumed}")
 
     def held(self) -> Mapping[str, Mapping[str, Any]]:
         return {name: dict(p.holders) for name, p in self._pools.items()}

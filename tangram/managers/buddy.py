@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from tangram.core.errors import invariant
 from tangram.core.grants import Chunk  # re-exported: the grant of a GPU pool
 
 MAX_CHUNK = 8
@@ -98,14 +99,18 @@ class BuddyAllocator:
     def _check(self) -> None:
         owner = [0] * self.num_gpus
         for c in self._free | self._allocated:
-            assert c.size in SIZES and c.start % c.size == 0, f"misaligned chunk {c}"
-            assert c.end <= self.num_gpus, f"chunk {c} past the last of {self.num_gpus} GPUs"
+            if c.size not in SIZES or c.start % c.size != 0:
+                raise AssertionError(f"misaligned chunk {c}")
+            if c.end > self.num_gpus:
+                raise AssertionError(f"chunk {c} past the last of {self.num_gpus} GPUs")
             for d in c.devices:
                 owner[d] += 1
-        assert all(n == 1 for n in owner), f"chunks do not tile the GPUs exactly once: {owner}"
-        assert not (self._free & self._allocated)
+        if not all(n == 1 for n in owner):
+            raise AssertionError(f"chunks do not tile the GPUs exactly once: {owner}")
+        invariant(not (self._free & self._allocated), "a chunk is both free and allocated")
         for c in self._free:  # a free chunk whose buddy is free too should have been merged
-            assert c in self._roots or c.buddy() not in self._free, f"unmerged free buddies {c}, {c.buddy()}"
+            if c not in self._roots and c.buddy() in self._free:
+                raise AssertionError(f"unmerged free buddies {c}, {c.buddy()}")
 
 
 def _initial_chunks(n: int) -> list[Chunk]:

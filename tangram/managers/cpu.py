@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from tangram.core.errors import invariant
 from tangram.core.grants import format_cpulist, parse_cpulist  # re-exported
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
@@ -305,12 +306,12 @@ class CpuManager(ResourceManager):
     def check_invariants(self) -> None:
         for name, n in self._nodes.items():
             allocated: list[int] = [c for cs in n.cores_of.values() for c in cs]
-            assert len(allocated) == len(set(allocated)), f"cpu@{name}: a core is granted twice"
-            assert not (set(allocated) & n.free_cores), f"cpu@{name}: a granted core is also free"
-            assert set(allocated) | n.free_cores == set(n.spec.cores), f"cpu@{name}: cores lost or invented"
-            assert len(allocated) + len(n.free_cores) == len(n.spec.cores), f"cpu@{name}: free + allocated != capacity"
-            assert sum(n.mem_of.values()) == n.mem_used, f"mem@{name}: holders disagree with the books"
-            assert 0 <= n.mem_used <= n.spec.memory_mb, f"mem@{name}: {n.mem_used} MiB used of {n.spec.memory_mb}"
+            invariant(len(allocated) == len(set(allocated)), f"cpu@{name}: a core is granted twice")
+            invariant(not (set(allocated) & n.free_cores), f"cpu@{name}: a granted core is also free")
+            invariant(set(allocated) | n.free_cores == set(n.spec.cores), f"cpu@{name}: cores lost or invented")
+            invariant(len(allocated) + len(n.free_cores) == len(n.spec.cores), f"cpu@{name}: free + allocated != capacity")
+            invariant(sum(n.mem_of.values()) == n.mem_used, f"mem@{name}: holders disagree with the books")
+            invariant(0 <= n.mem_used <= n.spec.memory_mb, f"mem@{name}: {n.mem_used} MiB used of {n.spec.memory_mb}")
 
     def held(self) -> Mapping[str, Mapping[str, Any]]:
         out: dict[str, dict[str, Any]] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from tangram.core.errors import invariant
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
 from tangram.managers.buddy import SIZES, BuddyAllocator, Chunk
@@ -172,12 +173,14 @@ class GpuManager(ResourceManager):
             buddy.check()
             cache.check()
             allocated = buddy.allocated()
-            assert sorted(holders.values()) == allocated, f"{pool}: holders {holders} vs buddy {allocated}"
+            if sorted(holders.values()) != allocated:
+                raise AssertionError(f"{pool}: holders {holders} vs buddy {allocated}")
             held = sum(c.size for c in holders.values())
-            assert buddy.free_devices + held == node.num_gpus, f"{pool}: free + allocated != capacity"
+            invariant(buddy.free_devices + held == node.num_gpus, f"{pool}: free + allocated != capacity")
             busy = cache.busy()
             expect = {d: h for h, c in holders.items() for d in c.devices}
-            assert busy == expect, f"{pool}: cache busy devices {busy} vs grants {expect}"
+            if busy != expect:
+                raise AssertionError(f"{pool}: cache busy devices {busy} vs grants {expect}")
 
     def held(self) -> Mapping[str, Mapping[str, Any]]:
         return {p: dict(h) for p, h in self._holders.items()}

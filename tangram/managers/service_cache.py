@@ -165,9 +165,11 @@ class ServiceCache:
         """``holder`` runs on ``chunk`` now: decide hit or miss and the evictions."""
         if holder in self._leases:
             raise ValueError(f"{holder} already holds devices {self._leases[holder].decision.chunk}")
-        assert chunk.end <= self.num_gpus, f"chunk {chunk} past {self.num_gpus} GPUs"
+        if chunk.end > self.num_gpus:  # on every begin: the message is built only when it fails
+            raise AssertionError(f"chunk {chunk} past {self.num_gpus} GPUs")
         clash = {d: self._busy[d] for d in chunk.devices if d in self._busy}
-        assert not clash, f"one action per GPU: {holder} on {chunk} clashes with {clash}"
+        if clash:
+            raise AssertionError(f"one action per GPU: {holder} on {chunk} clashes with {clash}")
         if service is None:  # a plain GPU action: exclusive devices, nothing cached
             decision = CacheDecision(holder, None, chunk, hit=True)
             self._take(holder, decision, confirmed=True)
@@ -218,7 +220,8 @@ class ServiceCache:
             return False
         d = lease.decision
         for dev in d.chunk.devices:
-            assert self._busy.get(dev) == holder, f"device {dev} not held by {holder}"
+            if self._busy.get(dev) != holder:
+                raise AssertionError(f"device {dev} not held by {holder}")
             del self._busy[dev]
         if not lease.confirmed and d.service is not None:
             # the restore failed, timed out or was cancelled: whatever reached the
@@ -258,7 +261,8 @@ class ServiceCache:
             # whole chunk, and part of that is exclusively ours. (A larger instance may
             # still span devices where *other* services run; dropping its copy there
             # only frees memory they are not using.)
-            assert not self._in_use(inst), f"evicting {inst} while it runs"
+            if self._in_use(inst):
+                raise AssertionError(f"evicting {inst} while it runs")
             self._drop(key)
             evicted.append(inst)
             self.stats_.evictions += 1
@@ -267,7 +271,8 @@ class ServiceCache:
             short = {d for d in short if self.free_mb(d) < need}
             if not short:
                 break
-        assert not short, f"cannot free {need} MiB on devices {sorted(short)} of {chunk}"
+        if short:
+            raise AssertionError(f"cannot free {need} MiB on devices {sorted(short)} of {chunk}")
         return evicted
 
     def _in_use(self, inst: Instance) -> bool:
@@ -287,10 +292,14 @@ class ServiceCache:
     def _check(self) -> None:
         used = [0] * self.num_gpus
         for (service, start), inst in self._resident.items():
-            assert inst.chunk.start == start and inst.service == service
+            if inst.chunk.start != start or inst.service != service:
+                raise AssertionError(f"resident key ({service}, {start}) names {inst}")
             for d in inst.chunk.devices:
                 used[d] += inst.mb_per_device
-        assert used == self._used_mb, f"device memory books disagree: {used} != {self._used_mb}"
-        assert all(0 <= u <= self.memory_mb_per_gpu for u in used), f"over capacity: {used}"
+        if used != self._used_mb:
+            raise AssertionError(f"device memory books disagree: {used} != {self._used_mb}")
+        if not all(0 <= u <= self.memory_mb_per_gpu for u in used):
+            raise AssertionError(f"over capacity: {used}")
         holders = {h for h in self._busy.values()}
-        assert holders == set(self._leases), f"busy devices {self._busy} vs leases {sorted(self._leases)}"
+        if holders != set(self._leases):
+            raise AssertionError(f"busy devices {self._busy} vs leases {sorted(self._leases)}")

@@ -29,7 +29,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from tangram.core.engine import WAITING, Engine, Started
-from tangram.core.errors import UnavailableError, UnknownActionError, UnschedulableError
+from tangram.core.errors import UnavailableError, UnknownActionError, UnschedulableError, invariant
 from tangram.core.model import Action, Profile
 from tangram.executors.base import (CANCELLED, FAILED, TIMEOUT, EnvironmentExecutor, ExecResult, Placement,
                                     wait_through_cancels)
@@ -437,11 +437,11 @@ class Runtime:
     def check_whole(self) -> None:
         """Raise AssertionError unless nothing is running and no unit is held (tests, shutdown)."""
         self.engine.check_invariants()
-        assert not self.engine.running, f"still running: {sorted(self.engine.running)}"
+        invariant(not self.engine.running, f"still running: {sorted(self.engine.running)}")
         held = {p: h for m in self.engine.managers for p, h in m.held().items() if h}
         live = {e.id for e in self.env_registry.all()}
         held = {p: h for p, h in held.items() if not p.startswith("mem@") or set(h) - live}
-        assert not held, f"units still held: {held}"
+        invariant(not held, f"units still held: {held}")
 
     async def close(self) -> None:
         """Cancel everything, wait for the executors to kill their work, remove the environments."""
