@@ -127,7 +127,7 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 def _run_one(job: tuple) -> dict | None:
     (family, seed, smoke, margin, books, unprofiled, steps, generation_scale, restartable, params, sim_seed, tolerance,
-     stored) = job
+     stored, also) = job
     raw = draw(family, seed, smoke, margin, books, unprofiled, steps, generation_scale, restartable)
     if raw is None:
         return None
@@ -139,6 +139,7 @@ def _run_one(job: tuple) -> dict | None:
         results = {n: v for n, v in stored["results"].items() if n != "tangram"}
         failed = {n: v for n, v in stored["failed"].items() if n != "tangram"}
         names = ("tangram",)
+    names += tuple(n for n in also if n not in names)
     for name in names:
         spec = policy_spec(name)
         if name == "tangram" and params:
@@ -206,8 +207,12 @@ def main(argv=None) -> int:
                     help="mark every elastic CPU reward restartable (a straggler is restarted wider)")
     ap.add_argument("--baselines-from", metavar="JSON",
                     help="an earlier --json output: reuse its baselines' runs, run tangram alone")
+    ap.add_argument("--also", action="append", default=[], metavar="POLICY",
+                    help="run this baseline too on every draw (e.g. serverless:fewest); repeatable")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    for name in args.also:
+        policy_spec(name)  # an unknown name fails here, not in a worker
     params = dict(args.param)
     PolicyParams(**params)  # a value PolicyParams refuses fails here, not in a worker
     families = FAMILIES if args.family == "all" else (args.family,)
@@ -234,7 +239,7 @@ def main(argv=None) -> int:
                     raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
                                      "(another --smoke, or the ranges changed)")
     jobs = [(f, s, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps, args.generation_scale,
-             args.restartable, params, args.sim_seed, args.tolerance, stored.get((f, s)))
+             args.restartable, params, args.sim_seed, args.tolerance, stored.get((f, s)), tuple(args.also))
             for f in families for s in args.seeds]
     if args.jobs > 1:
         with Pool(args.jobs) as pool:
@@ -243,7 +248,7 @@ def main(argv=None) -> int:
         rows = [r for r in map(_run_one, jobs) if r is not None]
     out = {"params": params, "sim_seed": args.sim_seed, "arrival_margin_s": args.arrival_margin, "books": args.books,
            "unprofiled": args.unprofiled, "steps": args.steps, "generation_scale": args.generation_scale,
-           "restartable": args.restartable,
+           "restartable": args.restartable, "also": args.also,
            "summary": {f: summarize([r for r in rows if r["family"] == f], args.tolerance)
                        for f in families if any(r["family"] == f for r in rows)},
            "workloads": rows}
