@@ -193,9 +193,11 @@ def entry_from_fit(fit, *, measured: Mapping[int, list[float]] | None = None, **
 
 
 def profile_from_entry(entry: Mapping[str, Any], *, max_dop: int | None = None):
-    """The :class:`tangram.core.model.Profile` of a store entry (E as a table)."""
+    """The :class:`tangram.core.model.Profile` of a store entry (E as a table); ``max_dop`` given
+    overrides the entry's own (kept otherwise, as the service reads it)."""
     validate_entry(entry)
-    return dataclasses.replace(parse_entry(entry), max_dop=max_dop)
+    prof = parse_entry(entry)
+    return prof if max_dop is None else dataclasses.replace(prof, max_dop=max_dop)
 
 
 def refine(store: ProfileStore, estimator, *, min_observations: int | None = None) -> dict[str, tuple[float, float]]:

@@ -148,6 +148,8 @@ def test_profile_from_entry_matches_fit():
     assert prof.t1_s == pytest.approx(10.0)
     for m in (1, 2, 3, 4):
         assert prof.elasticity.duration(prof.t1_s, m) == pytest.approx(amdahl(10.0, 0.2, m), rel=1e-9)
+    entry = {**st.classes["suite-a"], "max_dop": 3}  # an entry's own cap is kept, as the service keeps it
+    assert profile_from_entry(entry).max_dop == 3 and profile_from_entry(entry, max_dop=2).max_dop == 2
 
 
 def test_service_loader_reads_our_format(tmp_path):
