@@ -33,7 +33,7 @@ from typing import Any, Mapping
 from profiling.config import EXECUTOR_KINDS, SweepConfig, load_config, parse_config  # noqa: F401 - re-exported
 from profiling.fit import FitResult, Unfit, fit_class, summarize
 from profiling.store import ProfileStore, StoreError, entry_from_fit
-from profiling.sweep import ClassOutcome, ClassSpec, SampleLog, make_executor, samples_path, sweep
+from profiling.sweep import ClassOutcome, ClassSpec, SampleLog, available_cores, make_executor, samples_path, sweep
 
 
 @dataclass(slots=True)
@@ -67,6 +67,13 @@ def run_profile(config: SweepConfig, out: str, *, progress: bool = True, restart
     if problem is not None:  # before a sweep that may take hours, not after it
         err_console.print(f"[bold red]error[/]: {escape(problem)}", highlight=False)
         return ProfileRun(None, [], {}, False, 2)
+    ncores = len(available_cores())
+    for spec in config.classes:  # measured all the same (a small box's curve), but never silently
+        over = [d for d in spec.dop_list() if d > ncores]
+        if over:
+            err_console.print(f"[yellow]warning[/]: {escape(spec.name)}: DoP {', '.join(map(str, over))} run on the "
+                              f"{ncores} cores available: those samples measure oversubscription, and the fit's "
+                              f"E(m) there is not what {max(over)} free cores would give", highlight=False)
     log_path = samples_path(out)
     existed = log_path.exists()
     if restart and existed:

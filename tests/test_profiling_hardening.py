@@ -230,3 +230,15 @@ def test_bad_yaml_is_a_clear_usage_error(tmp_path, capsys, text, needle):
         load_config(str(cfg))
     assert main(["profile", "--config", str(cfg), "--out", str(tmp_path / "p.json"), "--no-progress"]) == 2
     assert needle in " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+
+
+def test_dops_above_the_cores_available_are_warned_of(tmp_path, capsys):
+    from profiling.sweep import available_cores
+    from tangram.cli import main
+
+    over = len(available_cores()) + 1
+    out = tmp_path / "p.json"
+    rc = main(["profile", "--name", "over", "--command", "true", "--workdir", str(tmp_path), "--dop", f"1,{over}",
+               "--repeats", "1", "--warmups", "0", "--out", str(out), "--no-progress", "--max-cv-error", "1e9"])
+    err = capsys.readouterr().err
+    assert rc in (0, 1) and f"DoP {over} run on the {over - 1} cores available" in " ".join(err.split())
