@@ -84,6 +84,12 @@ async def test_cancelling_a_held_action():
             assert (await r.json())["status"] in ("waiting", "cancelled")
         async with s.get(f"{svc.url}/v1/actions/{held['id']}") as r:
             assert (await r.json())["status"] == "cancelled"
+        async with s.get(f"{svc.url}/v1/stats") as r:  # counted where it ended: at the gate
+            assert (await r.json())["admission"]["ended_held"] == {"cancelled": 1, "failed": 0}
+        async with s.get(f"{svc.url}/metrics") as r:
+            text = await r.text()
+        assert 'tangram_admission_ended_total{status="cancelled"} 1.0' in text
+        assert 'tangram_admission_held 0.0' in text and 'tangram_admission_refused_total{code="429"} 0.0' in text
         for aid in (first, second):
             async with s.delete(f"{svc.url}/v1/actions/{aid}") as r:
                 assert r.status in (200, 202)

@@ -84,6 +84,7 @@ class FairGate:
         self._task: asyncio.Task | None = None
         self._closed = False
         self.refused = {429: 0, 503: 0}
+        self.ended_here = {"cancelled": 0, "failed": 0}  # held actions that never reached the engine
         self._job_of: dict[str, str] = {}  # submitted, unfinished action -> its job (the runtime tells its end)
         # mean seconds between two finished actions (moving average): when a refused caller will find room
         self._interval_s: float | None = None
@@ -233,6 +234,7 @@ class FairGate:
         return True
 
     def _ended(self, action_id: str, outcome: dict) -> None:
+        self.ended_here[outcome["status"]] = self.ended_here.get(outcome["status"], 0) + 1
         if self.on_finished is not None:
             try:
                 self.on_finished(action_id, outcome)
@@ -258,7 +260,8 @@ class FairGate:
 
     def stats(self) -> dict:
         return {"held": len(self._by_id), "jobs": len(set(self._live) | set(self._held)), "window": self.window,
-                "max_total": self.max_total, "max_per_job": self.max_per_job, "refused": dict(self.refused)}
+                "max_total": self.max_total, "max_per_job": self.max_per_job, "refused": dict(self.refused),
+                "ended_held": dict(self.ended_here)}
 
     async def close(self) -> None:
         self._closed = True

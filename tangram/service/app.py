@@ -117,6 +117,7 @@ def _runtime_ctx(factory: RuntimeFactory | None):
                                  max_per_job=cfg.service.max_queued_per_job,
                                  window=cfg.service.engine_window or max(64, 4 * cfg.lookahead),
                                  on_finished=store.finish_action)
+        app[METRICS_KEY].watch_gate(app[GATE_KEY])
         try:
             yield
         finally:

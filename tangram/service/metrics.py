@@ -9,7 +9,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from tangram.service.gc_pauses import GcPauses
 
 _ACT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+# overhead holds an environment's set-up too (a container or one-shot environment: seconds)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 2.5, 5,
+                     10, 30)
 
 
 class _PoolCollector:
@@ -51,6 +53,30 @@ class _PoolCollector:
                                   value=eng.starts_refused)
 
 
+class _GateCollector:
+    """The admission gate's books (``/v1/stats`` ``admission``): what waits before the engine, and what
+    ended or was refused there without reaching it (not in ``tangram_actions``, which counts the
+    engine's ends)."""
+
+    def __init__(self, gate: Any):
+        self.gate = gate
+
+    def collect(self):
+        st = self.gate.stats()
+        yield GaugeMetricFamily("tangram_admission_held", "Actions held at the admission gate, not yet handed "
+                                "to the engine (their callers see them waiting)", value=st["held"])
+        refused = CounterMetricFamily("tangram_admission_refused", "Requests refused for now (429: a job's cap, "
+                                      "503: the service's)", labels=["code"])
+        for code, n in sorted(st["refused"].items()):
+            refused.add_metric([str(code)], n)
+        yield refused
+        ended = CounterMetricFamily("tangram_admission_ended", "Held actions that ended at the gate (cancelled, "
+                                    "or failed to be handed over)", labels=["status"])
+        for status, n in sorted(st["ended_held"].items()):
+            ended.add_metric([status], n)
+        yield ended
+
+
 class ServiceMetrics:
     def __init__(self, runtime: Any):
         self.registry = CollectorRegistry(auto_describe=False)
@@ -65,6 +91,9 @@ class ServiceMetrics:
         self.gc_pauses = GcPauses()
         self.registry.register(self.gc_pauses)
         runtime.listeners.append(self.observe)
+
+    def watch_gate(self, gate: Any) -> None:
+        self.registry.register(_GateCollector(gate))
 
     def close(self) -> None:
         self.gc_pauses.close()  # its callback is the process's: an app's end takes its own out
