@@ -141,3 +141,27 @@ def test_a_validation_logged_on_its_own_gets_its_own_tangram_metrics():
     other = {"perf/throughput": 1.0}  # any other log is left alone
     Tracking("p", "e", default_backend=[]).log(data=other, step=1)
     assert other == {"perf/throughput": 1.0}
+
+
+async def test_a_sample_verls_scorer_scores_still_counts_its_rollouts_tool_calls():
+    """A sample without a tangram reward (verl's scorer scores it) ran its tool calls through tangram: they
+    count into the step's tangram/* metrics, once; a sample tangram scored publishes its own."""
+    from integrations.verl import metrics
+    from integrations.verl.config import TangramSettings
+    from integrations.verl.reward import settle_unscored
+
+    metrics.drain()
+    trace = [{"kind": "exec", "name": "shell", "exec_s": 2.0, "queued_s": 0.5, "overhead_s": 0.1, "dop": 1}] * 3
+
+    async def verl_scores():
+        return {"score": 1.0, "acc": 1.0}
+
+    got = await settle_unscored({"tangram_trace": trace}, TangramSettings(), verl_scores())
+    assert got["score"] == 1.0
+    assert metrics.drain()["tangram/actions"] == 3
+
+    async def tangram_scored():
+        return {"score": 1.0, "tangram_status": "succeeded"}
+
+    await settle_unscored({"tangram_trace": trace}, TangramSettings(), tangram_scored())
+    assert metrics.drain()["tangram/actions"] == 0  # counted by tangram's own reward path instead

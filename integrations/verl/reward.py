@@ -368,12 +368,13 @@ async def settle_unscored(fields: Mapping[str, Any], settings: TangramSettings, 
     rollout handed over (it left the idle sweep's registry: nothing else would; a scorer that uses it,
     tangram's own compute_score, deletes it itself)."""
     handed = fields.get("tangram_environment")
+    trace = [dict(x) for x in (fields.get("tangram_trace") or []) if isinstance(x, Mapping)]
     got: Any = None
     try:
         if fields.get("tangram_error"):
             if hasattr(scoring, "close"):
                 scoring.close()  # never awaited
-            metrics.publish([dict(x) for x in (fields.get("tangram_trace") or []) if isinstance(x, Mapping)], failed=1)
+            metrics.publish(trace, failed=1)
             raise TangramServiceError(f"tangram service {_trajectory_settings(settings, fields).url}: the rollout "
                                       f"lost an action: {fields['tangram_error']}")
         got = await scoring
@@ -381,6 +382,8 @@ async def settle_unscored(fields: Mapping[str, Any], settings: TangramSettings, 
     finally:
         info = got.get("reward_extra_info", got) if isinstance(got, Mapping) else None
         scored_here = isinstance(info, Mapping) and info.get("tangram_status") not in (None, "none")
+        if trace and not scored_here and not fields.get("tangram_error"):  # tangram's scorer publishes its own
+            metrics.publish(trace)  # the rollout's tool calls count into the step whoever scores the sample
         if isinstance(handed, str) and handed and not scored_here:  # a Tangram score deleted it already
             await delete_environment(_trajectory_settings(settings, fields), handed)
 
