@@ -364,3 +364,42 @@ def test_the_restart_table_is_the_stored_runs():
             want = [str(run["sim_seed"]),
                     f"{s['losing_workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"]
             assert quoted[(plain, mark)] == want + [_over_best(s, m) for m in MEASURES], (plain, mark)
+
+
+def test_the_serverless_fewest_table_is_the_stored_runs():
+    """Each family's run with --also serverless:fewest against the stored run it took its baselines from:
+    tangram identical, the counts of the table computed."""
+    doc = (RESULTS / "README.md").read_text()
+    section = _section(doc, "### `serverless` on the fewest GPUs", "Where it wins, it wins by little")
+    sources = {"gpu": "sim-seed-0.json", "api": "api-adaptive-books-sim-seed-0.json", "mixed": "mixed-sim-seed-0.json"}
+    for family, source in sources.items():
+        run = json.loads((STRESS / f"{family}-serverless-fewest-sim-seed-0.json").read_text())
+        base = json.loads((STRESS / source).read_text())
+        old = {r["seed"]: r for r in base["workloads"] if r["family"] == family}
+        assert run["also"] == ["serverless:fewest"] and run["sim_seed"] == base["sim_seed"] == 0
+        for r in run["workloads"]:
+            assert r["results"]["tangram"] == old[r["seed"]]["results"]["tangram"]
+            assert {k: v for k, v in r["results"].items() if k != "serverless:fewest"} == old[r["seed"]]["results"]
+
+        def count(s):
+            return f"{s['losing_workloads']} ({s['losing_like_for_like']}; {s['dominated_workloads']})"
+
+        losing = [r["seed"] for r in run["workloads"] if any(x["baseline"] == "serverless:fewest" for x in r["losses"])]
+        dominated = [r["seed"] for r in run["workloads"] if "serverless:fewest" in r["dominated_by"]]
+        cell = f"{', '.join(map(str, losing))} ({', '.join(map(str, dominated))})" if losing else "none"
+        want = [count(base["summary"][family]), count(run["summary"][family]), cell]
+        (row,) = [line for line in section.splitlines() if line.startswith(f"| {family} |")]
+        assert [c.strip() for c in row.strip().strip("|").split("|")][1:] == want
+
+
+def test_serverless_fewest_is_behind_tangram_on_the_built_ins_where_the_docs_say():
+    """Two points of the built-in sweep rerun: serverless:fewest behind the stored tangram on every measure."""
+    from tangram.simulator.sim import simulate
+    from tangram.simulator.workload import load_workload
+
+    sweep = json.loads((RESULTS / "load-sweep-all" / "results.json").read_text())["load_sweep"]["workloads"]
+    for workload in ("mopd", "deepsearch"):
+        (row,) = [r for r in sweep[workload]["rows"] if r["batch"] == 256]
+        tangram = row["results"]["tangram"]
+        fewest = simulate(load_workload(workload).with_batch(256), "serverless:fewest", seed=0).summary
+        assert all(fewest[m] >= tangram[m] for m in MEASURES), (workload, fewest, tangram)
