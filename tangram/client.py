@@ -6,7 +6,7 @@ is the client's deadline for one request (``None``: none), a per-call
 ``timeout_s`` overrides it, and a request that runs past it raises
 :class:`TangramHTTPError` with status 0 and ``timed_out`` set. Retries are
 limited to what is safe: connection errors on idempotent requests (GET,
-DELETE), and on any request when the connection could not even be opened
+DELETE, HEAD), and on any request when the connection could not even be opened
 (nothing was sent). A ``POST /v1/actions`` whose request went out is never
 retried: the action may already be running, and running it twice is worse
 than reporting the error; one sent with an ``idempotency_key`` is retried on a
