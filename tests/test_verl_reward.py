@@ -392,3 +392,11 @@ def test_action_bodies_follow_the_wire_contract():
     assert m == {"kind": "model", "model": "rm", "op": "score", "inputs": ["p|r"], "resources": {"gpu": [1, 2]}}
     assert R.model_score([[0.5]]) == 0.5 and R.model_score({"scores": [2]}) == 2.0
     assert R.pytest_counts("x\n2 passed, 1 failed in 0.3s\n") == {"passed": 2, "failed": 1}
+
+
+def test_a_model_reward_names_the_trajectory_it_scores():
+    from integrations.verl.reward import model_action
+
+    spec = {"model": "judge", "template": "{response}"}
+    assert model_action(spec, prompt="", response="r", ground_truth=None, trajectory="env-1")["trajectory"] == "env-1"
+    assert "trajectory" not in model_action(spec, prompt="", response="r", ground_truth=None)

@@ -151,11 +151,23 @@ async def test_call_outside_a_trajectory_drops_its_environment_with_the_instance
     await close_clients()
 
 
-async def test_api_tool_goes_through_the_api_pool(tools, service, search_api):
+async def test_api_tool_goes_through_the_api_pool(tools, service, search_api, monkeypatch):
+    from tangram.client import TangramClient
+
+    sent = []
+    original = TangramClient.run_action
+
+    async def recording(self, body, **kw):
+        sent.append(body)
+        return await original(self, body, **kw)
+
+    monkeypatch.setattr(TangramClient, "run_action", recording)
     api = tools["search"]
     api.config["endpoint"] = search_api
     traj = SimpleNamespace(request_id="req-api")
     outs = await asyncio.gather(*[_call(api, {"query": f"q{i}"}, traj) for i in range(3)])
+    # each call names its rollout, so the service's order credits the trajectory's generation
+    assert [b.get("trajectory") for b in sent] == ["req-api"] * 3
     for i, (resp, _, metrics) in enumerate(outs):
         assert f"result for q{i}" in resp.text
         assert metrics["status"] == "succeeded" and metrics["kind"] == "http"
