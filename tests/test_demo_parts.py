@@ -37,7 +37,7 @@ def test_ratios_say_when_a_difference_is_inside_the_spread():
     assert set(r) == {"a", "b"}
     assert r["a"]["within_spread"]["mean_act"] and r["a"]["mean_act"] == round(1.3 / 1.1, 3)
     assert not r["b"]["within_spread"]["step_time"] and r["b"]["step_time"] == 2.0
-    assert "within the spread" in verdict("a", r["a"]) and "tangram better" in verdict("b", r["b"])
+    assert "within noise" in verdict("a", r["a"]) and "tangram better" in verdict("b", r["b"])
     doc = document("coding", {"tangram": ref, "a": overlapping}, reference="tangram", projection=None, extra=1)
     assert doc["workload"] == "coding" and doc["ratios"]["a"] == r["a"] and doc["extra"] == 1
 

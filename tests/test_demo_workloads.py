@@ -52,7 +52,7 @@ def test_workload_flags_are_checked(tmp_path):
 def test_mopd_demo_evicts_and_restores_real_teachers(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("gguf", reason="pip install -r scripts/test-requirements.txt")
-    doc = run_demo(tmp_path, "--workload", "mopd", "--trajectories", "2", "--gap-s", "0.05")
+    doc = run_demo(tmp_path, "--workload", "mopd", "--trajectories", "2", "--gap-s", "0.05", "--repeats", "1")
     assert doc["workload"] == "mopd" and set(doc) >= {"policies", "ratios", "projection", "machine"}
     pols = doc["policies"]
     assert set(pols) == {"tangram", "static"}

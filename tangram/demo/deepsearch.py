@@ -183,11 +183,13 @@ def summarize(r: DeepSearchResult, run_no: int = 0) -> dict[str, Any]:
         "caller_429s": sum(s.caller_429s for s in r.samples),
         "retries": sum(s.retries for s in r.samples),
         "failed": sum(not s.ok for s in r.samples),
+        # failed on a 429 with no retry left (a naive caller's designed give-up; a 429 seen per retry + the last)
+        "gave_up": sum(not s.ok and s.caller_429s > s.retries for s in r.samples),
     }
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-COUNTS = ("searches", "caller_429s", "retries")  # summed over runs (the rest: medians, results.policy_entry)
+COUNTS = ("searches", "caller_429s", "retries", "gave_up")  # summed over runs (the rest: medians, results.policy_entry)
 
 
 def policy_summary(runs: list[DeepSearchResult]) -> dict[str, Any]:

@@ -30,17 +30,34 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
+# as the pods' actions (tangram: 120 s a shell action, 600 s the reward): past it, killed, and a failed action
+ACTION_TIMEOUT_S = 600
+
+
 def _make_task(ray):
     # defined here, pickled by value: Ray's workers need nothing but the standard library
-    def run_action(cwd: str, command: str, dop: int) -> tuple[int, float, str]:
+    def run_action(cwd: str, command: str, dop: int, timeout_s: float = 600) -> tuple[int, float, str]:
+        """Run ``command``; a command past ``timeout_s`` is killed (its process group) and fails, exit 124."""
         import os as _os
+        import signal
         import subprocess
         import time as _time
 
         t = _time.perf_counter()
-        proc = subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True,
-                              env={**_os.environ, "TANGRAM_DOP": str(dop)}, timeout=600)
-        return proc.returncode, _time.perf_counter() - t, proc.stderr[-2000:]
+        with subprocess.Popen(["bash", "-c", command], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**_os.environ, "TANGRAM_DOP": str(dop)},
+                              start_new_session=True) as proc:
+            try:
+                _, err = proc.communicate(timeout=timeout_s)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                try:
+                    _os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                _, err = proc.communicate()
+                rc, err = 124, (err or "") + f"\ntimed out after {timeout_s} s"
+        return rc, _time.perf_counter() - t, (err or "")[-2000:]
 
     return ray.remote(run_action)
 
@@ -85,7 +102,10 @@ class RayTasks:
 
         async def action(i: int, kind: str, cwd: str, cmd: str, dop: int) -> bool:
             issued = time.perf_counter()
-            rc, exec_s, err = await self.task.options(num_cpus=dop).remote(cwd, cmd, dop)
+            try:
+                rc, exec_s, err = await self.task.options(num_cpus=dop).remote(cwd, cmd, dop, ACTION_TIMEOUT_S)
+            except Exception:  # the task itself failed (a worker died, ...): a failed action, not a dead demo
+                rc, exec_s = -1, time.perf_counter() - issued
             act = time.perf_counter() - issued
             result.samples.append(ActionSample(i, kind, act, max(0.0, act - exec_s), exec_s, dop, rc == 0))
             return rc == 0

@@ -5,7 +5,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
-from tangram.demo.results import HEADLINE, percentile, verdict
+from tangram.demo.results import HEADLINE, one_run_note, percentile, verdict
 from tangram.demo.rollout import RolloutResult
 
 LABELS = {"tangram": "tangram", "ray-tasks": "Ray tasks", "trajectory": "pods (trajectory)"}
@@ -41,7 +41,7 @@ def print_table(console, policies: Mapping[str, Mapping[str, Any]], ratios: Mapp
     from rich.table import Table
 
     runs = max(len(p["runs"]) for p in policies.values())
-    t = Table(title=f"Agentic-coding rollout on this machine: medians of {runs} interleaved runs [min..max]")
+    t = Table(title=f"Agentic-coding rollout on this machine: medians of {runs} interleaved runs \\[min..max]")
     t.add_column("policy")
     for key, name in (("mean_act_s", "mean ACT"), ("p50_act_s", "p50 ACT"), ("p99_act_s", "p99 ACT"),
                       ("step_time_s", "step time")):
@@ -49,12 +49,19 @@ def print_table(console, policies: Mapping[str, Mapping[str, Any]], ratios: Mapp
     t.add_column("mean queue (s)", justify="right")
     t.add_column("core util", justify="right")
     t.add_column("reward DoP", justify="right")
+    t.add_column("failed (sum)", justify="right")
     for name, p in policies.items():
         cells = [f"{p[k]:.2f} [{p['spread'][k][0]:.2f}..{p['spread'][k][1]:.2f}]" for k in HEADLINE]
         t.add_row(LABELS.get(name, name), *cells, f"{p['mean_queue_s']:.2f}", f"{100 * p['core_utilisation']:.0f}%",
-                  f"{p.get('reward_mean_dop', 0):.1f}")
+                  f"{p.get('reward_mean_dop', 0):.1f}", f"{p['failed']} of {sum(r['actions'] for r in p['runs'])}")
     console.print(t)
-    console.print("ratios are baseline / tangram (> 1: tangram lower, i.e. better; every metric: lower is better)")
+    console.print(f"every column but failed: the median of the {runs} runs \\[min..max]; failed: actions failed, summed "
+                  "over the runs (a failed action's ACT, often short, is in the means and percentiles)")
+    console.print("ratios are baseline / tangram (> 1: tangram lower, i.e. better; every metric: lower is better); "
+                  "better/worse only where both ran at least twice and their min..max do not overlap")
+    note = one_run_note(min(len(p["runs"]) for p in policies.values()))
+    if note:
+        console.print(f"[yellow]{note}[/]")
     for name, r in ratios.items():
         console.print("  " + verdict(LABELS.get(name, name), r, reference))
 

@@ -35,22 +35,58 @@ def _progress(console, label: str, total: int):
     return tick
 
 
-def _table(console, title: str, doc: dict, extra: list[tuple[str, str, str]]) -> None:
+def _cell(s: dict, key: str, fmt: str) -> str:
+    if s.get(key) is None:
+        return "-"
+    lo_hi = (s.get("spread") or {}).get(key)
+    return fmt.format(s[key]) + (f" [{fmt.format(lo_hi[0])}..{fmt.format(lo_hi[1])}]" if lo_hi else "")
+
+
+def _table(console, title: str, doc: dict, extra: list[tuple[str, str, str]], total: str) -> None:
+    """Headline columns: median [min..max] over the runs; ``extra`` columns say in their name what they are
+    (sum, median, max over runs); ``total``: the policy field counting its actions over all runs."""
     from rich.table import Table
 
-    t = Table(title=title)
-    cols = [("mean ACT (s)", "mean_act_s", "{:.3f}"), ("p50 ACT (s)", "p50_act_s", "{:.3f}"),
-            ("p99 ACT (s)", "p99_act_s", "{:.3f}"), ("step time (s)", "step_time_s", "{:.2f}"), *extra]
-    t.add_column("policy")
-    for name, _, _ in cols:
-        t.add_column(name, justify="right")
-    for policy, s in doc["policies"].items():
-        t.add_row(policy, *("-" if s.get(k) is None else fmt.format(s[k]) for _, k, fmt in cols))
-    console.print(t)
-    from tangram.demo.results import verdict
+    from tangram.demo.results import one_run_note, verdict
 
+    runs = max(len(s["runs"]) for s in doc["policies"].values())
+    t = Table(title=f"{title}: medians of {runs} runs \\[min..max]")
+    cols = [("mean ACT (s)", "mean_act_s", "{:.3f}"), ("p50 ACT (s)", "p50_act_s", "{:.3f}"),
+            ("p99 ACT (s)", "p99_act_s", "{:.3f}"), ("step time (s)", "step_time_s", "{:.2f}")]
+    t.add_column("policy")
+    for name, _, _ in [*cols, *extra]:
+        t.add_column(name, justify="right")
+    t.add_column("failed (sum)", justify="right")
+    for policy, s in doc["policies"].items():
+        t.add_row(policy, *(_cell(s, k, fmt) for _, k, fmt in cols),
+                  *("-" if s.get(k) is None else fmt.format(s[k]) for _, k, fmt in extra),
+                  f"{s['failed']} of {s[total]}")
+    console.print(t)
+    console.print(f"ACT and step time: the median of the {runs} runs \\[min..max]; (sum): summed over the runs, "
+                  "(median)/(max): over the runs; a failed action's ACT, often short, is in the means and "
+                  "percentiles")
+    note = one_run_note(min(len(s["runs"]) for s in doc["policies"].values()))
+    if note:
+        console.print(f"[yellow]{note}[/]")
     for name, r in (doc.get("ratios") or {}).items():
         console.print(verdict(name, r, doc.get("reference", "tangram")))
+
+
+def failures(doc: dict) -> tuple[list[str], bool]:
+    """A warning per policy that failed actions, and whether any failure is an error: any of the
+    reference's, or a baseline's beyond the give-ups it is built to make (``gave_up``: a naive caller
+    out of retries on a 429)."""
+    ref = doc.get("reference", "tangram")
+    lines, error = [], False
+    for name, p in doc["policies"].items():
+        n = p.get("failed") or 0
+        if not n:
+            continue
+        gave_up = 0 if name == ref else min(n, p.get("gave_up") or 0)
+        why = f" ({gave_up} gave up on a 429 after its retries)" if gave_up else ""
+        lines.append(f"{name}: {n} actions failed{why}; their ACTs are in its means")
+        error = error or n > gave_up
+    return lines, error
 
 
 def run_workload(args: argparse.Namespace) -> int:
@@ -80,10 +116,10 @@ def run_workload(args: argparse.Namespace) -> int:
         console.print(f"note: {note}")
     if args.json:
         print(json.dumps(doc))
-    failed = doc["policies"]["tangram"]["failed"]
-    if failed:
-        console.print(f"[red]{failed} tangram actions failed[/]")
-    return 1 if failed else 0
+    lines, error = failures(doc)
+    for line in lines:
+        console.print(f"[red]{line}[/]")
+    return 1 if error else 0
 
 
 async def _deepsearch(args: argparse.Namespace, console) -> dict:
@@ -110,7 +146,8 @@ async def _deepsearch(args: argparse.Namespace, console) -> dict:
     except MissingDataError as e:
         _fail(str(e))
     _table(_wide_console(), "DeepSearch rollout (same search API, same questions)", doc,
-           [("429s seen", "caller_429s", "{}"), ("retries", "retries", "{}"), ("failed for good", "failed", "{}")])
+           [("searches (sum)", "searches", "{}"), ("429s seen (sum)", "caller_429s", "{}"),
+            ("retries (sum)", "retries", "{}"), ("gave up on 429 (sum)", "gave_up", "{}")], "searches")
     return doc
 
 
@@ -131,8 +168,14 @@ async def _mopd(args: argparse.Namespace, console) -> dict:
     except MissingDataError as e:
         _fail(str(e))
     _table(_wide_console(), "MOPD teacher scoring (same trajectories, same models)", doc,
-           [("devices", "devices", "{}"), ("restores", "restores", "{}"), ("restore share", "restore_share", "{:.1%}"),
-            ("peak device MiB", "peak_device_mb", "{:.0f}")])
+           [("devices", "devices", "{}"), ("restores (sum)", "restores", "{}"),
+            ("restore share (median)", "restore_share", "{:.1%}"),
+            ("peak device MiB (max)", "peak_device_mb", "{:.0f}")],
+           "actions")
+    for name, p in doc["policies"].items():
+        for k, n in (p.get("runs_without") or {}).items():
+            console.print(f"[yellow]{name}: {k} is the median of {len(p['runs']) - n} of {len(p['runs'])} runs "
+                          f"({n} had no value: every action of that teacher failed)[/]")
     return doc
 
 
