@@ -52,7 +52,7 @@ def two_nodes() -> list[CpuNode]:
     return [CpuNode("a", cores=(0, 1, 2, 3), memory_mb=1000), CpuNode("b", cores=(0, 1, 2, 3), memory_mb=1000)]
 
 
-def make_cluster(down: DownNodes | None = None, gpu: bool = False):
+def make_cluster(down: DownNodes | None = None, gpu: bool = False, executor: type = SleepExecutor):
     down = down or DownNodes()
     managers = [CpuManager(two_nodes())]
     model_executors = models = None
@@ -63,7 +63,7 @@ def make_cluster(down: DownNodes | None = None, gpu: bool = False):
                                services=(GpuServiceConfig(name="rm", state_mb=600),)) for n in ("g0", "g1")]
         gm, model_executors, models = build_remote_gpu(nodes, GpuHosts(GpuHostConfig(sim={"restore_gbps": 50.0})))
         managers.append(gm)
-    ex = {"a": SleepExecutor("a"), "b": SleepExecutor("b")}
+    ex = {"a": executor("a"), "b": executor("b")}
     eng = Engine(gate_all(managers, down))
     return ClusterRuntime(eng, down=down, env_executors=ex, model_executors=model_executors, models=models,
                           grace_s=0.5), ex

@@ -17,11 +17,11 @@
   are *suspended* instead: they keep their pin and memory reservation, and
   actions in them are refused with :class:`~tangram.core.errors.UnavailableError`
   (503, ``Retry-After``) until the node is back, or lost after ``give_up_s``.
-* up: the pools come back (the books are balanced, nothing was leaked), what
-  was left of the lost environments on the node is removed, each suspended
-  environment is reattached (its container started again if the engine
-  stopped it, whatever its actions left running killed) or, if it did not
-  survive, lost; and the policy runs again.
+* up: what was left of the lost environments on the node is removed, each
+  suspended environment is reattached (its container started again if the
+  engine stopped it, whatever its actions left running killed) or, if it did
+  not survive, lost; only then do the pools come back to the policy (the
+  books are balanced, nothing was leaked), and the policy runs again.
 """
 from __future__ import annotations
 
@@ -166,6 +166,7 @@ class GuardedEnvExecutor(EnvironmentExecutor):
             try:
                 await self.inner.destroy_environment(env_id)
             except Exception as exc:  # noqa: BLE001 - best effort: the node may have lost it already
+                self.orphans.add(env_id)  # tried again when the node next comes back
                 log.warning("node %s: removing lost environment %s failed: %s", self.guard.node, env_id, exc)
 
     async def close(self) -> None:
@@ -242,6 +243,7 @@ class ClusterRuntime(Runtime):
         self.give_up_s = float(give_up_s)
         self.monitor: Any = None
         self._bg: set[asyncio.Task] = set()
+        self._downs: dict[str, int] = {}  # node -> times marked down: tells a stale reattach from a current one
 
     # ------------------------------------------------------------------ #
 
@@ -274,7 +276,9 @@ class ClusterRuntime(Runtime):
         self.suspended.pop(env_id, None)
 
     def _lose(self, t: str, node: str, why: str) -> None:
-        self.suspended.pop(t, None)
+        ex = self.env_executors.get(node)
+        if self.suspended.pop(t, None) is not None and node in self.down and isinstance(ex, GuardedEnvExecutor):
+            ex.orphans.add(t)  # given up while its node is down: its container goes once the node is back
         self.lost[t] = (node, why)
         self.close_trajectory(t)  # its memory reservation and pin go
 
@@ -282,9 +286,10 @@ class ClusterRuntime(Runtime):
         """Take ``node`` out of service; False if it was already down."""
         if not self.down.mark_down(node, reason):
             return False
+        self._downs[node] = self._downs.get(node, 0) + 1
         self.signals.set_down(node)  # running actions on it end `failed` through their guards
         if self.monitor is not None:
-            self.monitor.down.add(node)  # marked by hand or by a broken call: the loop reports its return
+            self.monitor.mark_down(node)  # marked by hand or by a broken call: the loop reports its return
         msg = self.signals.message(node)
         eng = self.engine
         for aid, rec in list(eng.waiting.items()):
@@ -312,50 +317,65 @@ class ClusterRuntime(Runtime):
         if self.monitor is not None:
             self.monitor.down.discard(node)
             self.monitor.misses[node] = 0
+        self.down.release(node)  # held by an earlier return that another outage cut short
         ex = self.env_executors.get(node)
         if isinstance(ex, GuardedEnvExecutor) and (ex.orphans or any(n == node for n, _, _ in self.suspended.values())):
-            task = asyncio.get_running_loop().create_task(self._back(node, ex))
+            # nothing is placed there until the leftovers are removed or killed, or new work would share its cores
+            self.down.hold(node)
+            task = asyncio.get_running_loop().create_task(self._back(node, ex, self._downs.get(node, 0)))
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
         log.warning("node %r is back", node)
         self.tick()
         return True
 
-    async def _back(self, node: str, ex: GuardedEnvExecutor) -> None:
+    async def _back(self, node: str, ex: GuardedEnvExecutor, gen: int) -> None:
         """Remove what was left of the node's lost environments; reattach its suspended ones.
 
+        The node stays held (nothing placed there) until the orphans are removed and each suspended
+        environment had one reattach (which kills what its actions left running).
         A reattach that fails while the node stays up (an engine that answers its health
         check while it still restores a container) is tried again, backing off, until it
-        works or the environment's ``give_up_s`` runs out; if the node goes down again the
-        next ``node_up`` takes over."""
-        await ex.cleanup_orphans()
-        pending = [t for t, (n, _, _) in self.suspended.items() if n == node]
-        delay = 0.25
-        while pending and node not in self.down:
-            retry = []
-            for t in pending:
-                entry = self.suspended.get(t)
-                if entry is None or entry[0] != node:  # deleted, or suspended anew, meanwhile
-                    continue
-                why, since = entry[1], entry[2]
-                try:
-                    ok = await ex.reattach_environment(t)
-                except Exception as exc:  # noqa: BLE001 - not ready yet, or the node failed again
-                    log.warning("node %s: reattaching environment %s failed: %s", node, t, exc)
-                    if time.monotonic() - since <= self.give_up_s:
-                        retry.append(t)
-                    continue
-                if t not in self.suspended:  # deleted meanwhile
-                    continue
-                if ok:
-                    del self.suspended[t]
-                else:
-                    self._lose(t, node, f"{why}; its environment did not survive")
-            pending = retry
-            if pending:
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 5.0)
+        works or the environment's ``give_up_s`` runs out; if the node goes down again
+        (``gen`` is stale) the next ``node_up`` takes over."""
+        try:
+            await ex.cleanup_orphans()
+            pending = [t for t, (n, _, _) in self.suspended.items() if n == node]
+            delay = 0.25
+            while pending and self._downs.get(node, 0) == gen:
+                retry = []
+                for t in pending:
+                    entry = self.suspended.get(t)
+                    if entry is None or entry[0] != node:  # deleted, or suspended anew, meanwhile
+                        continue
+                    why, since = entry[1], entry[2]
+                    try:
+                        ok = await ex.reattach_environment(t)
+                    except Exception as exc:  # noqa: BLE001 - not ready yet, or the node failed again
+                        log.warning("node %s: reattaching environment %s failed: %s", node, t, exc)
+                        if time.monotonic() - since <= self.give_up_s:
+                            retry.append(t)
+                        continue
+                    # deleted, or the node went down again meanwhile: that newer suspension is not ours to end
+                    if self._downs.get(node, 0) != gen or self.suspended.get(t) is not entry:
+                        continue
+                    if ok:
+                        del self.suspended[t]
+                    else:
+                        self._lose(t, node, f"{why}; its environment did not survive")
+                self._show(node, gen)
+                pending = retry
+                if pending:
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, 5.0)
+        finally:
+            self._show(node, gen)
         log.info("node %r: suspended environments handled", node)
+
+    def _show(self, node: str, gen: int) -> None:
+        """The node's cleanup is done: its pools go back to the policy (unless it went down since)."""
+        if self._downs.get(node, 0) == gen and self.down.release(node):
+            self.tick()
 
     # ------------------------------------------------------------------ #
 

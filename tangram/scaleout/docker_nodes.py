@@ -26,6 +26,9 @@ from tangram.managers.cpu import CpuNode, format_cpulist, parse_cpulist
 
 log = logging.getLogger("tangram.scaleout.docker")
 
+MAX_CORES = 4096  # more than this from an engine is a bogus report, not a machine: refused before expanding it
+PROBE_TIMEOUT_S = 60.0  # a probe container that has not exited by then is abandoned (docker info suffices)
+
 # prints "cpus <list>" then "numa <i> <list>" per NUMA domain; `|| true`: a machine without sysfs NUMA
 PROBE_SCRIPT = r"""sed -n 's/^Cpus_allowed_list:[[:space:]]*/cpus /p' /proc/self/status
 for f in /sys/devices/system/node/node[0-9]*/cpulist; do
@@ -131,32 +134,50 @@ class LazyClient:
             client.close()
 
 
-def parse_probe(text: str) -> tuple[list[int], list[list[int]]]:
-    """The probe's output -> (allowed cores, NUMA domains as found)."""
-    cores: list[int] = []
-    numa: list[tuple[int, list[int]]] = []
-    for line in text.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) >= 2 and parts[0] == "cpus":
-            cores = parse_cpulist(parts[1])
-        elif len(parts) == 3 and parts[0] == "numa" and parts[1].isdigit():
-            numa.append((int(parts[1]), parse_cpulist(parts[2])))
-    return cores, [d for _, d in sorted(numa)]
-
-
 class NotOnEngine(ValueError):
-    """The config asks a docker node for cores or memory its engine does not have."""
+    """The config asks a docker node for cores or memory its engine does not have (or it reports nonsense)."""
 
     def __init__(self, field: str, reason: str):
         self.field = field
         super().__init__(reason)
 
 
+def _bounded_cpulist(text: str, name: str) -> list[int]:
+    """``parse_cpulist``, refusing a list of more than MAX_CORES before it is built."""
+    size = 0
+    for part in text.strip().split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo:
+            size += max(0, int(hi or lo) - int(lo) + 1)
+    if size > MAX_CORES:
+        raise NotOnEngine("cores", f"docker node {name!r} reports {size} cores ({text.strip()[:40]!r}); "
+                          f"more than {MAX_CORES} is not a real machine")
+    return parse_cpulist(text)
+
+
+def parse_probe(text: str, name: str = "?") -> tuple[list[int], list[list[int]]]:
+    """The probe's output -> (allowed cores, NUMA domains as found)."""
+    cores: list[int] = []
+    numa: list[tuple[int, list[int]]] = []
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) >= 2 and parts[0] == "cpus":
+            cores = _bounded_cpulist(parts[1], name)
+        elif len(parts) == 3 and parts[0] == "numa" and parts[1].isdigit():
+            numa.append((int(parts[1]), _bounded_cpulist(parts[2], name)))
+    return cores, [d for _, d in sorted(numa)]
+
+
 def topology(name: str, ncpu: int, mem_total: int, probe_out: str | None, *,
              cores: Sequence[int] | None = None, memory_mb: int | None = None,
              numa: Sequence[Sequence[int]] | None = None) -> CpuNode:
     """Merge what the engine said with what the config gives (the config wins)."""
-    found_cores, found_numa = parse_probe(probe_out or "")
+    if not 1 <= ncpu <= MAX_CORES:
+        raise NotOnEngine("cores", f"docker node {name!r} reports {ncpu} CPUs (NCPU); expected 1 to {MAX_CORES}")
+    if not memory_mb and int(mem_total) < (1 << 20):
+        raise NotOnEngine("memory_mb", f"docker node {name!r} reports {mem_total} bytes of memory (MemTotal); "
+                          f"give memory_mb in the config if that engine cannot tell")
+    found_cores, found_numa = parse_probe(probe_out or "", name)
     if cores is None or not list(cores):
         cores = found_cores or list(range(ncpu))
     else:  # the config's cores must exist there
@@ -190,30 +211,52 @@ def discover(client: Any, name: str, *, cores: Sequence[int] | None = None, memo
     info = client.info()
     out = None
     if probe:
-        from tangram.executors.docker_image import SANDBOX_IMAGE, ensure_image, sandbox_run_kwargs
+        from tangram.executors.docker_image import SANDBOX_IMAGE, ensure_image
 
         img = image or SANDBOX_IMAGE
         if img == SANDBOX_IMAGE:
             ensure_image(client, img)  # no registry here: the sandbox image is imported locally
         try:
-            raw = client.containers.run(**sandbox_run_kwargs(image=img, command=["sh", "-c", PROBE_SCRIPT],
-                                                             detach=False, remove=True, stdout=True,
-                                                             stderr=False, labels={"org.arl-tangram.probe": "1"}))
-            out = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            out = _run_probe(client, img)
         except Exception as exc:  # noqa: BLE001 - the probe refines, `docker info` suffices
             log.warning("docker node %s: topology probe failed (%s); using docker info only", name, exc)
     return topology(name, int(info.get("NCPU") or 0), int(info.get("MemTotal") or 0), out,
                     cores=cores, memory_mb=memory_mb, numa=numa)
 
 
+def _run_probe(client: Any, image: str) -> str:
+    """The probe container's output. Detached, with a deadline: an attached run waits with no timeout."""
+    from tangram.executors.docker_image import sandbox_run_kwargs
+
+    c = client.containers.run(**sandbox_run_kwargs(image=image, command=["sh", "-c", PROBE_SCRIPT], detach=True,
+                                                   labels={"org.arl-tangram.probe": "1"}))
+    try:
+        code = c.wait(timeout=PROBE_TIMEOUT_S).get("StatusCode")
+        if code:
+            raise RuntimeError(f"the probe exited {code}")
+        raw = c.logs(stdout=True, stderr=False)
+    finally:
+        try:
+            c.remove(force=True)
+        except Exception as exc:  # noqa: BLE001 - best effort: it is labelled org.arl-tangram.probe
+            log.warning("topology probe container %s not removed: %s", getattr(c, "id", "?"), exc)
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
 class DockerPing:
-    """Health probe of one endpoint: ``/_ping`` on a client of its own with a short timeout."""
+    """Health probe of one endpoint: ``/_ping`` on a client of its own with a short timeout.
+
+    Each ping runs in a daemon thread of its own, at most one at a time: a ping that hangs
+    (an ``ssh://`` socket reads without a timeout) is joined by later calls, which then
+    time out too, instead of piling up threads until the loop's shared pool is full and
+    every node's ping fails. Daemon threads: a hung one must not block interpreter exit."""
 
     def __init__(self, endpoint: str, *, tls: DockerTls | None = None, timeout_s: float = 2.0):
         self.endpoint = endpoint
         self.tls = tls
         self.timeout_s = timeout_s
         self._client: Any = None
+        self._inflight: asyncio.Future | None = None
 
     def _ping(self) -> None:
         if self._client is None:
@@ -230,9 +273,36 @@ class DockerPing:
             raise
 
     async def __call__(self) -> None:
-        await asyncio.to_thread(self._ping)
+        loop = asyncio.get_running_loop()
+        fut = self._inflight
+        if fut is None or fut.done() or fut.get_loop() is not loop:
+            fut = self._inflight = loop.create_future()
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if nobody waits
+            threading.Thread(target=self._run, args=(loop, fut), daemon=True,
+                             name=f"tangram-ping {self.endpoint}").start()
+        await asyncio.shield(fut)  # a caller's timeout leaves the ping running: the next call joins it
+
+    def _run(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> None:
+        try:
+            self._ping()
+            exc = None
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting coroutine
+            exc = e
+        try:
+            loop.call_soon_threadsafe(_settle, fut, exc)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for this ping any more
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _settle(fut: asyncio.Future, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)

@@ -8,9 +8,13 @@ rejects demands only a down node could serve. Grants already held on the
 node are still released through the wrapper into the inner manager's books,
 so ``free + allocated == capacity`` and the engine's leak check keep holding
 while it is down, and a node that returns comes back with clean books.
+A node that is back may stay *held* until what its outage left there is
+cleaned up: its pools are reported whole but with nothing free, so demands
+that fit it are still accepted (and wait) while the policy places nothing there.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, Mapping
 
 from tangram.core.model import Action
@@ -23,6 +27,20 @@ class DownNodes:
 
     def __init__(self) -> None:
         self._down: dict[str, str] = {}  # node -> why
+        self._held: set[str] = set()  # up again, but unscheduled until what was left on it is cleaned
+
+    def hold(self, node: str) -> None:
+        self._held.add(node)
+
+    def release(self, node: str) -> bool:
+        """True if ``node`` was held."""
+        held = node in self._held
+        self._held.discard(node)
+        return held
+
+    def hidden(self, node: str) -> bool:
+        """Down, or back but held: the policy must not place on it."""
+        return node in self._down or node in self._held
 
     def mark_down(self, node: str, reason: str = "") -> bool:
         """True if the node was up before."""
@@ -56,7 +74,9 @@ class NodeGate(ResourceManager):
         self.down = down
 
     def pool_states(self) -> Iterable[PoolState]:
-        return [p for p in self.inner.pool_states() if p.node is None or p.node not in self.down]
+        down = self.down
+        return [_full(p) if p.node is not None and down.hidden(p.node) else p
+                for p in self.inner.pool_states() if p.node is None or p.node not in down]
 
     def allocate(self, pool: str, units: int, holder: str, action: Action | None = None) -> Any:
         self._refuse_down(pool)
@@ -68,9 +88,9 @@ class NodeGate(ResourceManager):
 
     def _refuse_down(self, pool: str) -> None:
         node = pool.partition("@")[2]
-        if node and node in self.down:
-            # the policy never sees this pool; reaching here is a bug, refused before the books move
-            raise AllocationError(f"{pool}: node {node!r} is down")
+        if node and self.down.hidden(node):
+            # the policy sees no free unit here; reaching here is a bug, refused before the books move
+            raise AllocationError(f"{pool}: node {node!r} is down or not cleaned yet")
 
     def release(self, pool: str, holder: str) -> bool:
         return self.inner.release(pool, holder)  # down or not: the books must balance
@@ -92,6 +112,12 @@ class NodeGate(ResourceManager):
             raise AttributeError(name)
         # GpuManager.lease/stats, CpuManager.nodes, ...: callers keep using the real manager's API
         return getattr(self.inner, name)
+
+
+def _full(p: PoolState) -> PoolState:
+    """A held node's pool: its capacity counts for feasibility, nothing of it can be placed."""
+    return dataclasses.replace(p, free=0, chunks=None if p.chunks is None else (),
+                               idle=None if p.idle is None else ())
 
 
 def gate_all(managers: Iterable[ResourceManager], down: DownNodes) -> list[NodeGate]:

@@ -32,6 +32,7 @@ class HealthMonitor:
         self.failures = failures
         self.misses: dict[str, int] = {n: 0 for n in self.probes}
         self.down: set[str] = set()
+        self.downs: dict[str, int] = {}  # node -> times marked down: an answer from before the last one is stale
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -61,13 +62,21 @@ class HealthMonitor:
                 log.exception("health round failed")
             await asyncio.sleep(self.interval_s)
 
+    def mark_down(self, node: str) -> None:
+        """``node`` is down (by this loop, by hand, by a broken call): answers already on the way are stale."""
+        self.down.add(node)
+        self.downs[node] = self.downs.get(node, 0) + 1
+
     async def check_once(self) -> dict[str, str | None]:
         """One round: probe every node, fire the callbacks; node -> None (ok) or why not."""
         nodes = list(self.probes)
+        before = dict(self.downs)
         results = await asyncio.gather(*(self._probe(n) for n in nodes))
         verdict = dict(zip(nodes, results))
         for node, why in verdict.items():
             if why is None:
+                if self.downs.get(node, 0) != before.get(node, 0):
+                    continue  # marked down while this round waited: its "ok" may predate that failure
                 self.misses[node] = 0
                 if node in self.down:
                     self.down.discard(node)
@@ -76,7 +85,7 @@ class HealthMonitor:
                 continue
             self.misses[node] = self.misses.get(node, 0) + 1
             if node not in self.down and self.misses[node] >= self.failures:
-                self.down.add(node)
+                self.mark_down(node)
                 log.warning("node %s is down: %s", node, why)
                 self.on_down(node, why)
         return verdict

@@ -186,7 +186,9 @@ class RayHandle:
             raise
 
     async def ping(self) -> None:
-        await self.call("ping")
+        # not through call(): a ping has nothing to undo on the host, so on timeout its ref is
+        # abandoned at once; waiting _CANCEL_SETTLE_S on a hung host would stall every health round
+        await self.actor.ping.remote()
 
     def kill(self) -> None:
         import ray
