@@ -64,6 +64,7 @@ def _bounded(rt) -> dict[str, int]:
     from tangram.core.estimator import MAX_CLASSES as ESTIMATED_CLASSES
     from tangram.core.gaps import GAP_WINDOW
     from tangram.core.offered import MAX_KEPT
+    from tangram.runtime.loose import MAX_LOOSE_TRAJECTORIES
     from tangram.runtime.stats import _RECENT, MAX_CLASSES
 
     return {
@@ -74,6 +75,8 @@ def _bounded(rt) -> dict[str, int]:
         # (app.gate._live and _job_of, each job's submitted count and ids, are not here: the runtime tells the
         # gate each end and it forgets the id at once, so nothing of ended work may be left in them)
         "app.gate.refused": 2,  # {429: n, 503: n}
+        "app.gate.ended_here": 2,  # {cancelled: n, failed: n}: held actions that ended at the gate
+        "app.runtime.loose._seen": MAX_LOOSE_TRAJECTORIES,  # trajectories named by http and model actions
         "app.runtime.statistics.counts": KINDS * STATUSES,  # (kind, status) -> n
         "app.runtime.statistics._act": MAX_CLASSES,  # ACT samples of the most recently finished classes
         "app.runtime.statistics._act[*]": _RECENT * MAX_CLASSES,
