@@ -101,6 +101,25 @@ async def test_a_health_round_under_way_never_brings_back_a_node_marked_down_mea
 # hung pings
 
 
+async def test_a_ping_hung_past_its_abandon_time_is_left_and_a_fresh_one_sees_the_daemon_back():
+    """Joined for ever, a ping that never returns would keep a recovered daemon's node down."""
+    from tangram.scaleout.docker_nodes import DockerPing
+
+    hang = threading.Event()
+    p = DockerPing("unix:///nowhere", timeout_s=0.05)
+    p.abandon_after_s = 0.2
+    p._ping = lambda: hang.wait(10)
+    mon = HealthMonitor({"n": p}, on_down=noop, on_up=noop, timeout_s=0.05, failures=1)
+    try:
+        assert "no answer" in (await mon.check_once())["n"]
+        p._ping = lambda: None  # the daemon is back; the first ping still hangs
+        assert "no answer" in (await mon.check_once())["n"]  # joined: not yet abandoned
+        await asyncio.sleep(0.25)
+        assert (await mon.check_once())["n"] is None  # abandoned: a fresh ping answers
+    finally:
+        hang.set()
+
+
 async def test_a_hung_docker_ping_is_joined_not_repeated_and_never_needs_the_loops_pool():
     from tangram.scaleout.docker_nodes import DockerPing
 
@@ -245,6 +264,7 @@ def test_docker_topology_refuses_bogus_core_and_memory_reports_naming_the_node()
         topology("n1", 4, 0, None)
     assert err.value.field == "memory_mb" and "'n1'" in str(err.value)
     assert topology("n1", 4, 0, None, memory_mb=512).memory_mb == 512  # the config can say it
+    assert topology("n1", 0, 1 << 30, None, cores=[0, 1]).cores == (0, 1)  # and the cores
     assert topology("n1", 4096, 1 << 30, "cpus 0-4095\n").cores == tuple(range(4096))
 
 
@@ -293,3 +313,35 @@ def test_docker_topology_probe_runs_detached_with_a_deadline_and_is_always_remov
         node = docker_nodes.discover(client, "n1", image="custom:probe")
         assert node.cores == cores and client.run_kw["detach"] is True
         assert client.container.waited == docker_nodes.PROBE_TIMEOUT_S and client.container.removed
+
+
+async def test_a_networked_environment_goes_to_the_guarded_node_that_allows_a_network():
+    """Scale-out wraps each node's executor: the runtime reads allow_network through the wrapper (it read
+    none, and every networked environment was refused as if no node gave a network)."""
+    class Networked(SleepExecutor):
+        @property
+        def allow_network(self) -> bool:
+            return self.node == "b"
+
+    rt, ex = make_cluster(executor=Networked)
+    env = await rt.create_environment(memory_mb=100, network=True)
+    assert env in ex["b"].envs and env not in ex["a"].envs
+    await rt.close()
+
+
+async def test_an_api_call_naming_a_trajectory_on_a_down_node_is_not_held_by_it():
+    """An http action only names its trajectory: the environment lost with its node (these executors'
+    environments do not outlive an outage) does not refuse it, as it refuses the environment's commands."""
+    from tangram.core.model import Action, Demand
+
+    rt, ex = make_cluster()
+    env = await rt.create_environment(memory_mb=100)
+    await rt.run(rt.build_action("exec", {"cpu": 1}, environment=env, command="sleep 0"))
+    node = next(n for n, e in ex.items() if env in e.envs)
+    rt.node_down(node, "test")
+    a = Action.build("call-1", {"cpu": Demand.fixed(1)}, trajectory=env, payload={"kind": "http"})
+    assert env in rt.lost
+    with pytest.raises(EnvironmentLostError):
+        rt.submit(rt.build_action("exec", {"cpu": 1}, environment=env, command="sleep 0"))
+    assert rt.submit(a) == "call-1"  # not EnvironmentLostError: it does not run in the environment
+    await rt.close()

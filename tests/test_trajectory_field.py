@@ -43,6 +43,17 @@ async def test_an_exec_actions_trajectory_is_its_environment():
         await rt.delete_environment(env)
 
 
+async def test_an_api_call_naming_a_trajectory_holds_no_memory_or_cores_of_its_own():
+    """The engine keeps a trajectory's memory and node until the trajectory closes: a call that named one
+    and held memory would keep it reserved long after it ended."""
+    async with running_service(config(api_pools={"search": {"concurrency": 2}})) as svc:
+        for resources in ({"api": "search", "mem_mb": 300}, {"api": "search", "cpu": 1}):
+            with pytest.raises(DemandError) as err:
+                svc.runtime.build_action("http", resources, payload={"url": "http://127.0.0.1:1/"}, trajectory="t")
+            assert err.value.field == "trajectory"
+        svc.runtime.build_action("http", {"api": "search", "mem_mb": 300}, payload={"url": "http://127.0.0.1:1/"})
+
+
 async def test_the_generation_between_a_trajectorys_api_calls_is_credited():
     """Two calls of one trajectory 0.3 s apart: the engine counts the gap as its generation (what
     ``generation_credit`` weighs); a call without a trajectory is nobody's."""
@@ -75,15 +86,39 @@ async def test_the_generation_between_a_trajectorys_api_calls_is_credited():
 
 
 def test_loose_trajectories_are_bounded_and_a_busy_one_is_kept():
-    closed: list[str] = []
-    busy = {"t0"}
-    books = LooseTrajectories(closed.append, busy.__contains__, limit=2)
-    for t in ("t0", "t1", "t2"):
-        books.seen(t)
-    assert closed == ["t1"] and len(books) == 2  # t0, the oldest, has an action in the engine: kept
-    books.seen("t2")  # named again: the most recent
-    busy.clear()
-    books.seen("t3")
-    assert closed == ["t1", "t0"]
-    books.seen("t4")
-    assert closed == ["t1", "t0", "t2"] and len(books) == 2
+    from tangram.core.generating import Generating
+    from tangram.core.model import Action, Demand
+
+    books = Generating()
+    loose = LooseTrajectories(books, limit=2)
+
+    def call(t: str, end: bool = True) -> Action:
+        a = Action.build(f"{t}-{len(loose)}", {"api:search": Demand.fixed(1)}, trajectory=t)
+        books.submitted(a, 0.0)
+        loose.seen(t)
+        if end:
+            books.ended(a, None, 1.0)
+        return a
+
+    running = call("t0", end=False)  # t0 has an action in the engine
+    call("t1")
+    call("t2")
+    assert books.done("t1") == 0 and books.done("t2") == 1 and books.busy("t0")  # t1 forgotten, t0 kept
+    books.ended(running, None, 2.0)
+    call("t2")
+    call("t3")
+    assert books.done("t0") == 0 and books.done("t2") == 2 and books.done("t3") == 1 and len(loose) == 2
+
+
+def test_a_trajectory_closed_while_its_action_ran_keeps_no_books():
+    """An environment deleted while an http call of its trajectory runs: the call's end writes nothing
+    back for the closed trajectory (nothing would ever remove it)."""
+    from tangram.core.generating import Generating
+    from tangram.core.model import Action, Demand
+
+    books = Generating()
+    a = Action.build("a1", {"api:search": Demand.fixed(1)}, trajectory="env-1")
+    books.submitted(a, 0.0)
+    books.closed("env-1")
+    assert books.ended(a, None, 1.0) is False
+    assert (books.done("env-1"), books.generated_s("env-1", 5.0), books.busy("env-1")) == (0, 0.0, False)

@@ -72,6 +72,7 @@ class Engine:
         self.finished: OrderedDict[str, ActionRecord] = OrderedDict()
         self.placement: dict[str, str] = {}  # trajectory -> node
         self._generating = Generating()  # placed trajectories with nothing queued or running
+        self.generating = self._generating  # the runtime forgets its loose trajectories here (no round)
         self._offered = OfferedLoad()  # elastic work submitted lately, per type (PolicyParams.offered_load_caps)
         self._placed_mem: dict[str, tuple[str, int]] = {}  # holder -> (mem pool, MiB)
         # the running actions per pool and per GPU service, in start order (the snapshot's completion-heap
@@ -249,9 +250,6 @@ class Engine:
         self._release_mem(trajectory)
         self._generating.closed(trajectory)
         return self.schedule()
-
-    def trajectory_busy(self, trajectory: str) -> bool:
-        return self._generating.busy(trajectory)
 
     def tick(self) -> list[Started]:
         """Re-run the policy (a quota period refilled, a node came back, ...)."""

@@ -102,10 +102,10 @@ class Generating:
         """``a`` left the engine (finished, failed or cancelled); ``node``: where its trajectory is placed.
         True when its trajectory joined ``node``'s expected arrivals."""
         t = a.trajectory
-        if t is None:
+        if t is None or t not in self._active:  # its trajectory closed while it ran: nothing more comes from it
             return False
         self._done[t] = self._done.get(t, 0) + 1
-        left = self._active.get(t, 0) - 1
+        left = self._active[t] - 1
         if left > 0:
             self._active[t] = left
             return False

@@ -6,6 +6,8 @@ environment directory it makes gets a mark, ``<root>/.tangram-owned/<owner>/<env
 environment, not inside it, so its commands never see it (a file in a repository's working tree
 would show in its ``git status`` and could change a test's result). ``owner`` is the state
 directory's id (``StateStore.service_id``): two services sharing a workdir sweep only their own.
+Without a state directory the service sets no owner: nothing is marked, and nothing is swept at a
+start (such a run removes its environments when it stops; a crash leaves them, as it leaves no record).
 """
 from __future__ import annotations
 

@@ -153,6 +153,10 @@ def build_action(
         raise DemandError("environment", "only exec actions run inside an environment")
     if trajectory is not None and kind == "exec" and trajectory != environment:
         raise DemandError("trajectory", "an exec action's trajectory is its environment (give the same or none)")
+    if trajectory is not None and kind != "exec" and ("cpu" in demands or mem_mb):
+        # the engine keeps a trajectory's cores' node and memory until it closes: an environment's, not a call's
+        raise DemandError("trajectory", "an http or model action that names a trajectory holds no cpu or mem_mb "
+                                        "of its own (leave out one or the other)")
     if environment is not None and environment_memory is not None:
         mem_mb = environment_memory(environment)
     prof = None

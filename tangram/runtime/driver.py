@@ -71,7 +71,7 @@ class Runtime:
         self.clock = engine.clock
         self.dispatcher = Dispatcher(dict(env_executors or {}), http_executor, model_executors)
         self.env_registry = Environments(self.dispatcher.env_executors)
-        self.loose = LooseTrajectories(self.close_trajectory, engine.trajectory_busy)  # http/model trajectories
+        self.loose = LooseTrajectories(engine.generating)  # the trajectories http and model actions name
         # the models the GPU nodes can serve (None: unchecked); an unknown one never reaches a manager
         self.models: frozenset[str] | None = None if models is None else frozenset(models)
         self.profiles: dict[str, Profile] = dict(profiles or {})

@@ -3,21 +3,23 @@
 An environment's trajectory closes with the environment (DELETE, TTL). A trajectory that only calls
 APIs or models has no such end, so the engine's books of it (its generation, for the order's
 ``generation_credit``; ``tangram/core/generating.py``) are kept for the ``limit`` last named and
-closed past it, least recently named first, never while an action of it is in the engine.
+forgotten past it, least recently named first, never while an action of it is in the engine. Such a
+trajectory holds no node and no memory (``build_action`` refuses cpu and mem_mb beside it), so
+forgetting it frees nothing and runs no scheduling round.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+
+from tangram.core.generating import Generating
 
 # 8x the 8,192 live trajectories of a 1,024-prompt x 8-sample rollout: a step's trajectories outlive it
 MAX_LOOSE_TRAJECTORIES = 65_536
 
 
 class LooseTrajectories:
-    def __init__(self, close: Callable[[str], None], busy: Callable[[str], bool],
-                 limit: int = MAX_LOOSE_TRAJECTORIES):
-        self._close, self._busy, self.limit = close, busy, limit
+    def __init__(self, books: Generating, limit: int = MAX_LOOSE_TRAJECTORIES):
+        self._books, self.limit = books, limit
         self._seen: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
@@ -30,8 +32,8 @@ class LooseTrajectories:
             if len(self._seen) <= self.limit:
                 return
             oldest = next(iter(self._seen))
-            if self._busy(oldest):
+            if self._books.busy(oldest):
                 self._seen.move_to_end(oldest)
                 continue
             del self._seen[oldest]
-            self._close(oldest)
+            self._books.closed(oldest)

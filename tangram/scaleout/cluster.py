@@ -143,6 +143,10 @@ class GuardedEnvExecutor(EnvironmentExecutor):
         self.name = f"{getattr(inner, 'name', 'env')}@{guard.node}"
         self.orphans: set[str] = set()  # environments to remove from the node once it is back
 
+    @property
+    def allow_network(self) -> bool:  # read by the runtime's placement of networked environments
+        return bool(getattr(self.inner, "allow_network", False))
+
     async def create_environment(self, env_id: str, **kw: Any) -> None:
         if self.guard.signals.event(self.guard.node).is_set():
             raise RuntimeError(self.guard.signals.message(self.guard.node))
@@ -248,7 +252,8 @@ class ClusterRuntime(Runtime):
     # ------------------------------------------------------------------ #
 
     def submit(self, action: Action, *, received_at: float | None = None, held_s: float = 0.0) -> str:
-        t = action.trajectory
+        # an exec action runs in its environment; an http or model action only names its trajectory
+        t = action.trajectory if action.payload.get("kind", "exec") == "exec" else None
         if t is not None and t in self.suspended:
             node, why, since = self.suspended[t]
             if time.monotonic() - since <= self.give_up_s:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -172,8 +173,9 @@ def topology(name: str, ncpu: int, mem_total: int, probe_out: str | None, *,
              cores: Sequence[int] | None = None, memory_mb: int | None = None,
              numa: Sequence[Sequence[int]] | None = None) -> CpuNode:
     """Merge what the engine said with what the config gives (the config wins)."""
-    if not 1 <= ncpu <= MAX_CORES:
-        raise NotOnEngine("cores", f"docker node {name!r} reports {ncpu} CPUs (NCPU); expected 1 to {MAX_CORES}")
+    if ncpu > MAX_CORES or (ncpu < 1 and not cores):  # 0: the engine cannot tell, and the config's cores do
+        raise NotOnEngine("cores", f"docker node {name!r} reports {ncpu} CPUs (NCPU); expected 1 to {MAX_CORES} "
+                          "(give cores in the config if that engine cannot tell)")
     if not memory_mb and int(mem_total) < (1 << 20):
         raise NotOnEngine("memory_mb", f"docker node {name!r} reports {mem_total} bytes of memory (MemTotal); "
                           f"give memory_mb in the config if that engine cannot tell")
@@ -257,15 +259,21 @@ class DockerPing:
         self.timeout_s = timeout_s
         self._client: Any = None
         self._inflight: asyncio.Future | None = None
+        self._since = 0.0  # when the ping in flight started
+        # a ping in flight this long is abandoned (its thread and client left to their socket) and a fresh
+        # one started: joined for ever, a hung ping would keep a recovered daemon down
+        self.abandon_after_s = max(30.0, 10 * timeout_s)
 
     def _ping(self) -> None:
-        if self._client is None:
-            self._client = make_client(self.endpoint, tls=self.tls, timeout=self.timeout_s, max_pool_size=2)
+        client = self._client
+        if client is None:
+            client = self._client = make_client(self.endpoint, tls=self.tls, timeout=self.timeout_s, max_pool_size=2)
         try:
-            self._client.ping()
+            client.ping()
         except Exception:
             # a fresh connection next time (the daemon may come back on the same socket)
-            client, self._client = self._client, None
+            if self._client is client:
+                self._client = None
             try:
                 client.close()
             except Exception:  # noqa: BLE001
@@ -275,7 +283,11 @@ class DockerPing:
     async def __call__(self) -> None:
         loop = asyncio.get_running_loop()
         fut = self._inflight
-        if fut is None or fut.done() or fut.get_loop() is not loop:
+        stale = fut is not None and not fut.done() and time.monotonic() - self._since > self.abandon_after_s
+        if stale:
+            self._client = None  # the hung thread keeps its own
+        if fut is None or fut.done() or fut.get_loop() is not loop or stale:
+            self._since = time.monotonic()
             fut = self._inflight = loop.create_future()
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even if nobody waits
             threading.Thread(target=self._run, args=(loop, fut), daemon=True,

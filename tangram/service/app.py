@@ -104,8 +104,8 @@ def _runtime_ctx(factory: RuntimeFactory | None):
             try:
                 if METRICS_KEY in app:
                     app[METRICS_KEY].close()
-                if runtime is not None:
-                    await runtime.close()
+                if runtime is not None:  # its own failure logged: the start's error is the answer
+                    await quietly(runtime.close(), "closing the runtime of a failed start")
             finally:
                 store.close()
             raise

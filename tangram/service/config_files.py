@@ -23,6 +23,15 @@ def anchored(part: dict, folder: Path) -> dict:
     for section, keys in _FILE_KEYS.items():
         if isinstance(out.get(section), Mapping):
             out[section] = {k: anchor(v) if k in keys else v for k, v in out[section].items()}
+    docker = out.get("scaleout", {}).get("docker_nodes") if isinstance(out.get("scaleout"), Mapping) else None
+    if isinstance(docker, Mapping):  # a Docker node's TLS files
+        tls_keys = ("ca_cert", "client_cert", "client_key")
+        docker = {name: {**n, "tls": {k: anchor(v) if k in tls_keys else v for k, v in n["tls"].items()}}
+                  if isinstance(n, Mapping) and isinstance(n.get("tls"), Mapping) else n for name, n in docker.items()}
+        out["scaleout"] = {**out["scaleout"], "docker_nodes": docker}
+    if isinstance(out.get("cpu_nodes"), list):  # a node's workdir too
+        out["cpu_nodes"] = [{**n, "workdir": anchor(n["workdir"])} if isinstance(n, Mapping) and "workdir" in n
+                            else n for n in out["cpu_nodes"]]
     return out
 
 

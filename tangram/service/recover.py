@@ -66,8 +66,9 @@ def durable_config(cfg: Any) -> Any:
 async def reconcile(store: StateStore, rt: Any) -> dict[str, int]:
     """Reattach, sweep, fail in-flight actions; returns the counts (logged)."""
     rt.keep_environments = store.directory is not None
-    for ex in rt.env_executors.values():
-        ex.set_owner(store.service_id)
+    for ex in rt.env_executors.values():  # an owner that outlives this run: only a state directory gives one
+        if store.directory is not None:
+            ex.set_owner(store.service_id)
     nodes = list(rt.env_executors)
     adopted: set[str] = set()
     dropped = unplaced = 0

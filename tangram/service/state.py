@@ -85,6 +85,8 @@ class StateStore:
             self.service_id = self._meta("service_id") or self._set_meta("service_id", uuid.uuid4().hex[:12])
         except BaseException as exc:
             self.close()  # the lock too: nothing of this store stays held
+            if isinstance(exc, sqlite3.OperationalError):  # locked, read-only, a full disk: not the file's content
+                raise StateError(f"state database {path} cannot be used: {exc}") from None
             if isinstance(exc, (sqlite3.DatabaseError, ValueError)):  # a damaged file, or rows not ours
                 raise StateError(f"state database {path} cannot be read ({exc}): move it away to start "
                                  "with an empty state, or point service.state_dir elsewhere") from None
