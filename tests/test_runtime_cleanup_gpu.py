@@ -51,6 +51,7 @@ from tests.test_runtime_cleanup_api import (
     GPU_MB,
     GPUS,
     LONG,
+    LOOSE,
     MODEL_MB,
     PER_SERVICE_HERE,
     POOLS,
@@ -152,6 +153,7 @@ async def test_a_restore_that_raises_leaves_nothing_behind(tmp_path):
                                  "scorer": "tests.test_runtime_cleanup_api:make_scorer"}, engine_window=8)
     async with running_service(cfg) as svc:
         rt, store = svc.runtime, svc.app[STATE_KEY]
+        rt.loose.limit = LOOSE  # the calls name their trajectories (test_runtime_cleanup_api)
         gpu = next(m for m in rt.engine.managers if isinstance(m, GpuManager))
         async with aiohttp.ClientSession() as s:
             c = Client(s, svc.url)
@@ -245,6 +247,7 @@ async def test_a_restart_after_a_shutdown_with_work_in_flight(tmp_path):
         async with aiohttp.ClientSession() as s:
             async with running_service(cfg) as svc:
                 rt, gate = svc.runtime, svc.app[GATE_KEY]
+                rt.loose.limit = LOOSE
                 c = Client(s, svc.url)
 
                 async def post(body: dict, job: str, *, key: str | None = None, **kw) -> str:
@@ -304,6 +307,7 @@ async def test_a_restart_after_a_shutdown_with_work_in_flight(tmp_path):
 
         async with running_service(cfg) as svc:  # the same state, restarted
             rt, gate = svc.runtime, svc.app[GATE_KEY]
+            rt.loose.limit = LOOSE
             rows = _rows(svc.app[STATE_KEY].db)
             assert rows["restarted"] == 0 and rows["actions without outcome"] == 0, rows
             # nothing in memory of the actions before the restart (the census's per-service containers are
