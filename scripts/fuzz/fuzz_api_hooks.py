@@ -14,7 +14,8 @@ negative body goes out as generated. Schemathesis revalidates a changed body aga
   default config has none, so a positive body goes without one. An http action may leave out its API pool
   only when the service has exactly one (the default config has none): a positive body names one. A
   model action's ``tokens`` holds one list per input (equal lengths); a cpu range's ``max`` is at least
-  its ``min``; at most one of cpu and gpu offers several options.
+  its ``min``; at most one of cpu and gpu offers several options; an http or model action that names a
+  ``trajectory`` holds no cpu or mem_mb (the engine would keep them with the trajectory).
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def map_case(context, case):
         if body.get("kind") == "http":
             body.setdefault("resources", {}).setdefault("api", "fuzz")
         resources = body.get("resources")
+        if isinstance(resources, dict) and body.get("kind") in ("http", "model") and body.get("trajectory"):
+            resources.pop("cpu", None)
+            resources.pop("mem_mb", None)
         if isinstance(resources, dict):
             cpu = resources.get("cpu")
             if isinstance(cpu, dict) and "max" in cpu and cpu["max"] < cpu["min"]:
