@@ -315,8 +315,13 @@ class TangramClient:
         return await self._request("GET", "/v1/stats", timeout_s=timeout_s)
 
     async def create_environment(self, *, image: str | None = None, memory_mb: int | None = None,
-                                 labels: Mapping[str, str] | None = None, timeout_s: float | None = None) -> str:
+                                 labels: Mapping[str, str] | None = None, timeout_s: float | None = None,
+                                 trajectory: str | None = None) -> str:
+        """``trajectory``: the name the rollout's http and model actions gave before it had this
+        environment; the service counts those, and later ones naming it, as the environment's."""
         body: dict[str, Any] = {}
+        if trajectory is not None:
+            body["trajectory"] = trajectory
         if image is not None:
             body["image"] = image
         if memory_mb is not None:

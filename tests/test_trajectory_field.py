@@ -4,6 +4,7 @@ are bounded (tangram/runtime/loose.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 import pytest
@@ -15,6 +16,24 @@ from tangram.service import wire
 from tests.service_helpers import config, running_service
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@contextlib.asynccontextmanager
+async def _upstream():
+    """An API on loopback answering every GET; yields its URL."""
+    async def ok(_):
+        return web.json_response({"ok": True})
+
+    upstream = web.Application()
+    upstream.router.add_get("/", ok)
+    runner = web.AppRunner(upstream)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/"
+    finally:
+        await runner.cleanup()
 
 
 def test_the_wire_takes_a_trajectory_on_http_and_model_actions_and_names_it_when_malformed():
@@ -57,17 +76,7 @@ async def test_an_api_call_naming_a_trajectory_holds_no_memory_or_cores_of_its_o
 async def test_the_generation_between_a_trajectorys_api_calls_is_credited():
     """Two calls of one trajectory 0.3 s apart: the engine counts the gap as its generation (what
     ``generation_credit`` weighs); a call without a trajectory is nobody's."""
-    async def ok(_):
-        return web.json_response({"ok": True})
-
-    upstream = web.Application()
-    upstream.router.add_get("/", ok)
-    runner = web.AppRunner(upstream)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/"
-    try:
+    async with _upstream() as url:
         async with running_service(config(api_pools={"search": {"concurrency": 2}})) as svc:
             async with aiohttp.ClientSession() as s:
                 body = {"kind": "http", "url": url, "method": "GET", "resources": {"api": "search"}}
@@ -81,8 +90,6 @@ async def test_the_generation_between_a_trajectorys_api_calls_is_credited():
             assert books.done("traj-a") == 2
             assert books.generated_s("traj-a", svc.runtime.clock()) >= 0.5  # the gap and the quiet since
             assert len(svc.runtime.loose) == 1
-    finally:
-        await runner.cleanup()
 
 
 def test_loose_trajectories_are_bounded_and_a_busy_one_is_kept():
@@ -122,3 +129,27 @@ def test_a_trajectory_closed_while_its_action_ran_keeps_no_books():
     books.closed("env-1")
     assert books.ended(a, None, 1.0) is False
     assert (books.done("env-1"), books.generated_s("env-1", 5.0), books.busy("env-1")) == (0, 0.0, False)
+
+
+async def test_a_rollout_named_before_its_environment_is_the_environments_once_made():
+    """API calls named "k" before the rollout had an environment, then the environment created with
+    "trajectory": "k": those calls' books move to it, and later calls naming "k" are the environment's."""
+    async with _upstream() as url:
+        async with running_service(config(api_pools={"search": {"concurrency": 2}})) as svc:
+            rt = svc.runtime
+            async with aiohttp.ClientSession() as s:
+                body = {"kind": "http", "url": url, "method": "GET", "resources": {"api": "search"}, "trajectory": "k"}
+                for _ in range(2):
+                    assert (await s.post(f"{svc.url}/v1/actions", json=body)).status == 200
+                r = await s.post(f"{svc.url}/v1/environments", json={"trajectory": "k"})
+                assert r.status == 201
+                env = (await r.json())["id"]
+                books = rt.engine.generating
+                assert (books.done(env), books.done("k"), len(rt.loose)) == (2, 0, 0)
+                assert (await s.post(f"{svc.url}/v1/actions", json=body)).status == 200
+                assert books.done(env) == 3 and rt.build_action("http", {"api": "search"}, payload={"url": url},
+                                                                 trajectory="k").trajectory == env
+                r = await s.post(f"{svc.url}/v1/environments", json={"trajectory": ""})
+                assert r.status == 400 and (await r.json())["field"] == "trajectory"
+                assert (await s.delete(f"{svc.url}/v1/environments/{env}")).status == 204
+                assert books.done(env) == 0  # closed with it

@@ -482,8 +482,9 @@ async def test_the_samples_environment_fields_win_and_the_tools_yaml_fills_the_r
 
     built = []
 
-    async def fake_create(settings, spec, labels={}):
+    async def fake_create(settings, spec, labels={}, trajectory=None):
         built.append(spec)
+        assert trajectory == "t"  # the service counts the rollout's calls so far as the environment's
         return "env-x", None
 
     monkeypatch.setattr(session, "create_environment", fake_create)

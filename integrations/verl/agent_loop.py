@@ -90,5 +90,5 @@ class TangramAgentLoop(ToolAgentLoop):
                                                                  skip_special_tokens=True)
         if env_id is not None:
             fields["tangram_environment"] = env_id
-        fields["tangram_trajectory"] = env_id or key  # what its tool calls named (its reward model's too)
+        fields["tangram_trajectory"] = key  # what its tool calls named (its reward model's too)
         return output

@@ -285,7 +285,9 @@ class TrajectoryRegistry:
         async with t.lock:  # parallel tool calls of one turn share one environment
             if t.env_id is not None:
                 return t.env_id
-            env_id, setup = await create_environment(t.settings, t.spec, labels={"trajectory": key[:200]})
+            # the rollout's API calls so far named it by its key: they count as this environment's
+            env_id, setup = await create_environment(t.settings, t.spec, labels={"trajectory": key[:200]},
+                                                     trajectory=key[:256])
             t.env_id = env_id
             if setup is not None:
                 self.record(key, "exec", "setup", setup)
@@ -328,8 +330,8 @@ class TrajectoryRegistry:
             await self.sweep()
 
 
-async def create_environment(settings: TangramSettings, spec: EnvSpec,
-                             labels: Mapping[str, str] = {}) -> tuple[str, ActionResult | None]:
+async def create_environment(settings: TangramSettings, spec: EnvSpec, labels: Mapping[str, str] = {},
+                             trajectory: str | None = None) -> tuple[str, ActionResult | None]:
     """A new environment built per ``spec`` and the result of its ``setup_command`` (if any); raises
     :class:`TangramServiceError` if the service cannot create it or the setup fails
     (the environment is then deleted again)."""
@@ -341,7 +343,7 @@ async def create_environment(settings: TangramSettings, spec: EnvSpec,
             return await client.create_environment(
                 image=spec.image or settings.image,
                 memory_mb=spec.memory_mb if spec.memory_mb is not None else settings.memory_mb,
-                labels={**labels, **spec.labels, **tag})
+                labels={**labels, **spec.labels, **tag}, trajectory=trajectory)
         except TangramHTTPError as exc:
             if exc.status in _TRANSIENT and not exc.never_sent:  # it may have been made (also past the
                 # deadline): look, retrying the look itself, before anything is sent again

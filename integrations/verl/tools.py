@@ -198,7 +198,7 @@ class TangramApiTool(_TangramTool):
         key = trajectory_key(kwargs.get("agent_data")) or f"instance:{instance_id}"
         if REGISTRY.environment_of(key) is None and key not in REGISTRY.keys():
             REGISTRY.declare(key, settings)  # timings of API-only trajectories are collected too
-        body["trajectory"] = REGISTRY.environment_of(key) or key  # the order credits its generation
+        body["trajectory"] = key[:256]  # the order credits its generation (the service maps it to its environment)
         try:
             idem = new_key()
             r = await retrying(lambda: get_client(settings).run_action(body, idempotency_key=idem), settings,

@@ -118,6 +118,19 @@ class Generating:
                 self._fixed_cpu[node] = self._fixed_cpu.get(node, 0) + a.demands["cpu"].min
         return fixed
 
+    def renamed(self, old: str, new: str) -> None:
+        """``old``'s ended actions and generation become ``new``'s (a rollout named before it had an
+        environment, ``new``, which has none of its own yet); its quiet spell goes on under ``new``."""
+        if new in self._active or new in self._done:
+            return  # the environment has a history of its own: nothing is merged into it
+        if (done := self._done.pop(old, 0)) > 0:
+            self._done[new] = done
+        if (gen := self._generated.pop(old, None)) is not None:
+            self._generated[new] = gen
+        quiet = self._since.get(old)
+        if quiet is not None and quiet[1] is None and old not in self._active:  # placed nowhere, nothing in flight
+            self._since[new] = self._since.pop(old)
+
     def busy(self, trajectory: str) -> bool:
         """An action of ``trajectory`` is in the engine (queued or running)."""
         return trajectory in self._active

@@ -120,7 +120,7 @@ class Runtime:
             executors=self.dispatcher.kinds() | {"exec"},
             environment=environment, environment_memory=lambda e: self.env_registry.get(e).memory_mb,
             command=command, profile=profile, timeout_s=timeout_s, action_class=action_class,
-            payload=payload, action_id=action_id, restartable=restartable, trajectory=trajectory,
+            payload=payload, action_id=action_id, restartable=restartable, trajectory=self.loose.name(trajectory),
             restore_estimate=next((m.restore_estimate for m in self.engine.managers
                                    if hasattr(m, "restore_estimate")), None))
 

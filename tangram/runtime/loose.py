@@ -21,6 +21,24 @@ class LooseTrajectories:
     def __init__(self, books: Generating, limit: int = MAX_LOOSE_TRAJECTORIES):
         self._books, self.limit = books, limit
         self._seen: OrderedDict[str, None] = OrderedDict()
+        # a rollout's name from before it had an environment -> that environment (the last ``limit``; one
+        # whose environment is gone names the gone id, whose books are then loose, and bounded, too)
+        self.aliases: OrderedDict[str, str] = OrderedDict()
+
+    def name(self, trajectory: str | None) -> str | None:
+        """The trajectory an action naming ``trajectory`` belongs to: its environment, once it has one."""
+        return self.aliases.get(trajectory, trajectory) if trajectory is not None else None
+
+    def adopt(self, trajectory: str, env_id: str) -> None:
+        """``trajectory``, named by calls before its rollout had an environment, is ``env_id`` from now on:
+        its ended calls and generation move there, and later calls naming it are the environment's."""
+        self.aliases[trajectory] = env_id
+        self.aliases.move_to_end(trajectory)
+        while len(self.aliases) > self.limit:
+            self.aliases.popitem(last=False)
+        self._books.renamed(trajectory, env_id)
+        if not self._books.busy(trajectory):  # a call still in flight ends under the old name: kept bounded
+            self._seen.pop(trajectory, None)
 
     def __len__(self) -> int:
         return len(self._seen)

@@ -275,6 +275,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def create_environment(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME_KEY]
     kwargs = wire.parse_environment(await _json_body(request, optional=True))
+    named = kwargs.pop("trajectory", None)  # the rollout's calls named it so before: from now on, this one
     # the executors as built (``executor: auto`` resolved): never a registry pull of a name a caller chose
     if (why := rt.env_registry.refusal(kwargs.get("image"), bool(kwargs.get("network")))) is not None:
         raise UnschedulableError(*why)
@@ -283,6 +284,8 @@ async def create_environment(request: web.Request) -> web.Response:
         raise Refused(503, f"the service holds {cap} environments (service.max_environments); delete ones "
                            "no longer needed", 5)
     env_id = await rt.create_environment(**kwargs)
+    if named is not None:
+        rt.loose.adopt(named, env_id)
     nodes = list(rt.env_executors)
     try:  # recorded before the caller hears of it: a crash from here on cannot lose it
         request.app[STATE_KEY].record_environment(env_id, image=kwargs.get("image"), memory_mb=kwargs.get("memory_mb", 0),

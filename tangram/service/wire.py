@@ -181,10 +181,13 @@ def parse_environment(body: Any) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise DemandError("body", f"must be a JSON object, got {_tname(body)}")
     for key in body:
-        if key not in ("image", "memory_mb", "labels", "network"):
-            raise DemandError(str(key) or "<empty key>", "unknown field (expected image, memory_mb, labels, network)")
+        if key not in ("image", "memory_mb", "labels", "network", "trajectory"):
+            raise DemandError(str(key) or "<empty key>",
+                              "unknown field (expected image, memory_mb, labels, network, trajectory)")
     check_tree(body)
     out: dict[str, Any] = {}
+    if body.get("trajectory") is not None:  # the name the rollout's calls gave before it had an environment
+        out["trajectory"] = _string(body["trajectory"], "trajectory", limit=LIMITS["name"])
     if body.get("image") is not None:
         out["image"] = _string(body["image"], "image", limit=LIMITS["name"], nul=False)
     if "memory_mb" in body:
