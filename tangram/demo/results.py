@@ -73,6 +73,12 @@ def policy_entry(runs: list[Mapping[str, Any]], summed: Sequence[str] = ()) -> d
     return out
 
 
+def _overlap(ref: Mapping[str, Any], other: Mapping[str, Any], key: str) -> bool:
+    """The two policies' runs' min..max on ``key`` overlap."""
+    (a_lo, a_hi), (b_lo, b_hi) = ref["spread"][key], other["spread"][key]
+    return a_lo <= b_hi and b_lo <= a_hi
+
+
 def judge(ref: Mapping[str, Any], other: Mapping[str, Any], key: str) -> str:
     """The reference against ``other`` on ``key`` (lower is better): "better", "worse", "equal",
     "within noise" (the runs' min..max overlap) or "one run" (a policy with fewer than 2 runs)."""
@@ -80,10 +86,9 @@ def judge(ref: Mapping[str, Any], other: Mapping[str, Any], key: str) -> str:
         return "equal"
     if min(len(ref.get("runs", ())), len(other.get("runs", ()))) < MIN_RUNS:
         return "one run"
-    (a_lo, a_hi), (b_lo, b_hi) = ref["spread"][key], other["spread"][key]
-    if a_lo <= b_hi and b_lo <= a_hi:
+    if _overlap(ref, other, key):
         return "within noise"
-    return "better" if a_hi < b_lo else "worse"
+    return "better" if ref["spread"][key][1] < other["spread"][key][0] else "worse"
 
 
 def compare(policies: Mapping[str, Mapping[str, Any]], reference: str) -> dict[str, dict[str, Any]]:
@@ -101,8 +106,7 @@ def compare(policies: Mapping[str, Mapping[str, Any]], reference: str) -> dict[s
             if key not in p.get("spread", {}) or key not in ref.get("spread", {}):
                 continue
             r[short] = round(p[key] / ref[key], 3) if ref[key] > 0 else None
-            (a_lo, a_hi), (b_lo, b_hi) = ref["spread"][key], p["spread"][key]
-            within[short] = a_lo <= b_hi and b_lo <= a_hi
+            within[short] = _overlap(ref, p, key)
             verdicts[short] = judge(ref, p, key)
         r["within_spread"] = within
         r["verdict"] = verdicts
