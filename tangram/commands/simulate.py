@@ -1,6 +1,7 @@
 """``tangram simulate``: run rollout steps of a workload on the simulated cluster."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -18,11 +19,24 @@ def register(sub) -> None:
                         "serverless, serverless:fewest, api-naive, api-retry, or all")
     p.add_argument("--cluster", help="YAML file with cpu_nodes/cores_per_node/gpu_nodes/gpus_per_node/api (replaces the workload's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replica", type=_replica, default=0,
+                   help="0: the seed's own run; R > 0: the same work with every generation gap lengthened by "
+                        "under 10 ms (a stream per R), to see how far one run's result moves")
     p.add_argument("--batch", type=int, help="trajectories per step (per job), overriding the workload")
     p.add_argument("--steps", type=int, help="rollout steps, overriding the workload")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line (a list under 'results' with --policy all)")
     p.add_argument("--check", action="store_true", help="check the managers' invariants after every event (slow)")
     p.set_defaults(func=_run)
+
+
+def _replica(text: str) -> int:
+    try:
+        r = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if r < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {r}")
+    return r
 
 
 def _run(args) -> int:
@@ -45,7 +59,7 @@ def _run(args) -> int:
             names = [args.policy]
         for n in names:
             policy_spec(n)  # unknown names fail before any simulation runs
-        results = [simulate(wl, n, seed=args.seed, check=args.check).summary for n in names]
+        results = [simulate(wl, n, seed=args.seed, check=args.check, replica=args.replica).summary for n in names]
     except TangramError as exc:
         print(f"tangram simulate: error: {exc}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ from tangram.simulator.managers import CachedCountingManager, SimGpuManager
 from tangram.simulator.policies import PolicySpec, policy_spec
 from tangram.simulator.summary import summarize
 from tangram.simulator.records import SimResult, _Item, _Rec, _Traj
+from tangram.simulator.replicas import jitter_stream, perturb_generation
 from tangram.simulator.workload import MEM_FRACTION, ActionClass, Workload
 
 GEN, FINISH, READY, RETRY, TICK = range(5)
@@ -50,10 +51,11 @@ def _true_duration(cls: ActionClass, t1: float, m: int) -> float:
 
 
 class Simulation:
-    def __init__(self, workload: Workload, policy: str | PolicySpec, *, seed: int = 0, check: bool = False):
+    def __init__(self, workload: Workload, policy: str | PolicySpec, *, seed: int = 0, check: bool = False,
+                 replica: int = 0):
         self.wl = workload
         self.spec = policy if isinstance(policy, PolicySpec) else policy_spec(policy)
-        self.seed = seed
+        self.seed, self.replica = seed, replica  # replica 0: the seed's own run; r > 0: its timing moved
         self.check = check
         self.now = 0.0
         self._heap: list = []
@@ -61,7 +63,7 @@ class Simulation:
         self._seq = 0
         self._recs: dict[str, _Rec] = {}
         self.done: list[_Rec] = []
-        self._rng = random.Random(f"{seed}/jitter")
+        self._rng = jitter_stream(seed, replica)
         self._ticks: set[float] = set()
         self._creating = 0
         self._static: dict[str, tuple[int, int]] = dict(workload.baselines.static)
@@ -163,7 +165,7 @@ class Simulation:
                 for k, cls in enumerate(job.rewards):
                     items.append(self._item(rng, job.generation.draw(rng) if k == 0 else 0.0, cls, tsvc))
                 trajs.append(_Traj(f"{job.name}/s{step}/t{t}", job, items, step))
-        return trajs
+        return perturb_generation(trajs, self.seed, self.replica)
 
     def _item(self, rng, gen_s, cls: ActionClass, tsvc) -> _Item:
         svc = None
@@ -493,5 +495,5 @@ class Simulation:
         self._started(self.engine.close_trajectory(tr.id))
 
 
-def simulate(workload: Workload, policy: str, *, seed: int = 0, check: bool = False) -> SimResult:
-    return Simulation(workload, policy, seed=seed, check=check).run()
+def simulate(workload: Workload, policy: str, *, seed: int = 0, check: bool = False, replica: int = 0) -> SimResult:
+    return Simulation(workload, policy, seed=seed, check=check, replica=replica).run()

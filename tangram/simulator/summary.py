@@ -52,6 +52,7 @@ def summarize(sim: Any) -> dict[str, Any]:
         "policy": sim.spec.name,
         "workload": sim.wl.name,
         "seed": sim.seed,
+        **({"replica": sim.replica} if sim.replica else {}),  # absent on the seed's own run, as stored
         "trajectories": sim.wl.trajectories,
         "steps": sim.wl.steps,
         "actions": len(recs),

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""How far one run moves: a point's policies on several replicas, and each loss judged against the spread.
+
+The simulator is deterministic for a seed, so the load sweep's table is one run per point, and a
+close call there (tangram 0.4% above a baseline) may be a draw that the next run reverses. Each
+point ``WORKLOAD:BATCH:SEED`` runs here on replicas 0 to R-1 (``tangram.simulator.replicas``:
+replica 0 is the sweep's own run; replica r lengthens every generation gap by under 10 ms, the
+same for every policy), for tangram and each baseline named. Per baseline and measure (mean ACT,
+p99 ACT, step time), against tangram:
+
+* ``verdict``: tangram's replicas' min..max against the baseline's, as the demo judges its
+  repeats (``tangram.demo.results.judge``): "better" or "worse" when they do not overlap,
+  else "within noise";
+* ``paired``: on how many replicas tangram's value is at or below the baseline's on the same
+  replica (the same perturbed work), and the median of tangram / baseline over the replicas.
+
+A baseline that failed calls on some replica (``api-naive`` gives up after its retries) is
+marked: its short ACTs are work it dropped. ``--json`` prints one object; without it, a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tangram.demo.results import judge  # noqa: E402
+from tangram.simulator.policies import policy_spec  # noqa: E402
+from tangram.simulator.sim import Simulation  # noqa: E402
+from tangram.simulator.workload import load_workload  # noqa: E402
+
+MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
+
+
+def parse_point(text: str) -> tuple[str, int, int]:
+    """``WORKLOAD:BATCH:SEED`` (the workload may itself hold a colon-free path or built-in name)."""
+    parts = text.rsplit(":", 2)
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"a point is WORKLOAD:BATCH:SEED, got {text!r}")
+    try:
+        batch, seed = int(parts[1]), int(parts[2])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"BATCH and SEED must be whole numbers, got {text!r}") from None
+    if batch < 1 or seed < 0:
+        raise argparse.ArgumentTypeError(f"BATCH must be 1 or more and SEED 0 or more, got {text!r}")
+    return parts[0], batch, seed
+
+
+def _one(task: tuple[str, int, int, str, int]) -> tuple[tuple[str, int, int, str, int], dict]:
+    workload, batch, seed, policy, replica = task
+    wl = load_workload(workload).with_batch(batch)
+    s = Simulation(wl, policy, seed=seed, replica=replica).run().summary
+    return task, {**{m: s[m] for m in MEASURES}, "failed": s["failed"]}
+
+
+def _spread(runs: list[dict]) -> dict:
+    out: dict = {m: statistics.median(r[m] for r in runs) for m in MEASURES}
+    out["spread"] = {m: [min(r[m] for r in runs), max(r[m] for r in runs)] for m in MEASURES}
+    out["runs"] = runs
+    out["failed"] = [r["failed"] for r in runs]
+    return out
+
+
+def compare_point(runs: dict[str, list[dict]], reference: str = "tangram") -> dict:
+    """Per baseline and measure: the verdict over the replicas' spreads and the paired count.
+    ``runs``: policy -> its replicas' measures, in replica order (the same replicas for all)."""
+    ref = _spread(runs[reference])
+    out: dict = {}
+    for name, rs in runs.items():
+        if name == reference:
+            continue
+        other = _spread(rs)
+        per: dict = {}
+        for m in MEASURES:
+            ratios = [a[m] / b[m] for a, b in zip(runs[reference], rs) if b[m] > 0]
+            per[m] = {"verdict": judge(ref, other, m),
+                      "paired_at_or_below": sum(a[m] <= b[m] for a, b in zip(runs[reference], rs)),
+                      "median_ratio": round(statistics.median(ratios), 4) if ratios else None}
+        out[name] = {"measures": per, "failed_calls": any(other["failed"])}
+    return out
+
+
+def _summary(policy_runs: list[dict]) -> dict:
+    s = _spread(policy_runs)
+    return {m: {"median": round(s[m], 4), "min": round(s["spread"][m][0], 4), "max": round(s["spread"][m][1], 4)}
+            for m in MEASURES} | {"failed": s["failed"]}
+
+
+def run_points(points: list[tuple[str, int, int]], replicas: int, policies: list[str] | None,
+               jobs: int = 1) -> list[dict]:
+    named = {}
+    for workload, batch, seed in points:
+        wl = load_workload(workload)
+        names = policies or [p for p in wl.baselines.compare if p != "tangram"]
+        for n in names:
+            policy_spec(n)  # an unknown name fails before any run
+        named[(workload, batch, seed)] = ["tangram", *[n for n in names if n != "tangram"]]
+    tasks = [(*pt, p, r) for pt, names in named.items() for p in names for r in range(replicas)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as ex:
+            done = dict(ex.map(_one, tasks))
+    else:
+        done = dict(map(_one, tasks))
+    out = []
+    for pt, names in named.items():
+        runs = {p: [done[(*pt, p, r)] for r in range(replicas)] for p in names}
+        out.append({"workload": pt[0], "batch": pt[1], "seed": pt[2], "replicas": replicas,
+                    "policies": {p: _summary(rs) for p, rs in runs.items()},
+                    "against": compare_point(runs)})
+    return out
+
+
+def _table(results: list[dict]) -> str:
+    lines = ["| point | baseline | mean ACT | p99 ACT | step |", "| --- | --- | --- | --- | --- |"]
+    short = {"better": "lower", "worse": "higher", "within noise": "noise", "equal": "equal", "one run": "one run"}
+    for res in results:
+        for name, cmp in res["against"].items():
+            cells = []
+            for m in MEASURES:
+                c = cmp["measures"][m]
+                cells.append(f"{short[c['verdict']]} ({c['paired_at_or_below']}/{res['replicas']}, "
+                             f"{c['median_ratio']})")
+            tag = " (failed calls)" if cmp["failed_calls"] else ""
+            lines.append(f"| {res['workload']} {res['batch']} s{res['seed']} | {name}{tag} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--point", type=parse_point, action="append", required=True, metavar="WORKLOAD:BATCH:SEED",
+                    help="a point of the load sweep (repeatable)")
+    ap.add_argument("--replicas", type=int, default=6, help="replicas 0..R-1 per policy (0: the sweep's run)")
+    ap.add_argument("--policies", nargs="+", help="baselines (default: each workload's compared policies)")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    if args.replicas < 2:
+        ap.error("--replicas must be 2 or more: one run has no spread")
+    results = run_points(args.point, args.replicas, args.policies, args.jobs)
+    if args.json:
+        print(json.dumps({"replicas": args.replicas, "points": results}, indent=1))
+    else:
+        print(_table(results))
+        print(f"\nverdict over {args.replicas} replicas' min..max (lower/higher: tangram's; noise: they overlap); "
+              "(k/R, r): tangram at or below on k replicas, median tangram / baseline r")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
