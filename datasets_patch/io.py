@@ -7,15 +7,14 @@ Writes are atomic (a temporary file renamed into place), so OUT may be IN.
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from datasets_patch.jsonvalues import json_default
+from tangram.core.atomic_file import replace_atomically
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet",
            ".pq": "parquet"}
@@ -125,38 +124,23 @@ def _read_parquet(path: str) -> Dataset:
 
 
 def write_dataset(path: str, ds: Dataset, fmt: str | None = None) -> None:
-    """Write ``ds`` to ``path`` atomically: a failed or interrupted write leaves it as it was.
-
-    The data goes to a temporary file next to ``path``, which replaces ``path``
-    only once complete, so OUT may safely be IN.
+    """Write ``ds`` to ``path`` atomically (``tangram.core.atomic_file``): a failed or interrupted
+    write leaves it as it was, so OUT may safely be IN; a symlinked OUT keeps its link, and OUT
+    keeps its mode.
     """
     fmt = fmt or ds.fmt
-    target = os.path.realpath(path)  # a symlinked OUT: replace its target, keep the link
+    target = os.path.realpath(path)
     folder = os.path.dirname(target)
     if os.path.isdir(target):
         raise DatasetError(path, "is a directory, expected a file")
     if not os.path.isdir(folder):
         raise DatasetError(path, f"cannot write: directory {folder} does not exist")
-    tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        # 0o666 less the umask, as open(path, "w") would give a new file
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        replace_atomically(path, lambda fh: _write_to(fh, ds, fmt, path))
     except OSError as exc:
         raise DatasetError(path, f"cannot write: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            _write_to(fh, ds, fmt, path)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if os.path.exists(target):
-            os.chmod(tmp, os.stat(target).st_mode & 0o777)  # keep OUT's mode
-        os.replace(tmp, target)
-    except BaseException as exc:  # Ctrl-C too: never leave the temporary file behind
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, (OSError, TypeError, ValueError, NotImplementedError)):
-            raise DatasetError(path, f"cannot write: {exc}") from exc
-        raise
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise DatasetError(path, f"cannot write: {exc}") from exc
 
 
 def _write_to(fh, ds: Dataset, fmt: str, path: str) -> None:

@@ -31,12 +31,11 @@ import dataclasses
 import json
 import math
 import os
-import stat
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
+from tangram.core.atomic_file import replace_atomically
 from tangram.profiles import ProfileStoreError, parse_entry
 
 STORE_VERSION = 1
@@ -96,26 +95,14 @@ class ProfileStore:
         return cls.from_dict(data, source=str(path))
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (temp file + rename): a reader never sees half a store.
+        """Write atomically (``tangram.core.atomic_file``): a reader never sees half a store.
 
-        The file keeps its permissions (mkstemp's 0600 would hide a shared store
-        from the service reading it); a new one gets 0644 less the umask.
+        The file keeps its permissions (a private 0600 would hide a shared store from the service
+        reading it); a new one gets 0644 less the umask.
         """
-        path = os.fspath(path)
-        d = os.path.dirname(os.path.abspath(path))
-        os.makedirs(d, exist_ok=True)
-        mode = _mode_for(path)
-        fd, tmp = tempfile.mkstemp(prefix=".profiles.", suffix=".json", dir=d)
-        try:
-            os.fchmod(fd, mode)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=2, sort_keys=False)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+        replace_atomically(path, lambda fh: fh.write(text.encode("utf-8")), new_mode=0o644)
 
     # -- edits --------------------------------------------------------------- #
 
@@ -145,16 +132,6 @@ class ProfileStore:
 
     def profile(self, name: str):
         return profile_from_entry(self.classes[name])
-
-
-def _mode_for(path: str) -> int:
-    """The permission bits a rewrite of ``path`` should have: its own, or 0644 less the umask."""
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)  # the only way to read it: set and put back at once
-        os.umask(umask)
-        return 0o644 & ~umask
 
 
 def validate_entry(entry: Any, *, where: str = "entry") -> None:
