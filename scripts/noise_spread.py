@@ -3,10 +3,12 @@
 
 The simulator is deterministic for a seed, so the load sweep's table is one run per point, and a
 close call there (tangram 0.4% above a baseline) may be a draw that the next run reverses. Each
-point ``WORKLOAD:BATCH:SEED`` runs here on replicas 0 to R-1 (``tangram.simulator.replicas``:
-replica 0 is the sweep's own run; replica r lengthens every generation gap by under 10 ms, the
-same for every policy), for tangram and each baseline named. Per baseline and measure (mean ACT,
-p99 ACT, step time), against tangram:
+point runs here on replicas 0 to R-1 (``tangram.simulator.replicas``: replica 0 is the stored
+run; replica r lengthens every generation gap by under 10 ms, the same for every policy), for
+tangram and each baseline named. A point is a load sweep's ``--point WORKLOAD:BATCH:SEED`` (a
+built-in or a YAML file, the simulation's seed) or a random draw of ``scripts/policy_stress.py``,
+``--draw FAMILY:DRAW:SIM_SEED`` (the service's default quota books, as its stored runs). Per
+baseline and measure (mean ACT, p99 ACT, step time), against tangram:
 
 * ``verdict``: tangram's replicas' min..max against the baseline's, as the demo judges its
   repeats (``tangram.demo.results.judge``): "better" or "worse" when they do not overlap,
@@ -27,11 +29,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parent))  # stress_families, when loaded from a file by the tests
 
 from tangram.demo.results import judge  # noqa: E402
 from tangram.simulator.policies import policy_spec  # noqa: E402
 from tangram.simulator.sim import Simulation  # noqa: E402
-from tangram.simulator.workload import load_workload  # noqa: E402
+from tangram.simulator.workload import load_workload, parse_workload  # noqa: E402
+
+from stress_families import DRAW, draw  # noqa: E402
 
 MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
 
@@ -50,11 +55,43 @@ def parse_point(text: str) -> tuple[str, int, int]:
     return parts[0], batch, seed
 
 
-def _one(task: tuple[str, int, int, str, int]) -> tuple[tuple[str, int, int, str, int], dict]:
-    workload, batch, seed, policy, replica = task
-    wl = load_workload(workload).with_batch(batch)
+def parse_draw(text: str) -> tuple[str, str, int, int]:
+    """``FAMILY:DRAW:SIM_SEED`` -> ("draw", family, draw, sim_seed)."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in DRAW:
+        raise argparse.ArgumentTypeError(f"a draw is FAMILY:DRAW:SIM_SEED with FAMILY one of {sorted(DRAW)}, got {text!r}")
+    try:
+        seed, sim_seed = int(parts[1]), int(parts[2])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"DRAW and SIM_SEED must be whole numbers, got {text!r}") from None
+    if seed < 0 or sim_seed < 0:
+        raise argparse.ArgumentTypeError(f"DRAW and SIM_SEED must be 0 or more, got {text!r}")
+    return "draw", parts[0], seed, sim_seed
+
+
+def _workload(point: tuple):
+    """The point's workload and the simulation's seed."""
+    if point[0] == "draw":
+        _, family, seed, sim_seed = point
+        raw = draw(family, seed)
+        if raw is None:
+            raise SystemExit(f"noise_spread: {family} draw {seed} is skipped by its family (see policy_stress.py)")
+        return parse_workload(raw, source=f"policy_stress {family} {seed}"), sim_seed
+    workload, batch, seed = point
+    return load_workload(workload).with_batch(batch), seed
+
+
+def _one(task: tuple) -> tuple[tuple, dict]:
+    point, policy, replica = task
+    wl, seed = _workload(point)
     s = Simulation(wl, policy, seed=seed, replica=replica).run().summary
     return task, {**{m: s[m] for m in MEASURES}, "failed": s["failed"]}
+
+
+def _describe(point: tuple) -> dict:
+    if point[0] == "draw":
+        return {"family": point[1], "draw": point[2], "sim_seed": point[3]}
+    return {"workload": point[0], "batch": point[1], "seed": point[2]}
 
 
 def _spread(runs: list[dict]) -> dict:
@@ -90,16 +127,16 @@ def _summary(policy_runs: list[dict]) -> dict:
             for m in MEASURES} | {"failed": s["failed"]}
 
 
-def run_points(points: list[tuple[str, int, int]], replicas: int, policies: list[str] | None,
-               jobs: int = 1) -> list[dict]:
+def run_points(points: list[tuple], replicas: int, policies: list[str] | None, jobs: int = 1) -> list[dict]:
+    """``points``: ``(WORKLOAD, BATCH, SEED)`` or ``("draw", FAMILY, DRAW, SIM_SEED)``."""
     named = {}
-    for workload, batch, seed in points:
-        wl = load_workload(workload)
+    for pt in points:
+        wl, _ = _workload(pt)
         names = policies or [p for p in wl.baselines.compare if p != "tangram"]
         for n in names:
             policy_spec(n)  # an unknown name fails before any run
-        named[(workload, batch, seed)] = ["tangram", *[n for n in names if n != "tangram"]]
-    tasks = [(*pt, p, r) for pt, names in named.items() for p in names for r in range(replicas)]
+        named[pt] = ["tangram", *[n for n in names if n != "tangram"]]
+    tasks = [(pt, p, r) for pt, names in named.items() for p in names for r in range(replicas)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as ex:
             done = dict(ex.map(_one, tasks))
@@ -107,8 +144,8 @@ def run_points(points: list[tuple[str, int, int]], replicas: int, policies: list
         done = dict(map(_one, tasks))
     out = []
     for pt, names in named.items():
-        runs = {p: [done[(*pt, p, r)] for r in range(replicas)] for p in names}
-        out.append({"workload": pt[0], "batch": pt[1], "seed": pt[2], "replicas": replicas,
+        runs = {p: [done[(pt, p, r)] for r in range(replicas)] for p in names}
+        out.append({**_describe(pt), "replicas": replicas,
                     "policies": {p: _summary(rs) for p, rs in runs.items()},
                     "against": compare_point(runs)})
     return out
@@ -125,14 +162,18 @@ def _table(results: list[dict]) -> str:
                 cells.append(f"{short[c['verdict']]} ({c['paired_at_or_below']}/{res['replicas']}, "
                              f"{c['median_ratio']})")
             tag = " (failed calls)" if cmp["failed_calls"] else ""
-            lines.append(f"| {res['workload']} {res['batch']} s{res['seed']} | {name}{tag} | " + " | ".join(cells) + " |")
+            where = (f"{res['family']} draw {res['draw']} s{res['sim_seed']}" if "family" in res
+                     else f"{res['workload']} {res['batch']} s{res['seed']}")
+            lines.append(f"| {where} | {name}{tag} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--point", type=parse_point, action="append", required=True, metavar="WORKLOAD:BATCH:SEED",
+    ap.add_argument("--point", type=parse_point, action="append", default=[], metavar="WORKLOAD:BATCH:SEED",
                     help="a point of the load sweep (repeatable)")
+    ap.add_argument("--draw", type=parse_draw, action="append", default=[], metavar="FAMILY:DRAW:SIM_SEED",
+                    help="a draw of scripts/policy_stress.py (repeatable)")
     ap.add_argument("--replicas", type=int, default=6, help="replicas 0..R-1 per policy (0: the sweep's run)")
     ap.add_argument("--policies", nargs="+", help="baselines (default: each workload's compared policies)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
@@ -140,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.replicas < 2:
         ap.error("--replicas must be 2 or more: one run has no spread")
-    results = run_points(args.point, args.replicas, args.policies, args.jobs)
+    if not args.point and not args.draw:
+        ap.error("give at least one --point or --draw")
+    results = run_points(args.point + args.draw, args.replicas, args.policies, args.jobs)
     if args.json:
         print(json.dumps({"replicas": args.replicas, "points": results}, indent=1))
     else:

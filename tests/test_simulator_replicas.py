@@ -124,3 +124,31 @@ def test_noise_spread_needs_two_replicas(capsys):
     with pytest.raises(SystemExit):
         ns.main(["--point", "mopd:16:0", "--replicas", "1"])
     assert "--replicas must be 2 or more" in capsys.readouterr().err
+
+
+def test_noise_spread_runs_a_policy_stress_draw_whose_replica_zero_is_the_stored_run(capsys):
+    ns = load("noise_spread")
+    stress = load("policy_stress")
+    assert ns.main(["--draw", "gpu:16:0", "--replicas", "2", "--policies", "static-services", "--json"]) == 0
+    (pt,) = json.loads(capsys.readouterr().out)["points"]
+    assert (pt["family"], pt["draw"], pt["sim_seed"]) == ("gpu", 16, 0)
+    from tangram.simulator.workload import parse_workload
+    wl = parse_workload(stress.draw("gpu", 16), source="gpu 16")
+    own = simulate(wl, "tangram", seed=0).summary["mean_act_s"]
+    t = pt["policies"]["tangram"]["mean_act_s"]
+    assert t["min"] <= round(own, 4) <= t["max"]
+
+
+@pytest.mark.parametrize("text", ["gpu:1", "nofamily:1:0", "gpu:x:0", "gpu:1:-1"])
+def test_noise_spread_refuses_a_malformed_draw(text, capsys):
+    ns = load("noise_spread")
+    with pytest.raises(SystemExit) as exc:
+        ns.main(["--draw", text])
+    assert exc.value.code == 2 and "--draw" in capsys.readouterr().err
+
+
+def test_noise_spread_needs_a_point_or_a_draw(capsys):
+    ns = load("noise_spread")
+    with pytest.raises(SystemExit):
+        ns.main([])
+    assert "give at least one --point or --draw" in capsys.readouterr().err
