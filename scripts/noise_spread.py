@@ -4,11 +4,13 @@
 The simulator is deterministic for a seed, so the load sweep's table is one run per point, and a
 close call there (tangram 0.4% above a baseline) may be a draw that the next run reverses. Each
 point runs here on replicas 0 to R-1 (``tangram.simulator.replicas``: replica 0 is the stored
-run; replica r lengthens every generation gap by under 10 ms, the same for every policy), for
-tangram and each baseline named. A point is a load sweep's ``--point WORKLOAD:BATCH:SEED`` (a
+run; replica r moves every generation gap by under 5 ms either way, the same for every policy),
+for tangram and each baseline named. A point is a load sweep's ``--point WORKLOAD:BATCH:SEED`` (a
 built-in or a YAML file, the simulation's seed) or a random draw of ``scripts/policy_stress.py``,
-``--draw FAMILY:DRAW:SIM_SEED`` (the service's default quota books, as its stored runs). Per
-baseline and measure (mean ACT, p99 ACT, step time), against tangram:
+``--draw FAMILY:DRAW:SIM_SEED``, drawn as that script draws it by default: the service's default
+quota books (its stored ``api-adaptive-books-*.json``, ``mixed-*.json`` and the CPU and GPU parts
+of ``sim-seed-*.json``, whose API part has ``--books conservative``). Per baseline and measure
+(mean ACT, p99 ACT, step time), against tangram:
 
 * ``verdict``: tangram's replicas' min..max against the baseline's, as the demo judges its
   repeats (``tangram.demo.results.judge``): "better" or "worse" when they do not overlap,
@@ -17,7 +19,8 @@ baseline and measure (mean ACT, p99 ACT, step time), against tangram:
   replica (the same perturbed work), and the median of tangram / baseline over the replicas.
 
 A baseline that failed calls on some replica (``api-naive`` gives up after its retries) is
-marked: its short ACTs are work it dropped. ``--json`` prints one object; without it, a table.
+marked: its short ACTs are work it dropped. ``--json`` prints one object, every replica's
+measures included (``runs``, replica 0 first); without it, a table.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parent))  # stress_families, when loaded from a file by the tests
 
+from tangram.core.errors import TangramError  # noqa: E402
 from tangram.demo.results import judge  # noqa: E402
 from tangram.simulator.policies import policy_spec  # noqa: E402
 from tangram.simulator.sim import Simulation  # noqa: E402
@@ -72,8 +76,8 @@ def parse_draw(text: str) -> tuple[str, str, int, int]:
 def _workload(point: tuple):
     """The point's workload and the simulation's seed."""
     if point[0] == "draw":
-        _, family, seed, sim_seed = point
-        raw = draw(family, seed)
+        _, family, seed, sim_seed, books = point
+        raw = draw(family, seed, books=books)
         if raw is None:
             raise SystemExit(f"noise_spread: {family} draw {seed} is skipped by its family (see policy_stress.py)")
         return parse_workload(raw, source=f"policy_stress {family} {seed}"), sim_seed
@@ -90,7 +94,7 @@ def _one(task: tuple) -> tuple[tuple, dict]:
 
 def _describe(point: tuple) -> dict:
     if point[0] == "draw":
-        return {"family": point[1], "draw": point[2], "sim_seed": point[3]}
+        return {"family": point[1], "draw": point[2], "sim_seed": point[3], "books": point[4] or "default"}
     return {"workload": point[0], "batch": point[1], "seed": point[2]}
 
 
@@ -124,11 +128,12 @@ def compare_point(runs: dict[str, list[dict]], reference: str = "tangram") -> di
 def _summary(policy_runs: list[dict]) -> dict:
     s = _spread(policy_runs)
     return {m: {"median": round(s[m], 4), "min": round(s["spread"][m][0], 4), "max": round(s["spread"][m][1], 4)}
-            for m in MEASURES} | {"failed": s["failed"]}
+            for m in MEASURES} | {"failed": s["failed"], "runs": [[r[m] for m in MEASURES] for r in policy_runs]}
 
 
 def run_points(points: list[tuple], replicas: int, policies: list[str] | None, jobs: int = 1) -> list[dict]:
-    """``points``: ``(WORKLOAD, BATCH, SEED)`` or ``("draw", FAMILY, DRAW, SIM_SEED)``."""
+    """``points``: ``(WORKLOAD, BATCH, SEED)`` or ``("draw", FAMILY, DRAW, SIM_SEED, BOOKS)`` (BOOKS None:
+    the service's default)."""
     named = {}
     for pt in points:
         wl, _ = _workload(pt)
@@ -176,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a draw of scripts/policy_stress.py (repeatable)")
     ap.add_argument("--replicas", type=int, default=6, help="replicas 0..R-1 per policy (0: the sweep's run)")
     ap.add_argument("--policies", nargs="+", help="baselines (default: each workload's compared policies)")
+    ap.add_argument("--books", choices=("adaptive", "conservative"),
+                    help="a --draw's quota books, as policy_stress.py --books (default: the service's)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
@@ -183,7 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--replicas must be 2 or more: one run has no spread")
     if not args.point and not args.draw:
         ap.error("give at least one --point or --draw")
-    results = run_points(args.point + args.draw, args.replicas, args.policies, args.jobs)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be 1 or more, got {args.jobs}")
+    try:
+        results = run_points(args.point + [(*d, args.books) for d in args.draw], args.replicas, args.policies,
+                             args.jobs)
+    except TangramError as exc:  # an unknown workload or policy, a workload file that does not parse
+        ap.error(str(exc))
     if args.json:
         print(json.dumps({"replicas": args.replicas, "points": results}, indent=1))
     else:

@@ -20,8 +20,8 @@ def register(sub) -> None:
     p.add_argument("--cluster", help="YAML file with cpu_nodes/cores_per_node/gpu_nodes/gpus_per_node/api (replaces the workload's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--replica", type=_replica, default=0,
-                   help="0: the seed's own run; R > 0: the same work with every generation gap lengthened by "
-                        "under 10 ms (a stream per R), to see how far one run's result moves")
+                   help="0: the seed's own run; R > 0: the same work with every generation gap moved by "
+                        "under 5 ms either way (a stream per R), to see how far one run's result moves")
     p.add_argument("--batch", type=int, help="trajectories per step (per job), overriding the workload")
     p.add_argument("--steps", type=int, help="rollout steps, overriding the workload")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line (a list under 'results' with --policy all)")
