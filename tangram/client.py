@@ -145,6 +145,7 @@ class ActionResult:
     # seconds this client waited, before the service took the action, because it refused it for now
     # (its queues were full): not part of the service's timing, which starts once it takes the action
     admission_wait_s: float = 0.0
+    truncated: bool = False  # the executor dropped output past its cap (it keeps the start)
 
     @property
     def finished(self) -> bool:
@@ -162,6 +163,7 @@ class ActionResult:
             stderr=d.get("stderr"), output=d.get("output"), error=d.get("error"),
             allocation=dict(d.get("allocation") or {}),
             timing=Timing(**{k: float(t.get(k, 0.0)) for k in ("queued_s", "exec_s", "overhead_s")}) if t else None,
+            truncated=bool(d.get("truncated")),
         )
 
 

@@ -10,18 +10,23 @@ see :mod:`integrations.verl.reward_manager`), or from the ``tangram_agent`` loop
 
 What to run comes from the sample: ``extra_info["tangram"]`` (or
 ``reward_model["tangram"]``, or the flat keys ``test_command`` / ``model`` of
-either), a mapping with
+either; a flat ``model`` only when the sample's reward_model is not verl's
+``style: rule``), a mapping with
 
 * test-suite rewards (CPU, elastic DoP): ``test_command`` (e.g.
   ``pytest -q -n ${parallel_num}``), ``setup_command`` (run first, e.g. copy
   the repository in), ``solution_file`` (the response is written there before
   the tests; its last fenced code block if it has one), ``profile`` (the
   profile class of the repository's suite), ``cpu_min`` / ``cpu_max`` (the
-  DoP range; default 1 .. the settings' ``reward_cpu_max``), ``timeout_s``,
-  ``restartable`` (true: the service may stop a suite that straggles at a narrow
-  DoP and run it again wider; only one that runs in the trajectory's environment),
-  ``score`` (``binary``: 1 if the command exits 0, the default; ``fraction``:
-  passed / collected from pytest's summary line);
+  DoP range; default 1 .. the settings' ``reward_cpu_max``), ``timeout_s`` (a
+  suite that times out below cpu_max runs once more at cpu_max: that run is the
+  verdict), ``restartable`` (true: the service may stop a suite that straggles at
+  a narrow DoP and run it again wider; only one that runs in the trajectory's
+  environment), ``score`` (``binary``: 1 if the command exits 0, the default;
+  ``fraction``: passed / (passed + failed + errors) of pytest's summary line in
+  stdout, raising when there is none), ``broken_exit_codes`` (the test command's
+  exit codes that mean it could not run and raise; default 4, 5, 126, 127, see
+  :mod:`integrations.verl.verdicts`; ``[]`` for none);
 * reward-model rewards (GPU ``model`` actions): ``model`` (the service's model
   name), ``op`` (default ``score``), ``gpu`` (an int or a list of allowed
   DoPs, default 1), ``template`` (default ``"{response}"``; may use
@@ -47,27 +52,30 @@ handed over (``tangram_environment``; deleted after scoring), else in a new
 one built from the sample's spec. Nothing is ever scored 0.0 for an
 infrastructure failure: an unreachable service (after retries within
 ``retry_s``), a failed ``setup_command``, a tool call the service failed
-during the rollout, or a reward action the service could not run raise
+during the rollout, a reward action the service could not run, a test suite
+that could not run (:mod:`integrations.verl.verdicts`) and a reward model's
+score that is not finite raise
 :class:`~integrations.verl.session.TangramServiceError`, and every failure is
 counted in the ``tangram/failed`` metric.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-import shlex
 from typing import Any, Mapping
 
 from integrations.verl import metrics
 from integrations.verl.config import TangramSettings, active_settings
 from integrations.verl.session import (EnvSpec, TangramServiceError, create_environment, delete_environment,
                                        get_client, new_key, retrying, timing_record)
+from integrations.verl.verdicts import (NoVerdict, broken_exit_codes, exec_broken, finite, pytest_counts,  # noqa: F401
+                                        score_mode, score_tests, write_solution_step)
 from tangram.client import ActionResult
 
 log = logging.getLogger("integrations.verl")
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.DOTALL)
-_COUNT = re.compile(r"(\d+) (passed|failed|errors?|xfailed|xpassed|skipped)")
 _ENV_KEYS = ("image", "memory_mb", "setup_command", "labels")
 
 REWARD_KEYS = ("score", "acc", "tangram_status", "tangram_dop", "tangram_queued_s", "tangram_exec_s",
@@ -92,14 +100,18 @@ def _plain(x: Any) -> Any:
 
 
 def reward_spec(extra_info: Any = None, reward_model: Any = None) -> dict[str, Any] | None:
-    """The tangram reward spec of a sample, or None if it has none."""
-    for src in (_plain(extra_info), _plain(reward_model)):
+    """The tangram reward spec of a sample, or None if it has none. A flat ``model`` key (datasets record
+    the model that wrote a sample there) counts only when the sample's reward_model is not verl's rule
+    scorer (``style: rule``)."""
+    reward_model = _plain(reward_model)
+    rule = isinstance(reward_model, Mapping) and reward_model.get("style") == "rule"
+    for src in (_plain(extra_info), reward_model):
         if not isinstance(src, Mapping):
             continue
         nested = _plain(src.get("tangram"))
         if isinstance(nested, Mapping) and (nested.get("test_command") or nested.get("model")):
             return dict(nested)
-        if src.get("test_command") or (isinstance(src.get("model"), str) and src.get("style") != "rule"):
+        if src.get("test_command") or (isinstance(src.get("model"), str) and not rule):
             return dict(src)
     return None
 
@@ -140,26 +152,6 @@ def extract_solution(text: str) -> str:
     return blocks[-1] if blocks else (text or "")
 
 
-def pytest_counts(output: str) -> dict[str, int]:
-    """Counts from pytest's last summary line (``3 passed, 1 failed in 0.1s``)."""
-    counts: dict[str, int] = {}
-    for line in reversed((output or "").splitlines()):
-        found = _COUNT.findall(line)
-        if found:
-            for n, what in found:
-                counts["errors" if what.startswith("error") else what] = int(n)
-            break
-    return counts
-
-
-def score_tests(r: ActionResult, mode: str = "binary") -> float:
-    if mode == "fraction":
-        c = pytest_counts((r.stdout or "") + "\n" + (r.stderr or ""))
-        total = c.get("passed", 0) + c.get("failed", 0) + c.get("errors", 0)
-        return c.get("passed", 0) / total if total else 0.0
-    return 1.0 if (r.status == "succeeded" and r.exit_code == 0) else 0.0
-
-
 def _settings(kw: Mapping[str, Any]) -> TangramSettings:
     """The process's settings under what ``reward_kwargs`` say (``tangram_url``, ``tangram_token_file``, ...)."""
     s = active_settings()
@@ -170,13 +162,15 @@ def _settings(kw: Mapping[str, Any]) -> TangramSettings:
 def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environment: str | None = None,
                 solution: str | None = None) -> dict[str, Any]:
     """The ``exec`` action body of a test-suite reward."""
+    broken_exit_codes(spec)  # a bad list is refused before anything runs
+    score_mode(spec)
     steps = []
     if spec.get("setup_command") and environment is None:
         steps.append(str(spec["setup_command"]))
     env: dict[str, str] = {}
     if spec.get("solution_file") and solution is not None:
         env["TANGRAM_SOLUTION"] = extract_solution(solution)
-        steps.append(f'printf "%s" "$TANGRAM_SOLUTION" > {shlex.quote(str(spec["solution_file"]))}')
+        steps.append(write_solution_step(str(spec["solution_file"])))
     steps.append(str(spec["test_command"]))
     command = steps[0] if len(steps) == 1 else " && ".join(f"{{ {s} ; }}" for s in steps)
     lo = int(spec.get("cpu_min") or 1)
@@ -227,7 +221,8 @@ def model_action(spec: Mapping[str, Any], *, prompt: str, response: str, ground_
 
 
 def model_score(output: Any) -> float:
-    """A scalar out of a ``model`` action's output (a number, [number], [[number]] or {"score(s)": ...})."""
+    """A scalar out of a ``model`` action's output (a number, [number], [[number]] or {"score(s)": ...});
+    ValueError if it is not finite (NaN, inf): no reward to train on."""
     x = output
     for _ in range(4):
         if isinstance(x, Mapping):
@@ -238,11 +233,12 @@ def model_score(output: Any) -> float:
             x = x[0]
         else:
             break
-    return float(x)
+    return finite(float(x))
 
 
 def logprob_score(output: Any, reduce: str = "mean") -> float:
-    """A teacher's per-token log-probs of one response (``[[lp, ...]]``) reduced to a score."""
+    """A teacher's per-token log-probs of one response (``[[lp, ...]]``) reduced to a score (ValueError if
+    it is not finite: a -inf log-prob, NaN)."""
     if reduce not in ("mean", "sum"):
         raise ValueError(f"reduce: 'mean' or 'sum', got {reduce!r}")
     if not isinstance(output, (list, tuple)) or len(output) != 1 or not isinstance(output[0], (list, tuple)):
@@ -250,7 +246,7 @@ def logprob_score(output: Any, reduce: str = "mean") -> float:
     lps = [float(x) for x in output[0]]
     if not lps:
         raise ValueError("the response has no tokens")
-    return sum(lps) / len(lps) if reduce == "mean" else sum(lps)
+    return finite(sum(lps) / len(lps) if reduce == "mean" else sum(lps))
 
 
 def naive_keys(got: Any) -> dict[str, Any]:
@@ -275,36 +271,56 @@ def result(score: float, r: ActionResult | None = None, actions: int = 0) -> dic
     }
 
 
-def _broken(r: ActionResult, kind: str) -> str | None:
+def _broken(r: ActionResult, kind: str, spec: Mapping[str, Any] | None = None) -> str | None:
     """Why an action's result says nothing about the response (None: it is a verdict).
 
-    A test command that exits non-zero or times out is a verdict on the response;
-    an action that could not run (no exit code, cancelled) or a failed reward model is not."""
+    A test command that fails the tests or times out is a verdict on the response; an action that
+    could not run (no exit code, cancelled), a test command that could not (see
+    :func:`~integrations.verl.verdicts.exec_broken`) or a failed reward model is not."""
     if kind == "model":
         return None if r.ok else f"{r.status}: {r.error or ''}".strip()
-    if r.status in ("succeeded", "timeout") or (r.status == "failed" and r.exit_code is not None):
-        return None
-    return f"{r.status}: {(r.error or r.stderr or '')[-500:]}".strip()
+    return exec_broken(r, spec or {})
+
+
+def _cpu_max(body: Mapping[str, Any]) -> int:
+    cpu = body["resources"]["cpu"]
+    return int(cpu["max"]) if isinstance(cpu, Mapping) else int(cpu)
 
 
 async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | None = None,
                      environment: str | None = None, solution: str | None = None, prompt: str = "",
-                     ground_truth: Any = None, trajectory: str | None = None) -> tuple[dict[str, Any], ActionResult]:
+                     ground_truth: Any = None, trajectory: str | None = None,
+                     trace: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], ActionResult]:
     """Run one reward action described by ``spec`` (in ``environment`` if given, else in a one-shot
     environment with the spec's ``setup_command`` run first); raises :class:`TangramServiceError`
-    when the service cannot give a verdict. Returns the result dict and the action's result."""
+    when the service cannot give a verdict. A test suite that times out at a DoP below its cpu_max runs
+    once more at cpu_max (``timeout_s`` bounds it at the DoP the scheduler granted, which load decides);
+    that run is the verdict. Every action that ran is appended to ``trace``. Returns the result dict and
+    the verdict's action result."""
     settings = settings or active_settings()
     client = get_client(settings)
-    if spec.get("model") and not spec.get("test_command"):
+    kind = "model" if spec.get("model") and not spec.get("test_command") else "exec"
+    if kind == "model":
         body = model_action(spec, prompt=prompt, response=solution or "", ground_truth=ground_truth,
                             settings=settings, trajectory=trajectory)
-        kind = "model"
     else:
         body = suite_action(spec, settings, environment=environment, solution=solution)
-        kind = "exec"
-    key = new_key()  # a retry after a lost answer waits for the same action, never runs the suite twice
-    r = await retrying(lambda: client.run_action(body, idempotency_key=key), settings, f"the {kind} reward action")
-    why = _broken(r, kind)
+
+    async def run(body: Mapping[str, Any], name: str) -> ActionResult:
+        key = new_key()  # a retry after a lost answer waits for the same action, never runs the suite twice
+        r = await retrying(lambda: client.run_action(body, idempotency_key=key), settings, f"the {kind} reward action")
+        if trace is not None:
+            trace.append(timing_record(kind, name, r))
+        return r
+
+    r = await run(body, "reward")
+    dop = (r.allocation or {}).get("dop")
+    if kind == "exec" and r.status == "timeout" and isinstance(dop, (int, float)) and dop < _cpu_max(body):
+        log.info("tangram: a test-suite reward timed out at DoP %s; running it again at cpu_max %d",
+                 dop, _cpu_max(body))  # the same command: the solution is written again
+        wide = {**body, "resources": {**body["resources"], "cpu": _cpu_max(body)}}
+        r = await run(wide, "reward at cpu_max")
+    why = _broken(r, kind, spec)
     if why:
         raise TangramServiceError(f"tangram service {settings.url}: the {kind} reward action did not run ({why})")
     if kind == "model":
@@ -315,7 +331,11 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
         except (TypeError, ValueError) as exc:
             raise TangramServiceError(f"tangram service {settings.url}: reward model "
                                       f"{spec.get('model')!r} returned an unreadable output: {exc}") from exc
-    return result(score_tests(r, str(spec.get("score") or "binary")), r), r
+    try:
+        return result(score_tests(r, score_mode(spec)), r), r
+    except NoVerdict as exc:
+        raise TangramServiceError(f"tangram service {settings.url}: the test-suite reward gave no verdict: "
+                                  f"{exc}") from exc
 
 
 def _trajectory_settings(settings: TangramSettings, fields: Mapping[str, Any]) -> TangramSettings:
@@ -345,11 +365,10 @@ async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, se
             env_settings = settings
             if setup is not None:
                 trace.append(timing_record("exec", "setup", setup))
-        out, r = await run_reward(spec, settings=env_settings if not is_model else settings,
+        out, _ = await run_reward(spec, settings=env_settings if not is_model else settings,
                                   environment=env_id if not is_model else None, solution=text,
                                   prompt=prompt, ground_truth=ground_truth,
-                                  trajectory=fields.get("tangram_trajectory") or env_id)
-        trace.append(timing_record("model" if is_model else "exec", "reward", r))
+                                  trajectory=fields.get("tangram_trajectory") or env_id, trace=trace)
         out["tangram_actions"] = float(len(trace))
         metrics.publish(trace)
         return out
@@ -396,7 +415,12 @@ async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, 
     ``tangram_token_file``, ``tangram_token``), else the process's settings (``TANGRAM_URL`` ...).
     verl's ``naive`` manager merges the rollout's ``extra_fields`` into ``extra_info``: the
     ``tangram_agent`` loop's last turn and environment are used from there. Samples without a
-    tangram spec are scored by verl's ``default_compute_score`` (same result keys).
+    tangram spec are scored by verl's ``default_compute_score`` (same result keys), in the loop's default
+    executor as verl's naive manager runs it, with every reward kwarg that is not Tangram's own (all but
+    ``tangram_*``, ``reward_model``, ``tools_kwargs``). verl applies its SandboxFusion settings
+    (``reward.sandbox_fusion.url``) only when no custom function is set: to score code through
+    SandboxFusion here, pass ``sandbox_fusion_url`` (and ``memory_limit_mb``) in
+    ``reward.custom_reward_function.reward_kwargs``.
     """
     info = _plain(extra_info) or {}
     info = info if isinstance(info, Mapping) else {}
@@ -404,8 +428,13 @@ async def compute_score(data_source: Any, solution_str: str, ground_truth: Any, 
     if spec is None:
         from verl.utils.reward_score import default_compute_score
 
+        scorer_kwargs = {k: v for k, v in kwargs.items()
+                         if not k.startswith("tangram_") and k not in ("reward_model", "tools_kwargs")}
+
         async def scoring() -> dict[str, Any]:
-            return naive_keys(default_compute_score(data_source, solution_str, ground_truth, extra_info))
+            got = await asyncio.get_running_loop().run_in_executor(None, lambda: default_compute_score(
+                data_source, solution_str, ground_truth, extra_info, **scorer_kwargs))
+            return naive_keys(got)
 
         return await settle_unscored(info, _settings(kwargs), scoring())
     text = info.get("tangram_last_turn_text")

@@ -20,6 +20,10 @@ scorer verl hands the manager: the default one, or its SandboxFusion
 ``partial``), with verl's result keys kept and the ``tangram_*`` keys of
 :data:`~integrations.verl.reward.REWARD_KEYS` beside them. The reward loop runs
 ``run_single`` for many samples at once, so the service sees the whole batch.
+
+``reward.reward_model.enable=true`` with no ``custom_reward_function`` is refused
+(ValueError) when the manager is built: verl's reward loop would then score every
+sample with its own reward model and never call this manager.
 """
 from __future__ import annotations
 
@@ -78,9 +82,29 @@ def custom_reward_configured(config: Any) -> bool:
         return False
 
 
+def reward_model_bypasses_manager(config: Any) -> bool:
+    """Whether verl's reward loop scores every sample with its own reward model and never calls the
+    manager: ``reward.reward_model.enable`` with no ``reward.custom_reward_function.path``
+    (``RewardLoopWorker.compute_score`` then calls ``compute_score_disrm``)."""
+    try:
+        reward = config.get("reward") if config is not None else None
+        rm = reward.get("reward_model") if reward is not None else None
+        fn = reward.get("custom_reward_function") if reward is not None else None
+        return bool(rm is not None and rm.get("enable")) and (fn is None or fn.get("path") is None)
+    except AttributeError:
+        return False
+
+
 class TangramRewardManager(RewardManagerBase):
     def __init__(self, config, tokenizer, compute_score=None, reward_router_address=None,
                  reward_model_tokenizer=None, **kwargs: Any):
+        if reward_model_bypasses_manager(config):  # every tangram spec would be ignored without a word
+            raise ValueError(
+                "reward.reward_model.enable=true without reward.custom_reward_function: verl's reward loop then "
+                "scores every sample with its own reward model (compute_score_disrm) and never calls the tangram "
+                "reward manager. Serve the reward model through tangram instead (a `model` reward spec, "
+                "extra_info.tangram.model, with reward.reward_model.enable=false), or set "
+                "reward.custom_reward_function")
         super().__init__(config, tokenizer, compute_score)
         self.settings = settings_from_config(config)
         set_active(self.settings)

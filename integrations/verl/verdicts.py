@@ -1,0 +1,137 @@
+"""Which results of a reward action are verdicts on the model's response, and the score each gives
+(no verl import here).
+
+A test command's exit code is a verdict when the response could have caused it: 0, 1 (tests
+failed), 2 (pytest: collection errors, which a response that does not import causes), 3, a signal
+(137: killed for memory) or a timeout at the widest DoP. Some exit codes say the suite could not run
+whatever the response: :data:`BROKEN_EXIT_CODES` (a sample's ``broken_exit_codes`` overrides the set;
+``[]`` turns it off), and a ``solution_file`` the response could not be written to. Those, a run
+with no exit code, and a ``fraction`` score with no pytest summary to read raise :class:`NoVerdict`.
+"""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from typing import Any, Mapping
+
+from tangram.client import ActionResult
+
+# exit codes of a test command that say the suite could not run, not that the response failed it
+BROKEN_EXIT_CODES: dict[int, str] = {
+    4: "pytest usage error: an unknown option or a plugin that is not installed, e.g. -n without pytest-xdist",
+    5: "pytest collected no tests: a wrong directory or test path, or the image lacks the suite",
+    126: "the command was found but cannot be executed (permissions, not a binary)",
+    127: "command not found: the image lacks it or PATH does not reach it",
+}
+# the solution_file step's own exit code; a verdict unless its marker is in stderr too, as a test
+# command may exit 86 itself
+SOLUTION_WRITE_FAILED = 86
+SOLUTION_WRITE_MARKER = "tangram: cannot write solution_file"
+SCORE_MODES = ("binary", "fraction")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# pytest's summary line: "3 passed, 1 failed in 0.12s" (-q), "==== 2 failed, 1 error in 1.02s ====",
+# "in 65.02s (0:01:05)" past a minute
+_SUMMARY = re.compile(r"^(?:=+ )?(\d+ [a-z]+(?:, \d+ [a-z]+)*) in \d+(?:\.\d+)?(?:s| seconds)"
+                      r"(?: \(\d+:\d\d:\d\d\))?(?: =+)?$")
+_ITEM = re.compile(r"(\d+) ([a-z]+)")
+_SUMMARY_WORDS = {"passed": "passed", "failed": "failed", "error": "errors", "errors": "errors",
+                  "warning": "warnings", "warnings": "warnings", "skipped": "skipped",
+                  "deselected": "deselected", "xfailed": "xfailed", "xpassed": "xpassed", "rerun": "rerun"}
+
+
+class NoVerdict(Exception):
+    """A reward action's result that says nothing about the response."""
+
+
+def broken_exit_codes(spec: Mapping[str, Any]) -> dict[int, str]:
+    """The exit codes of the spec's test command that raise (code -> what it usually means)."""
+    given = spec.get("broken_exit_codes")
+    if given is None:
+        return BROKEN_EXIT_CODES
+    given = given.tolist() if hasattr(given, "tolist") else given  # a numpy array out of a parquet row
+    if not isinstance(given, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool)
+                                                       for c in given):
+        raise ValueError(f"broken_exit_codes: a list of ints (exit codes of the test command that mean it "
+                         f"could not run; [] for none), got {given!r}")
+    return {c: BROKEN_EXIT_CODES.get(c, "listed in the sample's broken_exit_codes") for c in given}
+
+
+def score_mode(spec: Mapping[str, Any]) -> str:
+    mode = str(spec.get("score") or "binary")
+    if mode not in SCORE_MODES:  # a typo would score binary without a word
+        raise ValueError(f"score: 'binary' or 'fraction', got {spec.get('score')!r}")
+    return mode
+
+
+def write_solution_step(path: str) -> str:
+    """The shell step writing ``$TANGRAM_SOLUTION`` to ``path``; its failure (no such directory) exits
+    :data:`SOLUTION_WRITE_FAILED` with the marker in stderr rather than 1, a failed-tests verdict."""
+    why = shlex.quote(f"{SOLUTION_WRITE_MARKER} {path}")
+    return (f'printf "%s" "$TANGRAM_SOLUTION" > {shlex.quote(path)} '
+            f"|| {{ echo {why} >&2; exit {SOLUTION_WRITE_FAILED}; }}")
+
+
+def _tail(r: ActionResult) -> str:
+    return (r.stderr or r.stdout or "").strip()[-500:]
+
+
+def exec_broken(r: ActionResult, spec: Mapping[str, Any]) -> str | None:
+    """Why a test-suite action's result says nothing about the response (None: it is a verdict)."""
+    if r.status in ("succeeded", "timeout"):
+        return None
+    if r.status != "failed" or r.exit_code is None:  # it never ran, or was cancelled
+        return f"{r.status}: {(r.error or r.stderr or '')[-500:]}".strip()
+    code = r.exit_code
+    if code == SOLUTION_WRITE_FAILED and SOLUTION_WRITE_MARKER in (r.stderr or ""):
+        return f"the response could not be written to solution_file {spec.get('solution_file')!r}: {_tail(r)}"
+    meaning = broken_exit_codes(spec).get(code)
+    if meaning is not None:
+        return (f"the test command exited {code} ({meaning}; set broken_exit_codes to change which exit "
+                f"codes raise); its output ends: {_tail(r)}")
+    return None
+
+
+def pytest_counts(stdout: str, *, truncated: bool = False) -> dict[str, int] | None:
+    """The counts of pytest's summary line in ``stdout`` (its last one), None if it has none. Output the
+    executor cut (``truncated``: it keeps the start) has lost its end: a summary counts only as its last line."""
+    lines = [s for s in (_ANSI.sub("", x).strip() for x in (stdout or "").splitlines()) if s]
+    for i in range(len(lines) - 1, -1, -1):
+        m = _SUMMARY.match(lines[i])
+        items = _ITEM.findall(m.group(1)) if m else []
+        if not items or any(what not in _SUMMARY_WORDS for _, what in items):
+            continue
+        if truncated and i != len(lines) - 1:
+            return None
+        counts: dict[str, int] = {}
+        for n, what in items:
+            counts[_SUMMARY_WORDS[what]] = counts.get(_SUMMARY_WORDS[what], 0) + int(n)
+        return counts
+    return None
+
+
+def score_tests(r: ActionResult, mode: str = "binary") -> float:
+    """The score of a test-suite action that is a verdict. ``fraction``: passed / (passed + failed +
+    errors) of pytest's summary line in stdout; a suite stopped before printing one (a timeout, a
+    signal, pytest's internal error) scores 0.0, one that ended on its own without one raises."""
+    if mode == "fraction":
+        truncated = r.truncated  # the executor keeps the start of a long output: the summary may be gone
+        c = pytest_counts(r.stdout or "", truncated=truncated)
+        if c is None:
+            if r.status == "timeout" or r.exit_code not in (0, 1, 2):
+                return 0.0
+            cut = ("the executor truncated the output (it keeps the start; the summary comes last)"
+                   if truncated else "the output was not truncated")
+            raise NoVerdict(f"score: fraction needs pytest's summary line (e.g. '3 passed, 1 failed in 0.12s') "
+                            f"in the test command's stdout, and its exit code {r.exit_code} came with none; {cut}. "
+                            "Use score: binary, or a quieter suite (pytest -q, no -s)")
+        total = c.get("passed", 0) + c.get("failed", 0) + c.get("errors", 0)
+        return c.get("passed", 0) / total if total else 0.0
+    return 1.0 if (r.status == "succeeded" and r.exit_code == 0) else 0.0
+
+
+def finite(x: float) -> float:
+    if not math.isfinite(x):
+        raise ValueError(f"the score is not a finite number: {x}")
+    return x
