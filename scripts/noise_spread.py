@@ -18,6 +18,9 @@ of ``sim-seed-*.json``, whose API part has ``--books conservative``). Per baseli
 * ``paired``: on how many replicas tangram's value is at or below the baseline's on the same
   replica (the same perturbed work), and the median of tangram / baseline over the replicas.
 
+``--param FIELD=VALUE`` (as ``policy_stress.py``'s) runs tangram with that ``PolicyParams`` field
+changed, to judge a policy change against the baselines' noise.
+
 A baseline that failed calls on some replica (``api-naive`` gives up after its retries) is
 marked: its short ACTs are work it dropped. ``--json`` prints one object, every replica's
 measures included (``runs``, replica 0 first); without it, a table.
@@ -29,6 +32,7 @@ import json
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,10 +40,11 @@ sys.path.append(str(Path(__file__).resolve().parent))  # stress_families, when l
 
 from tangram.core.errors import TangramError  # noqa: E402
 from tangram.demo.results import judge  # noqa: E402
-from tangram.simulator.policies import policy_spec  # noqa: E402
+from tangram.simulator.policies import PolicySpec, policy_spec  # noqa: E402
 from tangram.simulator.sim import Simulation  # noqa: E402
 from tangram.simulator.workload import load_workload, parse_workload  # noqa: E402
 
+from policy_stress import _param  # noqa: E402
 from stress_families import DRAW, draw  # noqa: E402
 
 MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
@@ -85,11 +90,19 @@ def _workload(point: tuple):
     return load_workload(workload).with_batch(batch), seed
 
 
+def _spec(policy: str, params: tuple) -> str | PolicySpec:
+    """tangram with ``params`` (FIELD, VALUE) pairs changed; any other policy as named."""
+    if policy != "tangram" or not params:
+        return policy
+    spec = policy_spec("tangram")
+    return replace(spec, params=replace(spec.params, **dict(params)))
+
+
 def _one(task: tuple) -> tuple[tuple, dict]:
-    point, policy, replica = task
+    point, policy, replica, params = task
     wl, seed = _workload(point)
-    s = Simulation(wl, policy, seed=seed, replica=replica).run().summary
-    return task, {**{m: s[m] for m in MEASURES}, "failed": s["failed"]}
+    s = Simulation(wl, _spec(policy, params), seed=seed, replica=replica).run().summary
+    return task[:3], {**{m: s[m] for m in MEASURES}, "failed": s["failed"]}
 
 
 def _describe(point: tuple) -> dict:
@@ -131,9 +144,13 @@ def _summary(policy_runs: list[dict]) -> dict:
             for m in MEASURES} | {"failed": s["failed"], "runs": [[r[m] for m in MEASURES] for r in policy_runs]}
 
 
-def run_points(points: list[tuple], replicas: int, policies: list[str] | None, jobs: int = 1) -> list[dict]:
+def run_points(points: list[tuple], replicas: int, policies: list[str] | None, jobs: int = 1,
+               params: dict | None = None) -> list[dict]:
     """``points``: ``(WORKLOAD, BATCH, SEED)`` or ``("draw", FAMILY, DRAW, SIM_SEED, BOOKS)`` (BOOKS None:
-    the service's default)."""
+    the service's default); ``params``: PolicyParams fields changed for tangram."""
+    pairs = tuple(sorted((params or {}).items()))
+    if pairs:
+        _spec("tangram", pairs)  # an unknown field fails before any run
     named = {}
     for pt in points:
         wl, _ = _workload(pt)
@@ -141,7 +158,7 @@ def run_points(points: list[tuple], replicas: int, policies: list[str] | None, j
         for n in names:
             policy_spec(n)  # an unknown name fails before any run
         named[pt] = ["tangram", *[n for n in names if n != "tangram"]]
-    tasks = [(pt, p, r) for pt, names in named.items() for p in names for r in range(replicas)]
+    tasks = [(pt, p, r, pairs) for pt, names in named.items() for p in names for r in range(replicas)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as ex:
             done = dict(ex.map(_one, tasks))
@@ -150,7 +167,7 @@ def run_points(points: list[tuple], replicas: int, policies: list[str] | None, j
     out = []
     for pt, names in named.items():
         runs = {p: [done[(pt, p, r)] for r in range(replicas)] for p in names}
-        out.append({**_describe(pt), "replicas": replicas,
+        out.append({**_describe(pt), "replicas": replicas, **({"params": dict(pairs)} if pairs else {}),
                     "policies": {p: _summary(rs) for p, rs in runs.items()},
                     "against": compare_point(runs)})
     return out
@@ -181,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a draw of scripts/policy_stress.py (repeatable)")
     ap.add_argument("--replicas", type=int, default=6, help="replicas 0..R-1 per policy (0: the sweep's run)")
     ap.add_argument("--policies", nargs="+", help="baselines (default: each workload's compared policies)")
+    ap.add_argument("--param", type=_param, action="append", default=[], metavar="FIELD=VALUE",
+                    help="a PolicyParams field for tangram (repeatable)")
     ap.add_argument("--books", choices=("adaptive", "conservative"),
                     help="a --draw's quota books, as policy_stress.py --books (default: the service's)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
@@ -193,8 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         ap.error(f"--jobs must be 1 or more, got {args.jobs}")
     try:
+        _spec("tangram", tuple(args.param))
+    except ValueError as exc:  # a value PolicyParams refuses
+        ap.error(f"--param: {exc}")
+    try:
         results = run_points(args.point + [(*d, args.books) for d in args.draw], args.replicas, args.policies,
-                             args.jobs)
+                             args.jobs, dict(args.param))
     except TangramError as exc:  # an unknown workload or policy, a workload file that does not parse
         ap.error(str(exc))
     if args.json:

@@ -171,3 +171,16 @@ def test_noise_spread_needs_a_point_or_a_draw(capsys):
     with pytest.raises(SystemExit):
         ns.main([])
     assert "give at least one --point or --draw" in capsys.readouterr().err
+
+
+def test_noise_spread_runs_tangram_with_a_changed_param_and_refuses_a_bad_one(capsys):
+    ns = load("noise_spread")
+    args = ["--point", "deepsearch:96:0", "--replicas", "2", "--policies", "api-retry", "--json"]
+    assert ns.main(args + ["--param", "order=fcfs"]) == 0
+    (pt,) = json.loads(capsys.readouterr().out)["points"]
+    assert pt["params"] == {"order": "fcfs"}
+    wl = load_workload("deepsearch").with_batch(96)
+    assert pt["policies"]["tangram"]["runs"][0] == [simulate(wl, "tangram:fcfs", seed=0).summary[m] for m in MEASURES]
+    with pytest.raises(SystemExit):
+        ns.main(args + ["--param", "aging_k=-1"])
+    assert "--param: aging_k: must be a finite number >= 0" in capsys.readouterr().err
