@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import insort
 from typing import Sequence
 
+from tangram.core.errors import invariant
 from tangram.policy.arrange import CHUNK_SIZES, ChunkOperator, UnitsOperator, pack_one, prefix_table_rows
 from tangram.policy.estimate import Arrivals as _Arrivals
 from tangram.policy.estimate import arrivals as _arrivals
@@ -198,7 +199,7 @@ def _evict(snap, rows, operator, convex, n, capacity, seed, waiters, arrivals, g
     if tables is not None:
         tables.append(table)
     if unless_above is not None:
-        assert lowest == n, "a bound on the whole group's objective only"
+        invariant(lowest == n, "a bound on the whole group's objective only")
         if not table.feasible(n) or table.best(n) >= unless_above:
             return None
     depth = snap.params.depth - 1
