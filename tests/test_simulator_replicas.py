@@ -116,12 +116,15 @@ def test_noise_spread_runs_a_point_end_to_end(capsys):
     assert set(pt["against"]["static-services"]["measures"]) == set(MEASURES)
 
 
-@pytest.mark.parametrize("text", ["mopd", "mopd:x:0", "mopd:16", "mopd:0:0", "mopd:16:-1"])
-def test_noise_spread_refuses_a_malformed_point(text, capsys):
+@pytest.mark.parametrize("flag, text", [
+    *[("--point", t) for t in ("mopd", "mopd:x:0", "mopd:16", "mopd:0:0", "mopd:16:-1")],
+    *[("--draw", t) for t in ("gpu:1", "nofamily:1:0", "gpu:x:0", "gpu:1:-1")],
+])
+def test_noise_spread_refuses_a_malformed_point_or_draw(flag, text, capsys):
     ns = load("noise_spread")
     with pytest.raises(SystemExit) as exc:
-        ns.main(["--point", text])
-    assert exc.value.code == 2 and "--point" in capsys.readouterr().err
+        ns.main([flag, text])
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
 
 
 def test_noise_spread_needs_two_replicas(capsys):
@@ -156,14 +159,6 @@ def test_noise_spread_names_an_unknown_workload_or_policy(capsys):
     with pytest.raises(SystemExit):
         ns.main(["--point", "mopd:16:0", "--jobs", "0"])
     assert "--jobs must be 1 or more" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("text", ["gpu:1", "nofamily:1:0", "gpu:x:0", "gpu:1:-1"])
-def test_noise_spread_refuses_a_malformed_draw(text, capsys):
-    ns = load("noise_spread")
-    with pytest.raises(SystemExit) as exc:
-        ns.main(["--draw", text])
-    assert exc.value.code == 2 and "--draw" in capsys.readouterr().err
 
 
 def test_noise_spread_needs_a_point_or_a_draw(capsys):
