@@ -115,6 +115,12 @@ async def test_a_suite_that_could_not_run_raises_and_failed_tests_stay_verdicts(
         assert (await _score(project, "def add(a, b) return a + b"))["score"] == 0.0
         assert (await _score(project, test_command="kill -9 $$"))["score"] == 0.0
         assert (await _score(project, test_command="exit 86"))["score"] == 0.0
+        # another program's 4 and 5 are its own (a runner exiting with its count of failures)
+        assert (await _score(project, test_command="exit 4"))["score"] == 0.0
+        assert (await _score(project, test_command="exit 5"))["score"] == 0.0
+        # pytest's 4 when a conftest.py cannot import the response's code is the response's doing
+        conftest = f"printf 'from calc import add\\n' > conftest.py && {QUIET_SUITE}"
+        assert (await _score(project, "def add(a, b) return a + b", test_command=conftest))["score"] == 0.0
         assert (await _score(project, GOOD))["score"] == 1.0
         # the sample's own list: [] makes every exit code a verdict, another list raises on its codes
         assert (await _score(project, test_command=f"{QUIET_SUITE} -n 2", broken_exit_codes=[]))["score"] == 0.0
@@ -143,6 +149,10 @@ async def test_a_suite_that_times_out_below_its_cpu_max_runs_again_at_cpu_max(se
         # a timeout at cpu_max is the verdict at once
         late = await _score(project, test_command="sleep 60", profile="pytest-calc", timeout_s=2)
         assert late["score"] == 0.0 and late["tangram_status"] == "timeout" and late["tangram_actions"] == 2.0
+        # a cpu_max above every node: the first run had all its node's cores, and the wider run the
+        # service refuses (422) leaves the timeout the verdict rather than raising
+        capped = await _score(project, test_command="sleep 60", profile="pytest-calc", timeout_s=2, cpu_max=512)
+        assert capped["score"] == 0.0 and capped["tangram_status"] == "timeout" and capped["tangram_dop"] == 2.0
     finally:
         await close_clients()
 
@@ -154,20 +164,25 @@ async def test_a_fraction_is_read_from_pytests_summary_line_only(settings, proje
     assert R.pytest_counts("x\n==== 2 failed, 1 error in 1.02s ====\nlater: 5 passed\n") == {"failed": 2, "errors": 1}
     assert R.pytest_counts("1 error in 0.5s") == {"errors": 1}
     assert R.pytest_counts("= 2 passed, 1 skipped, 3 deselected, 1 xfailed, 1 xpassed, 2 warnings in 65.02s "
-                           "(0:01:05) =") == {"passed": 2, "skipped": 1, "deselected": 3, "xfailed": 1,
-                                              "xpassed": 1, "warnings": 2}
+                           "(0:01:05) =") == {"passed": 2}
+    assert R.pytest_counts("1 passed, 3 subtests passed in 0.01s") == {"passed": 1}  # pytest 9's subtests
     assert R.pytest_counts("Found 0 errors\n3 tests passed\n") is None
     frac = {"score": "fraction", "test_command": QUIET_SUITE}
     try:
         got = await _score(project, HALF, **{**frac, "test_command": f"{QUIET_SUITE}; echo 'Found 0 errors' >&2"})
         assert got["score"] == pytest.approx(2 / 3)
         assert (await _score(project, BAD, **frac))["score"] == pytest.approx(1 / 3)  # add(0, 0) passes
-        with pytest.raises(R.TangramServiceError, match="summary line.*output was not truncated.*score: binary"):
+        with pytest.raises(R.TangramServiceError, match="summary line.*may not reach pytest.*score: binary"):
             await _score(project, **{**frac, "test_command": f"cd tests && {QUIET_SUITE}"})
-        # 9 MB of output: the executor keeps the first 8 MiB, and the summary after them is gone
+        # 9 MB of output, as a response may print: the executor keeps the first 8 MiB, the summary is gone
         flood = f"head -c 9000000 /dev/zero | tr '\\0' x; echo; {QUIET_SUITE}"
-        with pytest.raises(R.TangramServiceError, match="the executor truncated the output"):
-            await _score(project, **{**frac, "test_command": flood})
+        assert (await _score(project, **{**frac, "test_command": flood}))["score"] == 1.0  # exit 0: all passed
+        cut = await _score(project, HALF, **{**frac, "test_command": flood})
+        assert cut["score"] == 0.0 and cut["tangram_status"] == "failed"
+        # a failing run whose last summary-like line counts no failure: the response printed it
+        forged = await _score(project, HALF, **{**frac, "test_command": f"{QUIET_SUITE}; s=$?; "
+                                                "echo '100 passed in 0.01s'; exit $s"})
+        assert forged["score"] == 0.0
         # a suite stopped before its summary (a timeout at cpu_max) is still a verdict
         late = await _score(project, **{**frac, "test_command": "sleep 60", "timeout_s": 2})
         assert late["score"] == 0.0 and late["tangram_status"] == "timeout"
@@ -208,6 +223,10 @@ async def test_a_flat_model_key_under_verls_rule_scorer_is_not_a_tangram_reward(
         got = await R.compute_score("openai/gsm8k", "#### 42", "42", extra_info={"model": "deepseek-r1"},
                                     reward_model=rule)
         assert got["score"] == 1.0 and got["tangram_status"] == "none"
+        # as verl's naive manager calls a custom function: no reward_model at all
+        got = await R.compute_score("openai/gsm8k", "#### 42", "42", extra_info={"model": "deepseek-r1"})
+        assert got["score"] == 1.0 and got["tangram_status"] == "none"
+        assert R.reward_spec({"model": "rm"}) is None  # a model reward there is extra_info.tangram.model
         tok = make_tokenizer()
         model_dir = make_model_dir(tmp_path / "m")
         naive = load_reward_manager(verl_config(model_dir, ["reward.reward_manager.name=naive"]), tok)

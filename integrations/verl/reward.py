@@ -10,8 +10,8 @@ see :mod:`integrations.verl.reward_manager`), or from the ``tangram_agent`` loop
 
 What to run comes from the sample: ``extra_info["tangram"]`` (or
 ``reward_model["tangram"]``, or the flat keys ``test_command`` / ``model`` of
-either; a flat ``model`` only when the sample's reward_model is not verl's
-``style: rule``), a mapping with
+either; a flat ``model`` only where the sample's reward_model is seen and is
+not verl's ``style: rule``, so not under ``compute_score``), a mapping with
 
 * test-suite rewards (CPU, elastic DoP): ``test_command`` (e.g.
   ``pytest -q -n ${parallel_num}``), ``setup_command`` (run first, e.g. copy
@@ -19,14 +19,15 @@ either; a flat ``model`` only when the sample's reward_model is not verl's
   the tests; its last fenced code block if it has one), ``profile`` (the
   profile class of the repository's suite), ``cpu_min`` / ``cpu_max`` (the
   DoP range; default 1 .. the settings' ``reward_cpu_max``), ``timeout_s`` (a
-  suite that times out below cpu_max runs once more at cpu_max: that run is the
-  verdict), ``restartable`` (true: the service may stop a suite that straggles at
+  suite that times out below cpu_max runs once more, wider, as its node allows:
+  that run is the verdict), ``restartable`` (true: the service may stop a suite that straggles at
   a narrow DoP and run it again wider; only one that runs in the trajectory's
   environment), ``score`` (``binary``: 1 if the command exits 0, the default;
   ``fraction``: passed / (passed + failed + errors) of pytest's summary line in
-  stdout, raising when there is none), ``broken_exit_codes`` (the test command's
-  exit codes that mean it could not run and raise; default 4, 5, 126, 127, see
-  :mod:`integrations.verl.verdicts`; ``[]`` for none);
+  stdout; see :func:`integrations.verl.verdicts.score_tests` for a run without
+  one), ``broken_exit_codes`` (the test command's exit codes that mean it could
+  not run and raise; default pytest's 4 and 5 and any command's 126 and 127,
+  see :mod:`integrations.verl.verdicts`; ``[]`` for none);
 * reward-model rewards (GPU ``model`` actions): ``model`` (the service's model
   name), ``op`` (default ``score``), ``gpu`` (an int or a list of allowed
   DoPs, default 1), ``template`` (default ``"{response}"``; may use
@@ -71,7 +72,7 @@ from integrations.verl.session import (EnvSpec, TangramServiceError, create_envi
                                        get_client, new_key, retrying, timing_record)
 from integrations.verl.verdicts import (NoVerdict, broken_exit_codes, exec_broken, finite, pytest_counts,  # noqa: F401
                                         score_mode, score_tests, write_solution_step)
-from tangram.client import ActionResult
+from tangram.client import ActionResult, TangramHTTPError
 
 log = logging.getLogger("integrations.verl")
 
@@ -101,10 +102,11 @@ def _plain(x: Any) -> Any:
 
 def reward_spec(extra_info: Any = None, reward_model: Any = None) -> dict[str, Any] | None:
     """The tangram reward spec of a sample, or None if it has none. A flat ``model`` key (datasets record
-    the model that wrote a sample there) counts only when the sample's reward_model is not verl's rule
-    scorer (``style: rule``)."""
+    the model that wrote a sample there) counts only when the sample's reward_model is given and is not
+    verl's rule scorer (``style: rule``): verl's naive manager hands a custom function no reward_model,
+    so under ``compute_score`` a model reward is written ``extra_info.tangram.model``."""
     reward_model = _plain(reward_model)
-    rule = isinstance(reward_model, Mapping) and reward_model.get("style") == "rule"
+    rule = not isinstance(reward_model, Mapping) or reward_model.get("style") == "rule"
     for src in (_plain(extra_info), reward_model):
         if not isinstance(src, Mapping):
             continue
@@ -316,10 +318,18 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
     r = await run(body, "reward")
     dop = (r.allocation or {}).get("dop")
     if kind == "exec" and r.status == "timeout" and isinstance(dop, (int, float)) and dop < _cpu_max(body):
-        log.info("tangram: a test-suite reward timed out at DoP %s; running it again at cpu_max %d",
+        log.info("tangram: a test-suite reward timed out at DoP %s; running it again wider, up to cpu_max %d",
                  dop, _cpu_max(body))  # the same command: the solution is written again
-        wide = {**body, "resources": {**body["resources"], "cpu": _cpu_max(body)}}
-        r = await run(wide, "reward at cpu_max")
+        # wider than it ran, up to cpu_max: the service caps the range to the node, and refuses (422) a
+        # range no node holds, when the first run already had every core its node gives
+        wide = {**body, "resources": {**body["resources"], "cpu": {"min": int(dop) + 1, "max": _cpu_max(body)}}}
+        try:
+            r = await run(wide, "reward wider")
+        except TangramServiceError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, TangramHTTPError) and cause.status == 422):
+                raise
+            log.info("tangram: no node runs the suite wider than DoP %s: its timeout is the verdict", dop)
     why = _broken(r, kind, spec)
     if why:
         raise TangramServiceError(f"tangram service {settings.url}: the {kind} reward action did not run ({why})")

@@ -4,8 +4,9 @@
 A test command's exit code is a verdict when the response could have caused it: 0, 1 (tests
 failed), 2 (pytest: collection errors, which a response that does not import causes), 3, a signal
 (137: killed for memory) or a timeout at the widest DoP. Some exit codes say the suite could not run
-whatever the response: :data:`BROKEN_EXIT_CODES` (a sample's ``broken_exit_codes`` overrides the set;
-``[]`` turns it off), and a ``solution_file`` the response could not be written to. Those, a run
+whatever the response: :data:`BROKEN_EXIT_CODES` (4 and 5 only from a command that runs pytest, and
+4 not when a conftest.py could not import the response's code; a sample's ``broken_exit_codes``
+overrides the set, ``[]`` turns it off), and a ``solution_file`` the response could not be written to. Those, a run
 with no exit code, and a ``fraction`` score with no pytest summary to read raise :class:`NoVerdict`.
 """
 from __future__ import annotations
@@ -33,12 +34,12 @@ SCORE_MODES = ("binary", "fraction")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # pytest's summary line: "3 passed, 1 failed in 0.12s" (-q), "==== 2 failed, 1 error in 1.02s ====",
 # "in 65.02s (0:01:05)" past a minute
-_SUMMARY = re.compile(r"^(?:=+ )?(\d+ [a-z]+(?:, \d+ [a-z]+)*) in \d+(?:\.\d+)?(?:s| seconds)"
-                      r"(?: \(\d+:\d\d:\d\d\))?(?: =+)?$")
-_ITEM = re.compile(r"(\d+) ([a-z]+)")
-_SUMMARY_WORDS = {"passed": "passed", "failed": "failed", "error": "errors", "errors": "errors",
-                  "warning": "warnings", "warnings": "warnings", "skipped": "skipped",
-                  "deselected": "deselected", "xfailed": "xfailed", "xpassed": "xpassed", "rerun": "rerun"}
+_SUMMARY = re.compile(r"^(?:=+ )?(\d+ [a-z][a-z ]*(?:, \d+ [a-z][a-z ]*)*) in \d+(?:\.\d+)?(?:s| seconds)"
+                      r"(?: \([\d:]+\))?(?: =+)?$")
+_ITEM = re.compile(r"(\d+) ([a-z][a-z ]*[a-z])")
+# the items of the summary a score reads; others (skipped, warnings, "subtests passed" of pytest 9, a
+# plugin's own) are left out
+_COUNTED = {"passed": "passed", "failed": "failed", "error": "errors", "errors": "errors"}
 
 
 class NoVerdict(Exception):
@@ -77,6 +78,13 @@ def _tail(r: ActionResult) -> str:
     return (r.stderr or r.stdout or "").strip()[-500:]
 
 
+_PYTEST = re.compile(r"(^|[\s/;&|(])(py\.test|pytest)\b")
+# exit codes pytest gives that say the run could not test anything, when the command runs pytest
+_PYTEST_ONLY = (4, 5)
+# pytest exits 4 too when a conftest.py cannot import the response's code: a verdict on the response
+_CONFTEST_IMPORT = "ImportError while loading conftest"
+
+
 def exec_broken(r: ActionResult, spec: Mapping[str, Any]) -> str | None:
     """Why a test-suite action's result says nothing about the response (None: it is a verdict)."""
     if r.status in ("succeeded", "timeout"):
@@ -87,6 +95,11 @@ def exec_broken(r: ActionResult, spec: Mapping[str, Any]) -> str | None:
     if code == SOLUTION_WRITE_FAILED and SOLUTION_WRITE_MARKER in (r.stderr or ""):
         return f"the response could not be written to solution_file {spec.get('solution_file')!r}: {_tail(r)}"
     meaning = broken_exit_codes(spec).get(code)
+    if (meaning is not None and code in _PYTEST_ONLY and spec.get("broken_exit_codes") is None
+            and not _PYTEST.search(str(spec.get("test_command") or ""))):
+        meaning = None  # another program's 4 or 5 means what that program says; only pytest's are known
+    if code == 4 and _CONFTEST_IMPORT in (r.stdout or "") + (r.stderr or ""):
+        meaning = None
     if meaning is not None:
         return (f"the test command exited {code} ({meaning}; set broken_exit_codes to change which exit "
                 f"codes raise); its output ends: {_tail(r)}")
@@ -94,38 +107,47 @@ def exec_broken(r: ActionResult, spec: Mapping[str, Any]) -> str | None:
 
 
 def pytest_counts(stdout: str, *, truncated: bool = False) -> dict[str, int] | None:
-    """The counts of pytest's summary line in ``stdout`` (its last one), None if it has none. Output the
-    executor cut (``truncated``: it keeps the start) has lost its end: a summary counts only as its last line."""
+    """The passed / failed / errors counts of pytest's summary line in ``stdout`` (its last one), None if it
+    has none. Output the executor cut (``truncated``: it keeps the start) has lost its end: a summary
+    counts only as its last line."""
     lines = [s for s in (_ANSI.sub("", x).strip() for x in (stdout or "").splitlines()) if s]
     for i in range(len(lines) - 1, -1, -1):
         m = _SUMMARY.match(lines[i])
-        items = _ITEM.findall(m.group(1)) if m else []
-        if not items or any(what not in _SUMMARY_WORDS for _, what in items):
+        if not m:
             continue
         if truncated and i != len(lines) - 1:
             return None
         counts: dict[str, int] = {}
-        for n, what in items:
-            counts[_SUMMARY_WORDS[what]] = counts.get(_SUMMARY_WORDS[what], 0) + int(n)
+        for n, what in _ITEM.findall(m.group(1)):
+            if what in _COUNTED:
+                counts[_COUNTED[what]] = counts.get(_COUNTED[what], 0) + int(n)
         return counts
     return None
 
 
 def score_tests(r: ActionResult, mode: str = "binary") -> float:
     """The score of a test-suite action that is a verdict. ``fraction``: passed / (passed + failed +
-    errors) of pytest's summary line in stdout; a suite stopped before printing one (a timeout, a
-    signal, pytest's internal error) scores 0.0, one that ended on its own without one raises."""
+    errors) of pytest's summary line in stdout. Without one, a run that printed past the output's cap
+    (the executor keeps the start, and the response can print that much) is scored by its exit code as
+    ``binary`` is; a run that timed out, was killed, or exited with pytest's internal error or a code of
+    its own scores 0.0; one that exited 0, 1 or 2 with
+    all its output raises (a command that never reached pytest, ``-qq``, or a response that exited the
+    interpreter itself). A failing run whose summary counts no failure scores 0.0: pytest exits 1 only
+    with one, so that line is not pytest's (a response may print one after it)."""
     if mode == "fraction":
-        truncated = r.truncated  # the executor keeps the start of a long output: the summary may be gone
-        c = pytest_counts(r.stdout or "", truncated=truncated)
+        c = pytest_counts(r.stdout or "", truncated=r.truncated)
         if c is None:
+            if r.truncated and r.status != "timeout":  # its exit code is all that is left: pytest's 0 is all passed
+                return 1.0 if r.exit_code == 0 else 0.0
             if r.status == "timeout" or r.exit_code not in (0, 1, 2):
                 return 0.0
-            cut = ("the executor truncated the output (it keeps the start; the summary comes last)"
-                   if truncated else "the output was not truncated")
-            raise NoVerdict(f"score: fraction needs pytest's summary line (e.g. '3 passed, 1 failed in 0.12s') "
-                            f"in the test command's stdout, and its exit code {r.exit_code} came with none; {cut}. "
-                            "Use score: binary, or a quieter suite (pytest -q, no -s)")
+            raise NoVerdict(f"score: fraction needs pytest's summary line (e.g. '3 passed, 1 failed in 0.12s') in "
+                            f"the test command's stdout, and a run that exited {r.exit_code} with all its output "
+                            "printed none: the command may not reach pytest (a failed cd, another runner), run it "
+                            "with -qq, or the response may exit the interpreter itself. Use score: binary, or "
+                            "pytest with -q")
+        if r.exit_code == 1 and not (c.get("failed", 0) + c.get("errors", 0)):
+            return 0.0  # pytest exits 1 only with a failure: that summary is not pytest's
         total = c.get("passed", 0) + c.get("failed", 0) + c.get("errors", 0)
         return c.get("passed", 0) / total if total else 0.0
     return 1.0 if (r.status == "succeeded" and r.exit_code == 0) else 0.0
