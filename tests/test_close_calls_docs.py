@@ -7,7 +7,6 @@ import json
 import pytest
 
 from tangram.simulator.sim import Simulation
-from tangram.simulator.workload import load_workload, parse_workload
 from tests.test_results_docs import MEASURES, RESULTS, SWEEPS, STRESS, STRESS_RUNS, _section, _stored, stress
 from tests.test_simulator_scripts import load
 
@@ -77,14 +76,13 @@ def test_replica_zero_of_each_stored_point_is_the_stored_run():
     (("gpu", 16, 0), ("tangram", "static-services"), 2),
 ])
 def test_a_stored_replica_reruns_identical(point, policies, replica):
+    """A stored replica's numbers, rerun as noise_spread.py builds the point (its own ``_workload``)."""
     if point[0] in DRAW_RUNS:
-        family, draw, sim_seed = point
         (p,) = [q for q in _points("stress-draws.json") if (q["family"], q["draw"], q["sim_seed"]) == point]
-        wl, seed = parse_workload(stress.draw(family, draw), source="close calls"), sim_seed
+        wl, seed = load("noise_spread")._workload(("draw", *point, None))
     else:
-        workload, batch, seed = point
         (p,) = [q for q in _points("sweep-points.json") if (q["workload"], q["batch"], q["seed"]) == point]
-        wl = load_workload(workload).with_batch(batch)
+        wl, seed = load("noise_spread")._workload(point)
     for policy in policies:
         s = Simulation(wl, policy, seed=seed, replica=replica).run().summary
         assert p["policies"][policy]["runs"][replica] == [s[m] for m in MEASURES], policy

@@ -39,19 +39,28 @@ def project():
     return calc_setup_command()
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    d = tmp_path_factory.mktemp("svc")
-    # a profile for the suite's class: the scheduler may give it more than one core
-    (d / "profiles.json").write_text(json.dumps({"version": 1, "classes": {
-        "pytest-calc": {"t1_s": 4.0, "efficiency": {"1": 1.0, "2": 0.95}, "samples": 5}}}))
+# a profile for the suite's class: the scheduler may give it more than one core
+CALC_PROFILE = {"pytest-calc": {"t1_s": 4.0, "efficiency": {"1": 1.0, "2": 0.95}, "samples": 5}}
+
+
+def cluster_dir(d: Path, classes: dict, *, gpus: int, model: str, factory: str) -> Path:
+    """``d/cluster.yaml`` (returned) with ``classes`` as its profiles and one (virtual, CPU) GPU node serving
+    ``model`` from ``factory``."""
+    (d / "profiles.json").write_text(json.dumps({"version": 1, "classes": classes}))
     (d / "cluster.yaml").write_text(
         "profiles: [profiles.json]\n"
         "gpu_nodes:\n"
-        "  - name: g0\n    gpus: 2\n    device: cpu\n    memory_mb_per_gpu: 1024\n"
-        "    services:\n      - name: toy-rm\n"
-        "        options: {factory: 'integrations.verl.testing:toy_reward_model'}\n")
-    with serve(config=str(d / "cluster.yaml")) as url:
+        f"  - name: g0\n    gpus: {gpus}\n    device: cpu\n    memory_mb_per_gpu: 1024\n"
+        f"    services:\n      - name: {model}\n"
+        f"        options: {{factory: '{factory}'}}\n")
+    return d / "cluster.yaml"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    cluster = cluster_dir(tmp_path_factory.mktemp("svc"), CALC_PROFILE, gpus=2, model="toy-rm",
+                          factory="integrations.verl.testing:toy_reward_model")
+    with serve(config=str(cluster)) as url:
         yield url
 
 

@@ -16,13 +16,14 @@ import pytest
 
 pytest.importorskip("verl", reason="verl not installed: pip install -r scripts/test-requirements.txt")
 
-from integrations.verl import config as tconfig  # noqa: E402
 from integrations.verl import metrics  # noqa: E402
 from integrations.verl import reward as R  # noqa: E402
 from integrations.verl.session import close_clients  # noqa: E402
-from integrations.verl.testing import make_model_dir, make_tokenizer, verl_config  # noqa: E402
+from integrations.verl.testing import make_model_dir, make_tokenizer, toy_reward_model, verl_config  # noqa: E402
 from tangram.service.launch import start_serve  # noqa: E402
-from tests.test_verl_reward import BAD, GOOD, HALF, REWARD_PY, _info, _sample, _stats  # noqa: E402
+# project and settings are that module's fixtures (settings reads this module's service)
+from tests.test_verl_reward import (BAD, CALC_PROFILE, GOOD, HALF, REWARD_PY, _info, _sample, _stats,  # noqa: E402,F401
+                                    cluster_dir, project, settings)
 
 pytestmark = pytest.mark.verl
 
@@ -31,24 +32,23 @@ QUIET_SUITE = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pytest -q"
 
 
 def not_finite_reward_model():
-    """A served reward model with a broken head (a ``factory`` of the service below): the log of
-    (number of ``!`` - 1), so NaN without a ``!``, -inf with one, finite from two on."""
+    """A served reward model with a broken head (a ``factory`` of the service below): the log of the toy
+    reward model's count of ``!`` less one, so NaN without a ``!``, -inf with one, finite from two on."""
     import torch
 
     from tangram.executors.torch_gpu import ServedModel
 
-    tok = make_tokenizer()
-    bang = tok.convert_tokens_to_ids("!")
+    counting = toy_reward_model()
 
-    class LogBangs(torch.nn.Module):
-        def __init__(self):
+    class LogOfCountLessOne(torch.nn.Module):
+        def __init__(self, count):
             super().__init__()
-            self.scale = torch.nn.Parameter(torch.ones(()))
+            self.count = count
 
         def forward(self, input_ids):
-            return torch.log((input_ids == bang).sum(dim=1).to(torch.float32) - 1) * self.scale
+            return torch.log(self.count(input_ids) - 1)
 
-    return ServedModel(LogBangs(), tokenizer=tok)
+    return ServedModel(LogOfCountLessOne(counting.module), tokenizer=counting.tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -56,38 +56,17 @@ def service(tmp_path_factory):
     """A real service: a profile class whose suite the scheduler runs wide and one it keeps at one core,
     a (virtual, CPU) GPU node with the broken reward model, and the SandboxFusion endpoint."""
     d = tmp_path_factory.mktemp("svc")
-    (d / "profiles.json").write_text(json.dumps({"version": 1, "classes": {
-        "pytest-calc": {"t1_s": 4.0, "efficiency": {"1": 1.0, "2": 0.95}, "samples": 5},
-        "pytest-narrow": {"t1_s": 4.0, "efficiency": {"1": 1.0, "2": 0.5}, "samples": 5}}}))
-    (d / "cluster.yaml").write_text(
-        "profiles: [profiles.json]\n"
-        "gpu_nodes:\n"
-        "  - name: g0\n    gpus: 1\n    device: cpu\n    memory_mb_per_gpu: 1024\n"
-        "    services:\n      - name: log-rm\n"
-        "        options: {factory: 'tests.test_verl_reward_verdicts:not_finite_reward_model'}\n")
+    narrow = {"pytest-narrow": {"t1_s": 4.0, "efficiency": {"1": 1.0, "2": 0.5}, "samples": 5}}
+    cluster = cluster_dir(d, {**CALC_PROFILE, **narrow}, gpus=1, model="log-rm",
+                          factory="tests.test_verl_reward_verdicts:not_finite_reward_model")
     (d / "sandbox.key").write_text(SANDBOX_KEY + "\n")
     srv = start_serve(["--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING", "--no-auth",
-                       "--config", str(d / "cluster.yaml"), "--sandbox-key-file", str(d / "sandbox.key")],
+                       "--config", str(cluster), "--sandbox-key-file", str(d / "sandbox.key")],
                       throwaway_state=True)
     try:
         yield srv.url
     finally:
         srv.stop(grace_s=30)
-
-
-@pytest.fixture
-def settings(service):
-    s = tconfig.TangramSettings(enabled=True, url=service, reward_cpu_max=2)
-    tconfig.set_active(s)
-    yield s
-    tconfig.set_active(None)
-
-
-@pytest.fixture
-def project():
-    from integrations.verl.testing import calc_setup_command
-
-    return calc_setup_command()
 
 
 async def _score(project, text=GOOD, **spec):
