@@ -354,9 +354,12 @@ class TangramClient:
     async def exec(self, environment: str | None, command: str, *, cpu: int | Mapping[str, int] | list[int] = 1,
                    profile: str | None = None, timeout_s: float | None = None, mem_mb: int | None = None,
                    env: Mapping[str, str] | None = None, request_timeout_s: float | None = None,
-                   restartable: bool = False, idempotency_key: str | None = None) -> ActionResult:
+                   restartable: bool = False, idempotency_key: str | None = None,
+                   stdin: str | None = None) -> ActionResult:
         """Run ``command`` in ``environment`` (None: a fresh one-shot environment). ``restartable``: the
-        service may stop a straggling run and start it again at a wider DoP (a test suite's reward)."""
+        service may stop a straggling run and start it again at a wider DoP (a test suite's reward).
+        ``stdin``: fed to the command (as UTF-8), then EOF; None: no input. Text too long for ``env``
+        (32 KiB a value) goes here."""
         body: dict[str, Any] = {"kind": "exec", "command": command, "resources": {"cpu": cpu}}
         if environment is not None:
             body["environment"] = environment
@@ -370,6 +373,8 @@ class TangramClient:
             body["env"] = dict(env)
         if restartable:
             body["restartable"] = True
+        if stdin is not None:
+            body["stdin"] = stdin
         return await self.run_action(body, timeout_s=request_timeout_s, idempotency_key=idempotency_key)
 
     async def submit(self, action: Mapping[str, Any], *, timeout_s: float | None = 30.0) -> str:

@@ -66,6 +66,9 @@ async def test_real_responses_match_the_contract():
         st, res = await c.call("POST", "/v1/actions", "/v1/actions", headers={"Idempotency-Key": "once"},
                                body={"kind": "exec", "command": "echo hi", "environment": eid})
         assert st == 200 and res["stdout"] == "hi\n"
+        st, fed = await c.call("POST", "/v1/actions", "/v1/actions", body={"kind": "exec", "command": "cat",
+                                                                           "stdin": "in\0put"})
+        assert st == 200 and fed["stdout"] == "in\0put"
         assert (await c.call("GET", f"/v1/actions/{res['id']}", "/v1/actions/{id}"))[0] == 200
         st, pend = await c.call("POST", "/v1/actions", "/v1/actions", query={"wait": "false"},
                                 body={"kind": "exec", "command": "sleep 30", "environment": eid},

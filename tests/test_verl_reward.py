@@ -6,6 +6,7 @@ profile) and a reward model served on a (virtual, CPU) GPU node."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -48,6 +49,7 @@ def cluster_dir(d: Path, classes: dict, *, gpus: int, model: str, factory: str) 
     ``model`` from ``factory``."""
     (d / "profiles.json").write_text(json.dumps({"version": 1, "classes": classes}))
     (d / "cluster.yaml").write_text(
+        "service: {max_body_bytes: 4194304}\n"  # a response of a megabyte and more, on the action's stdin
         "profiles: [profiles.json]\n"
         "gpu_nodes:\n"
         f"  - name: g0\n    gpus: {gpus}\n    device: cpu\n    memory_mb_per_gpu: 1024\n"
@@ -374,6 +376,23 @@ async def test_a_sandbox_fusion_scorer_is_not_a_custom_function(settings, servic
         await close_clients()
 
 
+async def test_a_response_of_a_megabyte_reaches_solution_file_byte_for_byte(settings, project):
+    """The response once went in an env variable: past 32 KiB (the service's cap on one) the reward action
+    was refused (400), and past 128 KiB (Linux's on one string) its command could not start."""
+    filler = "".join(f"# {i} 'q' \"dq\" $HOME ${{x}} `t` \\ %s é 中\n" for i in range(25_000))
+    text = "def add(a, b):\n    return a + b\n" + filler + "# no newline at the end"
+    assert len(text.encode()) > 1 << 20
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    try:
+        got = await R.compute_score("x", text, None, extra_info=_info(
+            project, test_command=f"echo '{digest}  calc.py' | sha256sum -c --quiet - && {SUITE}"))
+        assert got["score"] == 1.0 and got["tangram_status"] == "succeeded", got
+        bad = await R.compute_score("x", BAD + filler, None, extra_info=_info(project))
+        assert bad["score"] == 0.0 and bad["tangram_status"] == "failed"
+    finally:
+        await close_clients()
+
+
 async def test_reward_errors_raise_naming_the_service_and_the_cause(settings, service):
     try:
         with pytest.raises(R.TangramServiceError, match="unknown model") as e:
@@ -389,7 +408,9 @@ def test_action_bodies_follow_the_wire_contract():
                            "solution_file": "sol.py"}, s, solution=GOOD)
     assert body["kind"] == "exec" and body["resources"] == {"cpu": {"min": 1, "max": 8}} and body["profile"] == "p"
     assert body["command"].endswith("{ pytest -n ${parallel_num} ; }") and "environment" not in body
-    assert body["env"]["TANGRAM_SOLUTION"] == "def add(a, b):\n    return a + b\n"
+    assert body["stdin"] == "def add(a, b):\n    return a + b\n" and "env" not in body
+    assert bytes(parse_action(body)["payload"]["stdin"]) == body["stdin"].encode()
+    assert "{ cp -r /r/. . ; } < /dev/null && { cat > sol.py ||" in body["command"]  # the setup leaves stdin alone
     in_env = R.suite_action({"test_command": "make test", "setup_command": "x", "cpu_max": 1}, s, environment="env-1")
     assert in_env["command"] == "make test" and in_env["environment"] == "env-1" and in_env["resources"]["cpu"] == 1
     assert "restartable" not in body and "restartable" not in in_env

@@ -16,7 +16,8 @@ not verl's ``style: rule``, so not under ``compute_score``), a mapping with
 * test-suite rewards (CPU, elastic DoP): ``test_command`` (e.g.
   ``pytest -q -n ${parallel_num}``), ``setup_command`` (run first, e.g. copy
   the repository in), ``solution_file`` (the response is written there before
-  the tests; its last fenced code block if it has one), ``profile`` (the
+  the tests, byte for byte from the action's stdin; its last fenced code block
+  if it has one), ``profile`` (the
   profile class of the repository's suite), ``cpu_min`` / ``cpu_max`` (the
   DoP range; default 1 .. the settings' ``reward_cpu_max``), ``timeout_s`` (a
   suite that times out below cpu_max runs once more, wider, as its node allows:
@@ -166,15 +167,16 @@ def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environm
     """The ``exec`` action body of a test-suite reward."""
     broken_exit_codes(spec)  # a bad list is refused before anything runs
     score_mode(spec)
-    steps = []
-    if spec.get("setup_command") and environment is None:
-        steps.append(str(spec["setup_command"]))
-    env: dict[str, str] = {}
+    steps = []  # brace groups run before the test command
+    if spec.get("setup_command") and environment is None:  # stdin is the write step's: not read here
+        steps.append(f"{{ {spec['setup_command']} ; }} < /dev/null")
+    stdin = None
     if spec.get("solution_file") and solution is not None:
-        env["TANGRAM_SOLUTION"] = extract_solution(solution)
-        steps.append(write_solution_step(str(spec["solution_file"])))
-    steps.append(str(spec["test_command"]))
-    command = steps[0] if len(steps) == 1 else " && ".join(f"{{ {s} ; }}" for s in steps)
+        # on stdin, not in env or argv: a response past 32 KiB (an env value's cap) or 128 KiB (Linux's) fits
+        stdin = extract_solution(solution)
+        steps.append(f"{{ {write_solution_step(str(spec['solution_file']))} ; }}")
+    test = str(spec["test_command"])
+    command = " && ".join([*steps, f"{{ {test} ; }}"]) if steps else test
     lo = int(spec.get("cpu_min") or 1)
     hi = max(lo, int(spec.get("cpu_max") or settings.reward_cpu_max))
     body: dict[str, Any] = {"kind": "exec", "command": command,
@@ -186,8 +188,8 @@ def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environm
         body["profile"] = str(spec["profile"])
     if spec.get("mem_mb"):
         body["resources"]["mem_mb"] = int(spec["mem_mb"])
-    if env:
-        body["env"] = env
+    if stdin is not None:
+        body["stdin"] = stdin
     if "restartable" in spec:  # as given: the service refuses anything but true or false (400, naming it)
         body["restartable"] = spec["restartable"]
     return body

@@ -67,11 +67,11 @@ def score_mode(spec: Mapping[str, Any]) -> str:
 
 
 def write_solution_step(path: str) -> str:
-    """The shell step writing ``$TANGRAM_SOLUTION`` to ``path``; its failure (no such directory) exits
-    :data:`SOLUTION_WRITE_FAILED` with the marker in stderr rather than 1, a failed-tests verdict."""
+    """The shell step copying the action's stdin (the response) to ``path`` byte for byte; its failure (no
+    such directory) exits :data:`SOLUTION_WRITE_FAILED` with the marker in stderr rather than 1, a
+    failed-tests verdict."""
     why = shlex.quote(f"{SOLUTION_WRITE_MARKER} {path}")
-    return (f'printf "%s" "$TANGRAM_SOLUTION" > {shlex.quote(path)} '
-            f"|| {{ echo {why} >&2; exit {SOLUTION_WRITE_FAILED}; }}")
+    return f"cat > {shlex.quote(path)} || {{ echo {why} >&2; exit {SOLUTION_WRITE_FAILED}; }}"
 
 
 def _tail(r: ActionResult) -> str:

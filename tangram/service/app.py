@@ -109,7 +109,7 @@ def _runtime_ctx(factory: RuntimeFactory | None):
             finally:
                 store.close()
             raise
-        runtime.listeners.append(lambda job, outcome: store.finish_action(job.action.id, outcome.as_dict()))
+        runtime.listeners += [lambda job, outcome: store.finish_action(job.action.id, outcome.as_dict()), wire.free_input]
         reap = (asyncio.get_running_loop().create_task(reaper(store, runtime, cfg.service.env_ttl_s))
                 if cfg.service.env_ttl_s > 0 else None)
         # the engine sees enough waiting actions for its look-ahead; the rest wait here, fairly

@@ -9,6 +9,8 @@ Everything a caller sends is bounded here (:data:`LIMITS`): nesting depth,
 string lengths, the number of env variables and labels. Strings must be
 encodable as UTF-8 (no lone surrogates); a command, an env key or value may
 not hold NUL, and an env key may not hold ``=`` (neither can reach a process).
+An exec's ``stdin`` may hold NUL: it reaches the command through a pipe, not
+argv or the environment, so Linux's 128 KiB per string there does not bind it either.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from tangram.core.errors import DemandError
 from tangram.executors.http import METHODS as HTTP_METHODS
 
 KIND_FIELDS = {
-    "exec": {"environment", "command", "env", "restartable"},
+    "exec": {"environment", "command", "env", "restartable", "stdin"},
     # trajectory: the rollout an http or model action belongs to (an exec action's is its environment), for
     # the order's generation credit (docs/scheduling.md)
     "http": {"url", "method", "headers", "json", "body", "trajectory"},
@@ -39,6 +41,7 @@ LIMITS = {
     "env_vars": 256,
     "env_key": 256,
     "env_value": 32 * 1024,
+    "stdin": 16 * 1024 * 1024,  # characters; service.max_body_bytes (1 MiB by default) is the tighter bound
     "labels": 64,
     "label_key": 128,
     "label_value": 1024,
@@ -125,6 +128,8 @@ def parse_action(body: Any) -> dict[str, Any]:
             if not isinstance(body["restartable"], bool):
                 raise DemandError("restartable", f"must be true or false, got {body['restartable']!r}")
             out["restartable"] = body["restartable"]
+        if body.get("stdin") is not None:
+            payload["stdin"] = _stdin(body["stdin"])
     elif kind == "http":
         if "url" not in body:
             raise DemandError("url", "is required for http actions")
@@ -228,6 +233,24 @@ def _env(env: Any) -> dict[str, str]:
             raise DemandError(f"env.{k}", f"must be a string, got {_tname(v)}")
         _string(v, f"env.{k}", limit=LIMITS["env_value"], nul=False, allow_empty=True)
     return dict(env)
+
+
+def _stdin(v: Any) -> bytearray:
+    """An exec's standard input: any string (NUL included) up to its limit, as UTF-8. A bytearray, so that
+    :func:`free_input` can empty it once the action ended: finished records keep their action."""
+    if not isinstance(v, str):
+        raise DemandError("stdin", f"must be a string, got {_tname(v)}")
+    if len(v) > LIMITS["stdin"]:
+        raise DemandError("stdin", f"must be at most {LIMITS['stdin']} characters, got {len(v)}")
+    return bytearray(v, "utf-8")  # check_tree refused a lone surrogate already
+
+
+def free_input(job: Any, outcome: Any = None) -> None:
+    """A runtime listener: the stdin of an action that ended is emptied (a restart re-runs an action before
+    it ends, never after); the service keeps the action with its result for ``service.keep_results``."""
+    stdin = job.action.payload.get("stdin")
+    if isinstance(stdin, bytearray):
+        stdin.clear()
 
 
 def _demand(v: Any, field: str, *, allow_range: bool) -> Any:
