@@ -54,6 +54,19 @@ def _own_state_dir(tmp_path_factory, monkeypatch):
 
 
 # --------------------------------------------------------------------------
+# verl integration: its guard counts a process's failed calls to the service (and stops the run at
+# max_consecutive_failures); every test starts from none, whatever dead ports earlier tests called
+# --------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _fresh_service_guard():
+    import sys
+
+    guard = sys.modules.get("integrations.verl.guard")
+    if guard is not None:
+        guard.reset(actor=False)
+
+
+# --------------------------------------------------------------------------
 # Docker Engine
 # --------------------------------------------------------------------------
 def _start_docker_engine() -> str:

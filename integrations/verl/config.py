@@ -64,6 +64,15 @@ class TangramSettings:
     # the job the service's admission caps and fair share count this run's actions under (X-Tangram-Job):
     # name it when several runs share one service; None: the service counts by the caller's address
     job: str | None = None
+    # stop the training (integrations.verl.guard) once this many calls to the service in a row, in one worker
+    # process, failed after their retries (not reached, no answer in time, 5xx, 401/403, 429 past
+    # admission_wait_s): on verl's default path failed samples only drop their groups, so a service that
+    # stays down would degrade or stall the run without stopping it. 32: each counted call already failed
+    # for retry_s, so a few failures in a row, or a blip that fails a handful of calls in flight at once,
+    # do not stop a run, while a service that stays down fails every call of a worker and trips it within
+    # a few retry_s (a worker has tens of calls in flight, each failing retry_s after it started). Any
+    # answer of the service resets the count; 0 or None: never stop
+    max_consecutive_failures: int | None = 32
 
     def merged(self, over: Mapping[str, Any] | None) -> "TangramSettings":
         if not over:
@@ -71,6 +80,9 @@ class TangramSettings:
         known = {f.name for f in dataclasses.fields(self)}
         vals = {}
         for k, v in dict(over).items():
+            if k == "max_consecutive_failures":  # null turns the guard off, as 0 does
+                vals[k] = _count_setting(k, v)
+                continue
             if k not in known or v is None:
                 continue
             if k == "enabled":
@@ -81,6 +93,19 @@ class TangramSettings:
                 vals["token_file"] = None
             vals[k] = v
         return dataclasses.replace(self, **vals)
+
+
+def _count_setting(name: str, v: Any) -> int:
+    """A count setting: a whole number >= 0 (None and false: 0)."""
+    if v is None or v is False:
+        return 0
+    try:
+        n = int(v) if isinstance(v, int) else int(str(v).strip())
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"tangram setting {name}: a whole number >= 0 (0 or null: off), got {v!r}")
+    return n
 
 
 def settings_from_env() -> TangramSettings:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 log = logging.getLogger("integrations.verl")
 
@@ -42,6 +42,7 @@ class Accumulator:
 
     def __init__(self) -> None:
         self.sums = dict.fromkeys(_FIELDS, 0.0)
+        self.stop_reason: str | None = None  # a worker's guard tripped (integrations.verl.guard)
 
     def add(self, part: Mapping[str, float]) -> None:
         for k in _FIELDS:
@@ -50,6 +51,16 @@ class Accumulator:
     def drain(self) -> dict[str, float]:
         out, self.sums = self.sums, dict.fromkeys(_FIELDS, 0.0)
         return out
+
+    def trip(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def tripped(self) -> str | None:
+        return self.stop_reason
+
+    def untrip(self) -> None:
+        self.stop_reason = None
 
 
 _LOCAL = Accumulator()
@@ -130,6 +141,9 @@ def drain() -> dict[str, float]:
 
 
 _hooked = False
+# run after every Tracking.log the hook wraps (integrations.verl.guard adds its check: a service that
+# stayed down stops the training there, once the step's metrics are logged)
+AFTER_LOG: list[Callable[[], None]] = []
 
 
 def install_logger_hook() -> None:
@@ -148,7 +162,10 @@ def install_logger_hook() -> None:
             # a validation logged on its own (the one before training): its actions are its own, not
             # the first training step's
             data.update({f"val-{k}": v for k, v in drain().items()})
-        return original(self, data, step, backend=backend)
+        out = original(self, data, step, backend=backend)
+        for after in AFTER_LOG:
+            after()
+        return out
 
     log_with_tangram.__wrapped__ = original  # type: ignore[attr-defined]
     Tracking.log = log_with_tangram

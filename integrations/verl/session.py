@@ -17,7 +17,8 @@ in a tool instance. It lives here instead:
   overhead); the tools hand them to verl in ``extra_fields["tangram_trace"]``.
 * :func:`get_client` keeps one :class:`tangram.client.TangramClient` per
   (url, token, event loop): an aiohttp session is bound to its loop.
-* :func:`retrying` retries transient service errors within a deadline;
+* :func:`retrying` retries transient service errors within a deadline, and
+  reports each call's outcome to :mod:`integrations.verl.guard`;
   :func:`delete_environment` deletes with retries and never forgets an
   environment it could not delete (:data:`PENDING_DELETES`, retried on every
   later delete and by the sweep).
@@ -34,6 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
+from integrations.verl import guard
 from integrations.verl.config import TangramSettings
 from tangram.client import ActionResult, TangramClient, TangramHTTPError
 
@@ -48,8 +50,10 @@ _TRANSIENT = frozenset({0, 502, 503, 504})
 class TangramServiceError(RuntimeError):
     """The service could not do what a trajectory or its reward needed (after retries).
 
-    Raised instead of a made-up reward: verl's default (``use_v1``) path drops the
-    sample's group, the legacy path stops the step."""
+    Raised instead of a made-up reward: verl's default (``use_v1``) path marks the
+    sample's group failed and goes on (:mod:`integrations.verl.guard` stops the run
+    once ``max_consecutive_failures`` calls in a row failed), the legacy path stops
+    the step."""
 
 # ---------------------------------------------------------------------------- #
 # clients
@@ -101,12 +105,16 @@ async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, 
     while True:
         tries += 1
         try:
-            return await call()
+            out = await call()
         except TangramHTTPError as exc:
             if not transient(exc, resendable) or loop.time() + delay > deadline:
+                await guard.failed(settings, exc, what)  # in a row, a service that stays down stops the run
                 raise TangramServiceError(f"tangram service {settings.url}: {what} failed after {tries} "
                                           f"tr{'y' if tries == 1 else 'ies'}: {exc}") from exc
             log.info("tangram: %s: %s (retrying in %.2f s)", what, exc, delay)
+        else:
+            guard.answered(settings)
+            return out
         await asyncio.sleep(delay)
         delay = min(delay * 2, 5.0)
 

@@ -138,14 +138,15 @@ def verl_config(model_dir: str | os.PathLike, overrides: Sequence[str] = ()) -> 
 
 @contextlib.contextmanager
 def serve(*, token: str | None = None, tmp: str | os.PathLike | None = None, config: str | None = None,
-          timeout_s: float = 60.0) -> Iterator[str]:
-    """Run ``tangram serve --host 127.0.0.1 --port 0`` (no config unless given) and yield its base URL.
+          timeout_s: float = 60.0, port: int = 0) -> Iterator[str]:
+    """Run ``tangram serve --host 127.0.0.1 --port PORT`` (any free port unless given; no config unless
+    given) and yield its base URL.
 
     Its state lives in a temporary directory of its own, removed afterwards: a throwaway service
     never shares (nor is refused) the default state directory of the nodes it serves."""
     from tangram.service.launch import start_serve
 
-    args = ["--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
+    args = ["--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
     if config:
         args += ["--config", str(config)]
     if token:

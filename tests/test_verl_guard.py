@@ -1,0 +1,287 @@
+"""A Tangram service that stays down stops verl's training (``max_consecutive_failures``).
+
+verl's default path (``trainer.use_v1=true``) does not stop on a failed sample: the worker tags the
+prompt's group ``failure`` and the replay buffer trains on what is left of the batch (sync) or evicts
+and refills the group, without end (async, or sync with ``sync_refill_failed_groups``). Here verl's
+own trainer (``PPOTrainerSync.fit``), its own replay buffers with the trainer's own refill function,
+and verl's ``AgentLoopWorkerTQ`` with its ``RewardLoopWorker`` and the ``tangram`` reward manager
+run against a real TransferQueue and a real ``tangram serve``; a service that is down is a port
+nothing listens on, or the same port once that service stopped. Only the LLM is scripted (no GPU:
+the trainer never reaches its model workers; a tripwire stands where it would).
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import socket
+import tempfile
+
+import pytest
+
+pytest.importorskip("verl", reason="verl not installed: pip install -r scripts/test-requirements.txt")
+
+from integrations.verl import config as tconfig  # noqa: E402
+from integrations.verl import guard  # noqa: E402
+from integrations.verl import metrics as tmetrics  # noqa: E402
+from integrations.verl.config import TangramSettings, settings_from_config  # noqa: E402
+from integrations.verl.session import TangramServiceError, close_clients, get_client, retrying  # noqa: E402
+from integrations.verl.testing import (ScriptedLLM, make_model_dir, reward_loop_workers, rollout_rows,  # noqa: E402
+                                       serve, verl_config)
+from tests.helpers import ray_shutdown, stop_ray_and_remove  # noqa: E402
+
+pytestmark = [pytest.mark.verl, pytest.mark.timeout(600)]
+
+# one reward action each (no setup, no tool call): a sample is exactly one call to the service
+SCORED = {"prompt": "task: scored.", "agent_name": "single_turn_agent",
+          "tangram": {"test_command": "exit 0", "cpu_max": 1, "timeout_s": 60}}
+# scored by verl's own gsm8k scorer: never calls the service
+GSM8K = {"prompt": "task: gsm8k. What is 6*7?", "agent_name": "single_turn_agent", "data_source": "openai/gsm8k",
+         "ground_truth": "42"}
+
+
+def script(prompt: str, turn: int) -> str:
+    return "6 * 7 = 42\n#### 42" if "gsm8k" in prompt else "```python\nprint('hi')\n```"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """Ray and TransferQueue as verl's trainer starts them (main_ppo: tq.init(config.transfer_queue))."""
+    ray = pytest.importorskip("ray")
+    tq = pytest.importorskip("transfer_queue", reason="the default path needs transferqueue (verl[verl-core])")
+    if ray.is_initialized():
+        ray.shutdown()
+    tmp = tempfile.mkdtemp(prefix="tgg-", dir="/tmp")  # short: Ray's unix socket paths
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False,
+             object_store_memory=100_000_000)
+    try:
+        from omegaconf import OmegaConf
+
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        yield tq
+    finally:
+        try:
+            tq.close()
+        finally:
+            stop_ray_and_remove(tmp, ray_shutdown())
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    tconfig.set_active(None)
+    tmetrics.drain()
+    guard.reset()
+    yield
+    guard.reset()
+    tconfig.set_active(None)
+
+
+class InProcessManager:
+    """verl's ``AgentLoopManagerTQ.generate_sequences`` (hand the batch to the workers, return once they
+    took it) with one in-process ``AgentLoopWorkerTQ`` that runs on the test's event loop."""
+
+    def __init__(self, worker, loop):
+        self.worker, self.loop = worker, loop
+
+    def generate_sequences(self, prompts) -> None:
+        asyncio.run_coroutine_threadsafe(self.worker.generate_sequences(prompts), self.loop).result(60)
+
+
+class Tripwire:
+    """Where verl's model workers would be: the trainer went on to train on the batch it sampled."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"verl went on to train on the batch it sampled ({name})")
+
+
+def _cfg(model_dir, url, limit, *extra):
+    return verl_config(model_dir, [
+        "reward.reward_manager.name=tangram",
+        "+actor_rollout_ref.rollout.custom.tangram.enabled=true",
+        f"+actor_rollout_ref.rollout.custom.tangram.url={url}",
+        "+actor_rollout_ref.rollout.custom.tangram.retry_s=0",  # one try per call: one failure per sample
+        f"+actor_rollout_ref.rollout.custom.tangram.max_consecutive_failures={limit}",
+        "trainer.logger=[console]", "trainer.val_before_train=false", "data.gen_batch_size=1", *extra])
+
+
+def _trainer(cfg, rows):
+    """verl's own trainer of ``cfg``'s mode (its replay buffer, its refill function) whose dataloader
+    yields ``rows`` one at a time, cycling (what verl's does at an epoch's end), with an in-process
+    rollout worker; the model workers are a tripwire."""
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    importlib.import_module("integrations.verl.reward_manager")  # registers "tangram" (the plugin does in real runs)
+    trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)
+    worker = AgentLoopWorkerTQ.__ray_actor_class__(cfg, None, None, reward_loop_workers(cfg))
+    worker.llm_client = ScriptedLLM(worker.tokenizer, script)
+    trainer.agent_loop_manager = InProcessManager(worker, asyncio.get_running_loop())
+    trainer.train_dataloader, trainer.train_dataloader_it = [rollout_rows([r]) for r in rows], None
+    trainer.global_steps, trainer.steps_per_epoch, trainer.total_training_steps = 0, 1, 1
+    trainer.checkpoint_manager = trainer.actor_rollout_wg = Tripwire()
+    return trainer, worker
+
+
+async def _finish(worker):
+    """Wait until the worker's samples are done (scored or failed)."""
+    while worker.background_tasks:
+        await asyncio.gather(*list(worker.background_tasks), return_exceptions=True)
+
+
+async def _settle(tq, worker):
+    """Wait for the worker's samples, then empty the train partition (as verl's trainer does after a step)."""
+    await _finish(worker)
+    tags = (await asyncio.to_thread(tq.kv_list, "train")).get("train", {})
+    if tags:
+        await asyncio.to_thread(tq.kv_clear, list(tags), "train")
+    await close_clients()
+
+
+async def test_dead_service_stops_verls_sync_fit_before_it_trains(model_dir, transfer_queue):
+    """verl's default trainer (sync): one group of four survives the dead service (gsm8k, scored by verl's
+    own scorer), so verl would train on it; the third failure in a row stops ``fit`` instead, in the
+    replay buffer's poll, before the batch reaches the model workers, naming the cause and the setting."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    cfg = _cfg(model_dir, dead, 3, "data.train_batch_size=4")
+    trainer, worker = _trainer(cfg, [SCORED, SCORED, GSM8K, SCORED])
+    guard.install_hooks()  # what the verl.plugins entry point does in every process
+    try:
+        with pytest.raises(guard.TangramServiceDown) as err:
+            await asyncio.to_thread(trainer.fit, trainer.agent_loop_manager)
+        msg = str(err.value)
+        assert dead in msg and "3 calls in a row" in msg and "max_consecutive_failures" in msg
+        assert "cannot reach" in msg or "HTTP 0" in msg
+        await _finish(worker)
+        assert tmetrics.drain()["tangram/failed"] == 3  # the gsm8k sample did not fail
+    finally:
+        await _settle(transfer_queue, worker)
+
+
+async def test_a_success_resets_the_count(model_dir, transfer_queue):
+    """Two failures, a success once the service is up at that address, two failures after it stopped: the
+    sync replay buffer hands the batch over (four failures, but never three in a row). The next failure
+    is the third in a row: the next sampling raises."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    trainer, worker = _trainer(_cfg(model_dir, url, 3, "data.train_batch_size=1"), [])
+    assert type(trainer.replay_buffer) is ReplayBuffer and guard.install_trainer_hook()
+
+    async def dispatch(rows):
+        trainer.train_dataloader, trainer.train_dataloader_it = [rollout_rows([r]) for r in rows], None
+        await asyncio.to_thread(trainer._add_prompts_to_generate, len(rows))  # verl's own refill_fn
+        await _finish(worker)
+
+    def sample(n):
+        return trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=n)
+
+    try:
+        await dispatch([SCORED, SCORED])  # nothing listens yet
+        with serve(port=port) as live:
+            assert live == url
+            await dispatch([SCORED])
+        await close_clients()
+        await dispatch([SCORED, GSM8K, SCORED])  # stopped again
+        batch, _ = await asyncio.to_thread(sample, 6)
+        assert len({k.split("_")[0] for k in batch.keys}) == 2  # the success and gsm8k: the rest failed
+        await asyncio.to_thread(transfer_queue.kv_clear, batch.keys, "train")
+
+        await dispatch([GSM8K, SCORED])
+        with pytest.raises(guard.TangramServiceDown, match="3 calls in a row"):
+            await asyncio.to_thread(sample, 2)
+    finally:
+        await _settle(transfer_queue, worker)
+
+
+@pytest.mark.parametrize("mode", [["trainer.v1.trainer_mode=colocate_async"],
+                                  ["trainer.v1.sampler.sync_refill_failed_groups=true"]], ids=["async", "sync-refill"])
+async def test_dead_service_stops_the_refill_loop(model_dir, transfer_queue, mode):
+    """verl's async trainers (and the sync one with ``sync_refill_failed_groups``) evict a failed group and
+    refill it from the dataloader: with the service down that loop never ends (here: a tenth refill fails
+    the test). The trip stops it; the trainer's process also learns it from the Ray actor the workers
+    report to."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    cfg = _cfg(model_dir, dead, 4, "data.train_batch_size=2", *mode)
+    trainer, worker = _trainer(cfg, [SCORED])
+    trainer.replay_buffer.poll_interval = 0.2
+    refill, refills = trainer.replay_buffer.refill_fn, []
+
+    def bounded_refill(n):
+        refills.append(n)
+        if len(refills) >= 10:
+            raise AssertionError(f"verl still drops failed groups and refills them ({sum(refills)} prompts so far)")
+        return refill(n)
+
+    trainer.replay_buffer.refill_fn = bounded_refill
+    assert guard.install_trainer_hook()
+    try:
+        await asyncio.to_thread(trainer._add_prompts_to_generate, 2)
+        with pytest.raises(guard.TangramServiceDown, match="max_consecutive_failures"):
+            await asyncio.to_thread(trainer.replay_buffer.sample, global_steps=1, partition_id="train", batch_size=2)
+        assert 0 < len(refills) < 10
+        guard._tripped = None  # as the trainer's own process sees it: only through the actor
+        assert "4 calls in a row" in (guard.tripped() or "")
+    finally:
+        await _settle(transfer_queue, worker)
+
+
+async def test_any_answer_resets_and_zero_never_stops():
+    """An error answer (404) says the service is up: the count starts again; only a service that cannot
+    be reached (or answers 5xx, ...) counts. 0 turns the guard off. A trip also stops the run when verl's
+    logger logs a step."""
+    port = free_port()
+    s = TangramSettings(url=f"http://127.0.0.1:{port}", retry_s=0, max_consecutive_failures=3)
+    try:
+        for _ in range(2):
+            with pytest.raises(TangramServiceError, match="HTTP 0"):
+                await retrying(lambda: get_client(s).stats(), s, "stats")
+        assert guard.count(s) == 2 and guard.tripped() is None
+        with serve(port=port):
+            with pytest.raises(TangramServiceError, match="404"):
+                await retrying(lambda: get_client(s).delete_environment("no-such-env"), s, "delete")
+            assert guard.count(s) == 0
+        await close_clients()
+
+        off = s.merged({"max_consecutive_failures": 0})
+        for _ in range(5):
+            with pytest.raises(TangramServiceError):
+                await retrying(lambda: get_client(off).stats(), off, "stats")
+        assert guard.count(s) == 5 and guard.tripped() is None
+        with pytest.raises(TangramServiceError):
+            await retrying(lambda: get_client(s).stats(), s, "stats")
+        assert "6 calls in a row" in guard.tripped() and "max_consecutive_failures (now 3" in guard.tripped()
+        with pytest.raises(guard.TangramServiceDown, match="stopping the training"):
+            guard.check()
+
+        from verl.utils.tracking import Tracking
+
+        guard.install_hooks()  # also after verl's logger logged a step (the legacy trainer, a custom sampler)
+        step = {"training/global_step": 1}
+        with pytest.raises(guard.TangramServiceDown, match="6 calls in a row"):
+            Tracking("p", "e", default_backend=[]).log(data=step, step=1)
+        assert "tangram/failed" in step  # the step's metrics were logged first
+    finally:
+        await close_clients()
+
+
+def test_the_setting(model_dir):
+    assert TangramSettings().max_consecutive_failures == 32
+    over = "+actor_rollout_ref.rollout.custom.tangram.max_consecutive_failures"
+    assert settings_from_config(verl_config(model_dir, [f"{over}=5"])).max_consecutive_failures == 5
+    assert settings_from_config(verl_config(model_dir, [f"{over}=null"])).max_consecutive_failures == 0
+    assert TangramSettings().merged({"max_consecutive_failures": "0"}).max_consecutive_failures == 0
+    with pytest.raises(ValueError, match="max_consecutive_failures"):
+        TangramSettings().merged({"max_consecutive_failures": -1})
