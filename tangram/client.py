@@ -278,8 +278,9 @@ class TangramClient:
                 if method not in _IDEMPOTENT or attempt >= self._retries:  # a deadline is the caller's bound
                     raise TangramHTTPError(0, f"no answer from {self.base_url} to {method} {path} within "
                                               f"{timeout.total or timeout.sock_connect} s", timed_out=True) from exc
-            except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                # a connection that could not be opened sent nothing: safe to retry any request
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+                # a connection that could not be opened sent nothing: safe to retry any request; an answer cut
+                # off mid-body (ClientPayloadError) is a connection lost after sending
                 never_sent = isinstance(exc, aiohttp.ClientConnectorError)
                 if not (idempotent or never_sent) or attempt >= self._retries:
                     raise TangramHTTPError(0, f"cannot reach {self.base_url}: {exc}", never_sent=never_sent) from exc

@@ -80,6 +80,48 @@ async def test_retries_only_idempotent_requests():
         await server.wait_closed()
 
 
+class _CutShort(asyncio.Protocol):
+    """A server that answers each request with a body shorter than its Content-Length, then hangs up."""
+
+    def __init__(self, counts: list[int]):
+        self.counts = counts
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        if b"\r\n\r\n" in data:
+            self.counts[0] += 1
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+                                 b"\r\n{\"status\": \"su")
+            self.transport.close()
+
+
+async def test_an_answer_cut_off_mid_body_is_a_lost_connection():
+    """Not aiohttp's own error escaping: status 0, retried where resending is safe (a GET, a POST under an
+    Idempotency-Key), not otherwise."""
+    counts = [0]
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _CutShort(counts), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with TangramClient(f"http://127.0.0.1:{port}", retries=2, retry_backoff_s=0.01) as c:
+            with pytest.raises(TangramHTTPError) as e:
+                await c.get_action("x")
+            assert e.value.status == 0 and "cannot reach" in e.value.message and counts[0] == 3
+            counts[0] = 0
+            with pytest.raises(TangramHTTPError) as e:
+                await c.exec(None, "true")
+            assert e.value.status == 0 and counts[0] == 1
+            counts[0] = 0
+            with pytest.raises(TangramHTTPError) as e:
+                await c.exec(None, "true", idempotency_key="k1")
+            assert e.value.status == 0 and counts[0] == 3
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_unreachable_service_is_status_zero():
     async with TangramClient("http://127.0.0.1:1", retries=0) as c:
         with pytest.raises(TangramHTTPError) as e:

@@ -376,7 +376,16 @@ async def test_body_too_large_and_unknown_routes():
         big = {"kind": "exec", "command": "echo " + "x" * 10_000}
         async with s.post(f"{svc.url}/v1/actions", json=big) as resp:
             assert resp.status == 413
-            assert (await resp.json())["field"] == "body"
+            out = await resp.json()  # the limit and the setting that raises it
+            assert out["field"] == "body" and "at most 4096 bytes (service.max_body_bytes)" in out["error"], out
+
+        async def chunks():  # no declared length: aiohttp's own limit on the read
+            for _ in range(4):
+                yield b'{"kind": "exec", "command": "' + b"x" * 2000
+
+        async with s.post(f"{svc.url}/v1/actions", data=chunks()) as resp:
+            out = await resp.json()
+            assert resp.status == 413 and "at most 4096 bytes (service.max_body_bytes)" in out["error"], out
         async with s.get(f"{svc.url}/v1/nothing") as resp:
             assert resp.status == 404 and "error" in await resp.json()
         async with s.delete(f"{svc.url}/v1/actions/nope") as resp:

@@ -199,9 +199,9 @@ async def _error_middleware(request: web.Request, handler) -> web.StreamResponse
     except ExecutorFailedError as exc:  # the node's engine (Docker, ...) failed: not the caller's fault
         log.warning("%s %s: %s", request.method, request.path, exc)
         return _error(502, str(exc))
-    except web.HTTPRequestEntityTooLarge as exc:
-        return _error(413, f"request body too large (limit {exc.max_size} bytes)"
-                      if hasattr(exc, "max_size") else "request body too large", "body")
+    except web.HTTPRequestEntityTooLarge:  # aiohttp keeps no max_size on it: the configured limit is the one
+        return _error(413, f"request body too large: at most {request.app[CONFIG_KEY].service.max_body_bytes} "
+                      "bytes (service.max_body_bytes)", "body")
     except web.HTTPRequestTimeout as exc:
         return _error(408, exc.reason, "body")
     except web.HTTPMethodNotAllowed as exc:  # RFC 9110: a 405 lists the methods the route allows
