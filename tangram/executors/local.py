@@ -12,7 +12,8 @@
   (the environment's ``memory_mb``, else ``default_memory_mb``) and pids
   limits in cgroups of its own. ``sandbox="none"`` runs commands as the
   service's own user on the host: only for trusted code. A machine that
-  cannot sandbox makes the constructor raise :class:`SandboxUnavailable`.
+  cannot sandbox makes the constructor raise :class:`SandboxUnavailable`. A run bwrap itself
+  could not start is ``failed`` with no exit code (:mod:`tangram.executors.bwrap_status`).
 * Output is capped at ``max_output_bytes`` per stream while it streams;
   ``details["truncated"]`` says whether anything was dropped.
 * CPU pinning, chosen once (``details["pinning"]`` says which was used):
@@ -84,7 +85,7 @@ from tangram.executors.cgroups import (
 )
 from tangram.executors.processes import (
     _Collector, _Tracker, cleanup_through_cancels, command_argv, finish_spawn, pid_namespace_mode,
-    pid_namespace_prefix)
+    pid_namespace_prefix, sweep_dead_groups)
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class LocalExecutor(EnvironmentExecutor):
             self._sandbox = sbx.Sandbox(readonly=tuple(readonly))
             try:
                 self._limits: sbx.Limits | None = sbx.Limits(f"{cgroup_parent}-limits")
-                self._sweep_dead_groups(self._limits.parents)
+                sweep_dead_groups(self._limits.parents)  # groups of dead executors (kill -9)
             except OSError as exc:
                 self._limits = None
                 log.warning("local executor: no memory/pids limits (cgroups not writable: %s)", exc)
@@ -203,7 +204,7 @@ class LocalExecutor(EnvironmentExecutor):
         for backend in (_CgroupV2, _CgroupV1):
             try:
                 self._cg = backend(self.cgroup_parent, self.cfs_period_us)
-                self._sweep_dead_groups()
+                sweep_dead_groups(self._cg.parents)
                 self.isolation_reason = "cgroup hierarchy writable"
                 log.info("local executor: isolation %s under %r", backend.kind, self.cgroup_parent)
                 return backend.kind
@@ -215,24 +216,6 @@ class LocalExecutor(EnvironmentExecutor):
         log.warning("local executor: cgroups not writable, falling back to sched_setaffinity (%s)",
                     self.isolation_reason)
         return AFFINITY
-
-    _GROUP_NAME = re.compile(r"^p(\d+)-")
-
-    def _sweep_dead_groups(self, parents=None) -> None:
-        """Remove the action groups of executors whose process died without cleaning up (kill -9)."""
-        for parent in self._cg.parents if parents is None else parents:
-            try:
-                names = os.listdir(parent)
-            except OSError:
-                continue
-            for name in names:
-                m = self._GROUP_NAME.match(name)
-                if m is None or os.path.exists(f"/proc/{m.group(1)}"):
-                    continue
-                g = _Group([os.path.join(parent, name)])
-                _Tracker(0, g, b"").signal(signal.SIGKILL, scan=False)
-                if _CgroupV1.remove(g):
-                    log.info("local executor: removed the stale cgroup %s", g.dirs[0])
 
     # ------------------------------------------------------------------ #
     # environments
@@ -325,6 +308,16 @@ class LocalExecutor(EnvironmentExecutor):
 
     async def exec(self, env_id: str, command: str, placement: Placement, *, timeout_s: float | None = None,
                    env: Mapping[str, str] | None = None, stdin: bytes | None = None) -> ExecResult:
+        # bwrap's status report: its own failure (the command never ran) is not the command's exit 1
+        report = self._sandbox.status_pipe() if self._sandbox is not None else None
+        try:
+            return await self._exec(env_id, command, placement, timeout_s, env, stdin, report)
+        finally:  # whatever ended the action: a result, an error, a cancel
+            if report is not None:
+                report.close()
+
+    async def _exec(self, env_id: str, command: str, placement: Placement, timeout_s: float | None,
+                    env: Mapping[str, str] | None, stdin: bytes | None, report: sbx.StatusPipe | None) -> ExecResult:
         cwd = self.env_dir(env_id)
         if not isinstance(command, str):
             raise ValueError(f"command: must be a string, got {type(command).__name__}")
@@ -372,7 +365,7 @@ class LocalExecutor(EnvironmentExecutor):
                 details["memory_mb"], details["pids_max"] = memory_mb, self.pids_max
             fds, files = sbx.sandbox_files(self._sandbox.uid, self._sandbox.gid)
             inner = self._sandbox.argv(cwd, argv, network=network and self.allow_network,
-                                       user_files=files)
+                                       user_files=files, status=report)
             # bwrap itself dies with this service (SIGKILL included): its sandbox dies with it
             script = "exec " + shlex.join(sbx.die_with(os.getpid()) + inner)
         pidns = group is None and self._sandbox is None and self._pidns is not None
@@ -387,7 +380,8 @@ class LocalExecutor(EnvironmentExecutor):
             script = group.join_prefix() + script
         try:
             transport, proto = await finish_spawn(  # a cancellation meanwhile raises at the next await
-                self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None, stdin, fds))
+                self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None, stdin,
+                            fds + (report.fds if report is not None else [])))
         except BaseException:
             if group is not None:
                 self._remove_group(group)
@@ -395,6 +389,8 @@ class LocalExecutor(EnvironmentExecutor):
         finally:
             for fd in fds:  # the child holds its own copies
                 os.close(fd)
+            if report is not None:
+                report.close_write()
         spawned = time.perf_counter()
         pid = transport.get_pid()
         details["pid"] = pid
@@ -440,6 +436,8 @@ class LocalExecutor(EnvironmentExecutor):
         if group is not None and rc == JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
             # the command never ran: no exit code, or a reward would score it as failed tests
             status, error, rc = FAILED, "could not join the action's cgroup: the command did not run", None
+        elif report is not None and status != TIMEOUT and (why := report.not_run(proto.err, rc)):
+            status, error, rc = FAILED, why, None  # bwrap's own exit 1 is no verdict on the command
         if memory_mb and status == FAILED and sbx.Limits.oom_killed(group.dirs if group else []):
             details["oom_killed"] = True
             error = f"{error}: killed at the memory limit ({memory_mb} MiB)"

@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,7 +25,7 @@ import time
 from typing import Mapping
 
 from tangram.executors.base import wait_through_cancels
-from tangram.executors.cgroups import _Group
+from tangram.executors.cgroups import _CgroupV1, _Group
 
 log = logging.getLogger("tangram.executors.local")
 
@@ -310,6 +311,26 @@ class _Tracker:
         if self.ns is not None and self.ns.members():
             return True
         return _alive(self.pgid, self.group, self.token)
+
+
+_GROUP_NAME = re.compile(r"^p(\d+)-")  # an action group's name starts with its executor's pid
+
+
+def sweep_dead_groups(parents) -> None:
+    """Remove the action groups under ``parents`` of executors whose process died without cleaning up (kill -9)."""
+    for parent in parents:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            m = _GROUP_NAME.match(name)
+            if m is None or os.path.exists(f"/proc/{m.group(1)}"):
+                continue
+            g = _Group([os.path.join(parent, name)])
+            _Tracker(0, g, b"").signal(signal.SIGKILL, scan=False)
+            if _CgroupV1.remove(g):
+                log.info("local executor: removed the stale cgroup %s", g.dirs[0])
 
 
 class _Collector(asyncio.SubprocessProtocol):

