@@ -117,6 +117,9 @@ async def test_timeout_safety_net_when_the_executor_ignores_it(monkeypatch):
     async with rt:
         r = await rt.exec(None, "sleep 5", timeout_s=0.05)  # FakeExecutor ignores timeout_s
         assert r.status == "timeout" and ex.killed == 1
+        # no exit code: the executor never reported the command's end (docs/service.md; the verl rewards
+        # raise on it rather than score a response that ran too long)
+        assert r.exit_code is None and r.error == "no result within 0.05 s", r
         whole(rt)
 
 

@@ -7,7 +7,8 @@ own trainer (``PPOTrainerSync.fit``), its own replay buffers with the trainer's 
 and verl's ``AgentLoopWorkerTQ`` with its ``RewardLoopWorker`` and the ``tangram`` reward manager
 run against a real TransferQueue and a real ``tangram serve``; a service that is down is a port
 nothing listens on, or the same port once that service stopped. Only the LLM is scripted (no GPU:
-the trainer never reaches its model workers; a tripwire stands where it would).
+the trainer never reaches its model workers; a tripwire stands where it would). The guard's rules
+are tested against a stub service that answers but runs nothing.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from integrations.verl.config import TangramSettings, settings_from_config  # no
 from integrations.verl.session import TangramServiceError, close_clients, get_client, retrying  # noqa: E402
 from integrations.verl.testing import (ScriptedLLM, make_model_dir, reward_loop_workers, rollout_rows,  # noqa: E402
                                        serve, verl_config)
+from tangram.client import TangramHTTPError  # noqa: E402
 from tests.helpers import ray_shutdown, stop_ray_and_remove  # noqa: E402
+from tests.service_helpers import local_app  # noqa: E402
 
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(600)]
 
@@ -79,7 +82,10 @@ def transfer_queue():
 
 
 @pytest.fixture(autouse=True)
-def _clean():
+def _clean(monkeypatch):
+    # the trip's window is retry_s, at least guard.MIN_WINDOW_S: 0 here, so that the tests' retry_s=0 trips at
+    # the N-th failure in a row (test_one_burst_does_not_stop_a_run sets its own)
+    monkeypatch.setattr(guard, "MIN_WINDOW_S", 0.0, raising=False)
     tconfig.set_active(None)
     tmetrics.drain()
     guard.reset()
@@ -238,10 +244,14 @@ async def test_dead_service_stops_the_refill_loop(model_dir, transfer_queue, mod
         await _settle(transfer_queue, worker)
 
 
-async def test_any_answer_resets_and_zero_never_stops():
-    """An error answer (404) says the service is up: the count starts again; only a service that cannot
-    be reached (or answers 5xx, ...) counts. 0 turns the guard off. A trip also stops the run when verl's
-    logger logs a step."""
+async def test_only_a_service_failure_counts_and_zero_never_stops():
+    """An error answer about the request (a 404) says nothing about the service: the count stays as it was
+    (it neither counts nor resets); a service that cannot be reached counts. 0 turns the guard off. A trip
+    also stops the run when verl's logger logs a step."""
+    from verl.utils.tracking import Tracking
+
+    guard.install_hooks()  # also after verl's logger logged a step (the legacy trainer, a custom sampler)
+    tracking = Tracking("p", "e", default_backend=[])  # built by fit, before anything can trip
     port = free_port()
     s = TangramSettings(url=f"http://127.0.0.1:{port}", retry_s=0, max_consecutive_failures=3)
     try:
@@ -252,26 +262,24 @@ async def test_any_answer_resets_and_zero_never_stops():
         with serve(port=port):
             with pytest.raises(TangramServiceError, match="404"):
                 await retrying(lambda: get_client(s).delete_environment("no-such-env"), s, "delete")
-            assert guard.count(s) == 0
+            assert guard.count(s) == 2
         await close_clients()
 
         off = s.merged({"max_consecutive_failures": 0})
         for _ in range(5):
             with pytest.raises(TangramServiceError):
                 await retrying(lambda: get_client(off).stats(), off, "stats")
-        assert guard.count(s) == 5 and guard.tripped() is None
+        assert guard.count(s) == 7 and guard.tripped() is None
         with pytest.raises(TangramServiceError):
             await retrying(lambda: get_client(s).stats(), s, "stats")
-        assert "6 calls in a row" in guard.tripped() and "max_consecutive_failures (now 3" in guard.tripped()
+        assert "8 calls in a row" in guard.tripped() and "max_consecutive_failures (now 3" in guard.tripped()
+        assert "could not be reached (8)" in guard.tripped() and "start the service" in guard.tripped()
         with pytest.raises(guard.TangramServiceDown, match="stopping the training"):
             guard.check()
 
-        from verl.utils.tracking import Tracking
-
-        guard.install_hooks()  # also after verl's logger logged a step (the legacy trainer, a custom sampler)
         step = {"training/global_step": 1}
-        with pytest.raises(guard.TangramServiceDown, match="6 calls in a row"):
-            Tracking("p", "e", default_backend=[]).log(data=step, step=1)
+        with pytest.raises(guard.TangramServiceDown, match="8 calls in a row"):
+            tracking.log(data=step, step=1)
         assert "tangram/failed" in step  # the step's metrics were logged first
     finally:
         await close_clients()
@@ -285,3 +293,208 @@ def test_the_setting(model_dir):
     assert TangramSettings().merged({"max_consecutive_failures": "0"}).max_consecutive_failures == 0
     with pytest.raises(ValueError, match="max_consecutive_failures"):
         TangramSettings().merged({"max_consecutive_failures": -1})
+
+
+# a service that answers but cannot run anything, told apart from one that can
+EXIT_127 = {"status": "failed", "exit_code": 127, "stderr": "bash: pytest: command not found"}
+NOT_RUN = {"status": "failed", "error": "RuntimeError: Cannot connect to the Docker daemon"}  # an executor error
+DOWN = TangramHTTPError(0, "cannot reach http://127.0.0.1:9")
+RESTARTED = {"status": "failed", "error": "the service restarted while this action was waiting or running; it may "
+                                          "be resubmitted", "retryable": True}
+
+
+class Stub:
+    """A service that answers but may run nothing: ``create``, POST /v1/environments' status (201: made);
+    ``results``, the answers of POST /v1/actions in turn (the last one stays); look-ups and deletes work."""
+
+    def __init__(self):
+        self.create, self.results, self.calls = 201, [NOT_RUN], []
+
+    def routes(self):
+        from aiohttp import web
+
+        def answer(name):
+            async def handler(request):
+                self.calls.append(name)
+                if name == "look":
+                    return web.json_response({"environments": []})
+                if name == "delete":
+                    return web.Response(status=204)
+                if name == "action":
+                    out = self.results.pop(0) if len(self.results) > 1 else self.results[0]
+                    return web.json_response({"id": f"a-{len(self.calls)}", "allocation": {}, **out})
+                headers = {"Retry-After": "1"} if self.create in (429, 503) else {}
+                body = {"id": f"env-{len(self.calls)}"} if self.create == 201 else {"error": f"stub {self.create}"}
+                return web.json_response(body, status=self.create, headers=headers)
+            return handler
+
+        return [("POST", "/v1/environments", answer("create")), ("GET", "/v1/environments", answer("look")),
+                ("DELETE", "/v1/environments/{env}", answer("delete")), ("POST", "/v1/actions", answer("action"))]
+
+
+@pytest.fixture
+async def stub():
+    st = Stub()
+    async with local_app(st.routes()) as url:
+        st.url = url
+        yield st
+        await close_clients()
+
+
+def _stub_settings(stub, limit=3):
+    tconfig.set_active(TangramSettings(url=stub.url, retry_s=0, admission_wait_s=0, max_consecutive_failures=limit))
+    return tconfig.active_settings()  # the tools' settings too
+
+
+async def _reward(s, fields=None):
+    from integrations.verl.reward import score_sample
+    return await score_sample(SCORED["tangram"], fields or {}, settings=s, text="print('hi')")
+
+
+async def _tool(tool, command="ls"):
+    iid, _ = await tool.create(create_kwargs={})
+    try:
+        return await tool.execute(iid, {"command": command}, agent_data=None)
+    finally:
+        await tool.release(iid)
+
+
+async def test_a_service_that_cannot_create_environments_stops_the_run(stub):
+    """The service is up but its POST /v1/environments answers 502 (its Docker engine is gone): the
+    look-up of an environment whose creation lost its answer succeeds every time, and neither it nor
+    anything else that is not a verdict resets the count: the third sample trips, naming the cause."""
+    stub.create = 502
+    s = _stub_settings(stub)
+    for n in (1, 2, 3):
+        with pytest.raises(TangramServiceError, match="502"):
+            await _reward(s)
+        assert guard.count(s) == n
+    assert stub.calls.count("look") == 3  # the look-up ran (and succeeded) every time
+    reason = guard.tripped() or ""
+    assert "3 calls in a row" in reason and "answered 5xx (3)" in reason and "creating an environment" in reason
+    assert "read the service's log" in reason and "bring the service back" not in reason
+
+
+async def test_actions_that_did_not_run_count_and_only_a_verdict_resets(stub):
+    """Every call succeeds, but the actions do not run: an executor error, a timeout no executor ended, an
+    answer `retryable` after a restart, an http call never made, a test command the image lacks (127: no
+    verdict). Each counts; created environments, deletes and the action POSTs themselves reset nothing; a
+    command that ran (exit code 1; killed at its timeout, 137; an http call made, the upstream's 500) is a
+    verdict and resets. A sample whose
+    rollout already failed is not counted again by its reward."""
+    from integrations.verl.tools import TangramApiTool, TangramSandboxTool
+
+    s = _stub_settings(stub)
+    sh = TangramSandboxTool({}, None)
+    api = TangramApiTool({"endpoint": "http://upstream.invalid/q", "api": "search"}, None)
+
+    stub.results = [NOT_RUN]
+    resp, _, info = await _tool(sh)
+    assert info["status"] == "error" and "Docker daemon" in resp.text and guard.count(s) == 1
+    stub.results = [{"status": "failed", "exit_code": 1, "stdout": "no such file"}]
+    resp, _, info = await _tool(sh)
+    assert "[exit code: 1]" in resp.text and guard.count(s) == 0  # it ran: a verdict
+    stub.results = [{"status": "timeout", "error": "no result within 5 s"}]  # no executor ended it
+    resp, _, info = await _tool(sh)
+    assert info["status"] == "error" and "no result within" in resp.text and guard.count(s) == 1
+    stub.results = [{"status": "timeout", "exit_code": 137, "error": "killed after 5 s"}]  # its executor did
+    resp, _, info = await _tool(sh)
+    assert "[timed out]" in resp.text and guard.count(s) == 0
+    stub.results = [RESTARTED]
+    await _tool(sh)
+    assert guard.count(s) == 1
+    stub.results = [{"status": "failed", "error": "not started: node n1 is down"}]
+    resp, _, info = await _tool(api)
+    assert info["status"] == "error" and "node n1 is down" in resp.text and guard.count(s) == 2
+    stub.results = [{"status": "failed", "error": "HTTP 500", "output": {"status": 500, "body": "x", "latency_s": 0.1}}]
+    resp, _, info = await _tool(api)
+    assert info["status"] == "failed" and guard.count(s) == 0  # the call was made: a verdict
+
+    stub.results = [NOT_RUN]
+    await _tool(sh)
+    await _tool(sh)
+    with pytest.raises(TangramServiceError, match="lost an action"):
+        await _reward(s, {"tangram_error": "tool run_shell: the service failed the command"})
+    assert guard.count(s) == 2 and guard.tripped() is None  # counted at the tool, not again
+    stub.results = [EXIT_127]
+    with pytest.raises(TangramServiceError, match="127"):
+        await _reward(s)
+    reason = guard.tripped() or ""
+    assert "3 calls in a row" in reason and "did not run or gave no verdict" in reason and "127" in reason
+    assert "the reward" in reason and "Docker engine" in reason
+
+
+@pytest.mark.parametrize("status, says, todo", [
+    (429, "stayed full past admission_wait_s", "raise custom.tangram.admission_wait_s"),
+    (401, "refused the run's token", "token_file")])
+async def test_the_trip_names_its_cause_and_what_to_do(stub, status, says, todo):
+    """A service full past admission_wait_s is overloaded, not down; a refused token is the run's setting."""
+    stub.create = status
+    s = _stub_settings(stub)
+    for _ in range(3):
+        with pytest.raises(TangramServiceError, match=str(status)):
+            await _reward(s)
+    reason = guard.tripped() or ""
+    assert f"{says} (3)" in reason and todo in reason and "bring the service back" not in reason
+
+
+async def test_one_burst_does_not_stop_a_run_failures_that_keep_coming_do(monkeypatch):
+    """Calls in flight that fail together (an outage past retry_s; every action answered `retryable` after
+    a restart of the service) reach the count at once: that alone does not trip; failures that keep coming
+    for the window (retry_s, at least MIN_WINDOW_S) after it, with no verdict between, do."""
+    monkeypatch.setattr(guard, "MIN_WINDOW_S", 0.3, raising=False)
+    s = TangramSettings(url="http://127.0.0.1:9", retry_s=0, max_consecutive_failures=3)
+    for _ in range(8):  # one burst
+        await guard.failed(s, DOWN, "the exec reward action")
+    assert guard.count(s) == 8 and guard.tripped() is None
+    await asyncio.sleep(0.35)
+    guard.verdict(s)  # the service is back
+    for _ in range(3):
+        await guard.failed(s, DOWN, "the exec reward action")
+    await asyncio.sleep(0.35)
+    assert guard.tripped() is None
+    await guard.failed(s, DOWN, "the exec reward action")  # still failing a window later
+    assert "4 calls in a row" in (guard.tripped() or "")
+    assert guard.window_s(s.merged({"retry_s": 60})) == 60
+
+
+async def test_the_trainer_is_told_at_the_next_failure_when_telling_it_failed(monkeypatch):
+    """The Ray call that records the trip in the tangram_metrics actor fails (both tries): this process
+    knows, and the next failure tells the trainer's process (once)."""
+    told, tries = [], []
+
+    class Actor:
+        class trip:
+            @staticmethod
+            async def remote(reason):
+                tries.append(reason)
+                if len(tries) <= 2:
+                    raise ConnectionError("the actor is not reachable yet")
+                told.append(reason)
+
+    monkeypatch.setattr(tmetrics, "_ray", lambda: object())
+    monkeypatch.setattr(tmetrics, "_get_actor", lambda ray, create: Actor)
+    s = TangramSettings(url="http://127.0.0.1:9", retry_s=0, max_consecutive_failures=2)
+    for _ in range(2):
+        await guard.failed(s, DOWN, "stats")
+    assert guard._tripped and not told and len(tries) == 2
+    await guard.failed(s, DOWN, "stats")
+    assert told == [guard._tripped] and "2 calls in a row" in told[0]  # the first reason
+    await guard.failed(s, DOWN, "stats")
+    assert len(tries) == 3  # told once
+
+
+async def test_a_new_fit_forgets_an_earlier_fits_trip(transfer_queue):
+    """The tangram_metrics actor lives as long as the Ray job: a trip of an earlier fit is forgotten when
+    the next fit builds verl's logger, and a trip of the new fit reaches the trainer again."""
+    from verl.utils.tracking import Tracking
+
+    guard.install_hooks()
+    await guard.trip("an earlier fit's service went down")
+    guard._tripped = None  # as the trainer's own process sees it: only through the actor
+    assert guard.tripped() == "an earlier fit's service went down"
+    Tracking("p", "e", default_backend=[])  # fit starts
+    assert guard.tripped() is None
+    await guard.trip("this fit's")
+    guard._tripped = None
+    assert guard.tripped() == "this fit's"

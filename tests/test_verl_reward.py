@@ -407,10 +407,13 @@ def test_action_bodies_follow_the_wire_contract():
     body = R.suite_action({"test_command": "pytest -n ${parallel_num}", "profile": "p", "setup_command": "cp -r /r/. .",
                            "solution_file": "sol.py"}, s, solution=GOOD)
     assert body["kind"] == "exec" and body["resources"] == {"cpu": {"min": 1, "max": 8}} and body["profile"] == "p"
-    assert body["command"].endswith("{ pytest -n ${parallel_num} ; }") and "environment" not in body
     assert body["stdin"] == "def add(a, b):\n    return a + b\n" and "env" not in body
     assert bytes(parse_action(body)["payload"]["stdin"]) == body["stdin"].encode()
-    assert "{ cp -r /r/. . ; } < /dev/null && { cat > sol.py ||" in body["command"]  # the setup leaves stdin alone
+    # each step a brace group closed on its own line; the setup leaves stdin alone; the write checks the length
+    assert body["command"] == ("{ cp -r /r/. .\n} < /dev/null && "
+                               "{ cat > sol.py && [ \"$(wc -c < sol.py)\" -eq 32 ] || { echo 'tangram: cannot write "
+                               "solution_file sol.py: unwritable, or short of the response'\"'\"'s 32 bytes' >&2; "
+                               "exit 86; }\n} && { pytest -n ${parallel_num}\n}") and "environment" not in body
     in_env = R.suite_action({"test_command": "make test", "setup_command": "x", "cpu_max": 1}, s, environment="env-1")
     assert in_env["command"] == "make test" and in_env["environment"] == "env-1" and in_env["resources"]["cpu"] == 1
     assert "restartable" not in body and "restartable" not in in_env
@@ -430,3 +433,66 @@ def test_a_model_reward_names_the_trajectory_it_scores():
     spec = {"model": "judge", "template": "{response}"}
     assert model_action(spec, prompt="", response="r", ground_truth=None, trajectory="env-1")["trajectory"] == "env-1"
     assert "trajectory" not in model_action(spec, prompt="", response="r", ground_truth=None)
+
+
+# test and setup commands as people write them, each once a bash syntax error (exit 2: scored 0.0 for every
+# response) inside the chain `{ CMD ; } && ...`: (setup, test) with the check of the response last
+QUIET = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 pytest -q -p no:cacheprovider"
+FORMS = {
+    "a trailing newline (a YAML | block)": ("{setup}\n", "{test}\n"),
+    "a trailing ;": ("{setup};", "{test};"),
+    "a trailing comment": ("{setup}  # write the project", "{test}  # run the suite"),
+    "a here-document": ("sh <<'EOF'\n{setup}\nEOF", "sh <<'EOF'\n{test}\nEOF"),
+    "a trailing & (a setup that starts a daemon)": ("{setup}\nsleep 0 &", "{test}"),
+}  # (a test command ending in & exits 0 whatever its tests do: no form of one)
+
+
+def _run_alone_and_chained(spec, solution):
+    """The exit status of a suite body's command under bash (what every executor runs) and under dash."""
+    import subprocess
+    import tempfile
+
+    body = R.suite_action(spec, tconfig.TangramSettings(), solution=solution)
+    codes = set()
+    for shell in ("bash", "sh"):
+        with tempfile.TemporaryDirectory() as d:
+            codes.add(subprocess.run([shell, "-c", body["command"]], input=(body.get("stdin") or "").encode(),
+                                     cwd=d, capture_output=True, timeout=30).returncode)
+    return codes
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_a_step_chain_runs_each_command_as_it_would_alone(form):
+    setup, test = FORMS[form]
+    check = 'grep -qx "def good(): pass" sol.py && test -s made'
+    spec = {"setup_command": setup.format(setup="echo made > made"), "solution_file": "sol.py",
+            "test_command": test.format(test=check)}
+    assert _run_alone_and_chained(spec, "def good(): pass") == {0}
+    assert _run_alone_and_chained(spec, "def bad(): pass") == {1}
+    alone = {"test_command": test.format(test="test -s made"), "cpu_max": 1}  # no steps: the command as given
+    assert R.suite_action(alone, tconfig.TangramSettings(), environment="e")["command"] == alone["test_command"]
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+async def test_each_command_form_scores_the_response_in_a_real_service(settings, project, form):
+    setup, test = FORMS[form]
+    spec = {**_info(project)["tangram"], "setup_command": setup.format(setup=project),
+            "test_command": test.format(test=QUIET)}
+    try:
+        for text, want in ((GOOD, 1.0), (BAD, 0.0)):
+            got, _ = await R.run_reward(spec, settings=settings, solution=text)  # setup, write, tests: one action
+            assert got["score"] == want, (form, text, got)
+    finally:
+        await close_clients()
+
+
+def test_a_null_max_consecutive_failures_in_reward_kwargs_turns_the_guard_off():
+    """It was dropped as unset, and the guard stayed at 32 where null means never."""
+    tconfig.set_active(tconfig.TangramSettings(max_consecutive_failures=5))
+    try:
+        assert R._settings({"tangram_max_consecutive_failures": None}).max_consecutive_failures == 0
+        assert R._settings({"tangram_max_consecutive_failures": 3}).max_consecutive_failures == 3
+        kept = R._settings({"tangram_url": None, "tangram_token_file": "", "tangram_max_consecutive_failures": ""})
+        assert (kept.url, kept.max_consecutive_failures) == (tconfig.DEFAULT_URL, 5)  # null elsewhere: unset
+    finally:
+        tconfig.set_active(None)

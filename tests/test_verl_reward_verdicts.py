@@ -6,6 +6,7 @@ SandboxFusion's reward kwargs, verl's own reward model)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -277,3 +278,59 @@ def test_a_reward_manager_that_verls_reward_model_would_bypass_is_refused(tmp_pa
                       "    return 0.0\n")
     custom = [f"reward.custom_reward_function.path={scorer}", "reward.custom_reward_function.name=compute_score"]
     assert type(load_reward_manager(verl_config(model_dir, cfg + custom), tok)).__name__ == "TangramRewardManager"
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_a_solution_file_short_of_the_response_raises(shell, tmp_path):
+    """The write step once took whatever its stdin held: a stdin cut on its way (a proxy dropping the
+    half-close, an executor that stopped writing) tested a truncated response, and scored it."""
+    import subprocess
+
+    from integrations.verl.verdicts import SOLUTION_WRITE_FAILED, write_solution_step
+    from tangram.client import ActionResult
+
+    text = "def add(a, b):\n    return a + b  # é 中\n"
+    size = len(text.encode())
+    for given, path in ((text, "sol.py"), (text[:-5], "sol.py"), ("", "sol.py"), (text, "no/such/sol.py")):
+        p = subprocess.run([shell, "-c", write_solution_step(path, size)], input=given.encode(), cwd=tmp_path,
+                           capture_output=True, timeout=30)
+        if given == text and path == "sol.py":
+            assert p.returncode == 0 and (tmp_path / path).read_text() == text, p
+            continue
+        assert p.returncode == SOLUTION_WRITE_FAILED, p
+        r = ActionResult(id="a", status="failed", exit_code=p.returncode, stderr=p.stderr.decode())
+        why = R.exec_broken(r, {"solution_file": path, "test_command": "pytest"})
+        assert why is not None and "could not be written to solution_file" in why and "arrived short" in why, why
+        assert f"short of the response's {size} bytes" in why
+    empty = subprocess.run([shell, "-c", write_solution_step("e.py", 0)], input=b"", cwd=tmp_path, timeout=30)
+    assert empty.returncode == 0 and (tmp_path / "e.py").read_bytes() == b""
+
+
+async def test_a_timeout_the_executor_never_reported_raises_and_its_own_stays_a_verdict(monkeypatch):
+    """The service's safety net (no answer from the executor within timeout_s + its grace, as under a
+    stalled Docker Engine) answers timeout with no exit code: it was scored 0.0 as a response that ran
+    too long. An executor's own timeout kills the command and reports its exit status: a verdict."""
+    from tangram.client import ActionResult
+
+    spec = {"test_command": QUIET_SUITE}
+    net = ActionResult(id="a", status="timeout", error="no result within 2 s")
+    assert "no exit code" in R.exec_broken(net, spec) and "no result within 2 s" in R.exec_broken(net, spec)
+    for own in (-15, -9, 137, 143):  # local (the signal, as Python reports it), Docker (128 + the signal)
+        killed = ActionResult(id="a", status="timeout", exit_code=own, error="killed after 2 s")
+        assert R.exec_broken(killed, spec) is None and R.score_tests(killed) == 0.0
+        assert R.score_tests(killed, "fraction") == 0.0
+
+    class Answers:  # the service's answer to the reward action, at its cpu_max (no wider run to try)
+        def __init__(self, r):
+            self.r = r
+
+        async def run_action(self, body, idempotency_key=None):
+            return dataclasses.replace(self.r, allocation={"dop": 2})
+
+    s = R.TangramSettings(url="http://tangram.invalid", reward_cpu_max=2)
+    monkeypatch.setattr(R, "get_client", lambda s: Answers(net))
+    with pytest.raises(R.TangramServiceError, match=r"did not run \(timeout with no exit code.*no result within"):
+        await R.run_reward(spec, settings=s)
+    monkeypatch.setattr(R, "get_client", lambda s: Answers(killed))
+    got, _ = await R.run_reward(spec, settings=s)
+    assert got["score"] == 0.0 and got["tangram_status"] == "timeout"

@@ -64,14 +64,14 @@ class TangramSettings:
     # the job the service's admission caps and fair share count this run's actions under (X-Tangram-Job):
     # name it when several runs share one service; None: the service counts by the caller's address
     job: str | None = None
-    # stop the training (integrations.verl.guard) once this many calls to the service in a row, in one worker
-    # process, failed after their retries (not reached, no answer in time, 5xx, 401/403, 429 past
-    # admission_wait_s): on verl's default path failed samples only drop their groups, so a service that
-    # stays down would degrade or stall the run without stopping it. 32: each counted call already failed
-    # for retry_s, so a few failures in a row, or a blip that fails a handful of calls in flight at once,
-    # do not stop a run, while a service that stays down fails every call of a worker and trips it within
-    # a few retry_s (a worker has tens of calls in flight, each failing retry_s after it started). Any
-    # answer of the service resets the count; 0 or None: never stop
+    # stop the training (integrations.verl.guard) once this many failures of the service in a row, in one worker
+    # process, kept coming for retry_s (at least 30 s) more: calls that failed after their retries (not reached,
+    # no answer in time, 5xx, 401/403, 429 past admission_wait_s) and actions it answered but did not run or
+    # that gave no verdict; only a verdict resets the count. On verl's default path failed samples only drop
+    # their groups, so a service that stays down would degrade or stall the run without stopping it. 32 and
+    # the time: a few failures, or a burst of the calls in flight failing together (an outage past retry_s, a
+    # restart of the service), do not stop a run; a service that stays down fails the calls that follow too.
+    # 0 or None: never stop
     max_consecutive_failures: int | None = 32
 
     def merged(self, over: Mapping[str, Any] | None) -> "TangramSettings":

@@ -67,10 +67,10 @@ import logging
 import re
 from typing import Any, Mapping
 
-from integrations.verl import metrics
+from integrations.verl import guard, metrics
 from integrations.verl.config import TangramSettings, active_settings
 from integrations.verl.session import (EnvSpec, TangramServiceError, create_environment, delete_environment,
-                                       get_client, new_key, retrying, timing_record)
+                                       get_client, new_key, retrying, reward_failed, timing_record)
 from integrations.verl.verdicts import (NoVerdict, broken_exit_codes, exec_broken, finite, pytest_counts,  # noqa: F401
                                         score_mode, score_tests, write_solution_step)
 from tangram.client import ActionResult, TangramHTTPError
@@ -156,10 +156,20 @@ def extract_solution(text: str) -> str:
 
 
 def _settings(kw: Mapping[str, Any]) -> TangramSettings:
-    """The process's settings under what ``reward_kwargs`` say (``tangram_url``, ``tangram_token_file``, ...)."""
+    """The process's settings under what ``reward_kwargs`` say (``tangram_url``, ``tangram_token_file``, ...).
+    A null or empty value keeps the setting, but for ``tangram_max_consecutive_failures``, where null means
+    never stop (as 0 does, in the merge)."""
     s = active_settings()
-    over = {k[len("tangram_"):]: v for k, v in kw.items() if k.startswith("tangram_") and v not in (None, "")}
+    over = {k[len("tangram_"):]: v for k, v in kw.items() if k.startswith("tangram_")
+            and (v not in (None, "") or (v is None and k == "tangram_max_consecutive_failures"))}
     return s.merged(over)
+
+
+def _group(command: Any) -> str:
+    """``command`` as one brace group of a step chain, closed on a line of its own: a command ending in a
+    newline, ``;``, ``&``, a ``# comment`` or a here-document runs as it would alone (``{ CMD ; }`` made
+    each of those a syntax error, exit 2, scored as failed tests)."""
+    return f"{{ {command}\n}}"
 
 
 def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environment: str | None = None,
@@ -169,14 +179,15 @@ def suite_action(spec: Mapping[str, Any], settings: TangramSettings, *, environm
     score_mode(spec)
     steps = []  # brace groups run before the test command
     if spec.get("setup_command") and environment is None:  # stdin is the write step's: not read here
-        steps.append(f"{{ {spec['setup_command']} ; }} < /dev/null")
+        steps.append(f"{_group(spec['setup_command'])} < /dev/null")
     stdin = None
     if spec.get("solution_file") and solution is not None:
         # on stdin, not in env or argv: a response past 32 KiB (an env value's cap) or 128 KiB (Linux's) fits
         stdin = extract_solution(solution)
-        steps.append(f"{{ {write_solution_step(str(spec['solution_file']))} ; }}")
+        size = len(stdin.encode("utf-8", "surrogatepass"))  # what the service writes (it refuses a surrogate)
+        steps.append(_group(write_solution_step(str(spec["solution_file"]), size)))
     test = str(spec["test_command"])
-    command = " && ".join([*steps, f"{{ {test} ; }}"]) if steps else test
+    command = " && ".join([*steps, _group(test)]) if steps else test
     lo = int(spec.get("cpu_min") or 1)
     hi = max(lo, int(spec.get("cpu_max") or settings.reward_cpu_max))
     body: dict[str, Any] = {"kind": "exec", "command": command,
@@ -366,11 +377,11 @@ async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, se
     handed = fields.get("tangram_environment")
     env_settings = _trajectory_settings(settings, fields)
     env_id = handed if isinstance(handed, str) and handed else None
+    is_model = bool(spec.get("model")) and not spec.get("test_command")
     try:
         if fields.get("tangram_error"):
             raise TangramServiceError(f"tangram service {env_settings.url}: the rollout lost an action: "
                                       f"{fields['tangram_error']}")
-        is_model = bool(spec.get("model")) and not spec.get("test_command")
         if env_id is None and not is_model:
             env_id, setup = await create_environment(settings, env_spec(info, tools_kwargs, reward_model),
                                                      labels={"reward": "1"})
@@ -381,11 +392,15 @@ async def score_sample(spec: Mapping[str, Any], fields: Mapping[str, Any], *, se
                                   environment=env_id if not is_model else None, solution=text,
                                   prompt=prompt, ground_truth=ground_truth,
                                   trajectory=fields.get("tangram_trajectory") or env_id, trace=trace)
+        guard.verdict(settings if is_model else env_settings)  # the service does the run's work
         out["tangram_actions"] = float(len(trace))
         metrics.publish(trace)
         return out
-    except BaseException:
+    except BaseException as exc:
         metrics.publish(trace, failed=1)
+        if not fields.get("tangram_error"):  # the rollout's failure was counted where it happened
+            # a reward action that did not run or gave no verdict counts as the service's failure in a row
+            await reward_failed(settings if is_model else env_settings, exc)
         raise
     finally:
         if env_id is not None:

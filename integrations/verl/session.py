@@ -18,7 +18,9 @@ in a tool instance. It lives here instead:
 * :func:`get_client` keeps one :class:`tangram.client.TangramClient` per
   (url, token, event loop): an aiohttp session is bound to its loop.
 * :func:`retrying` retries transient service errors within a deadline, and
-  reports each call's outcome to :mod:`integrations.verl.guard`;
+  reports a call that failed so to :mod:`integrations.verl.guard` (which
+  counts the service's failures; only a verdict, which the callers report,
+  resets it);
   :func:`delete_environment` deletes with retries and never forgets an
   environment it could not delete (:data:`PENDING_DELETES`, retried on every
   later delete and by the sweep).
@@ -52,8 +54,8 @@ class TangramServiceError(RuntimeError):
 
     Raised instead of a made-up reward: verl's default (``use_v1``) path marks the
     sample's group failed and goes on (:mod:`integrations.verl.guard` stops the run
-    once ``max_consecutive_failures`` calls in a row failed), the legacy path stops
-    the step."""
+    once the service keeps failing, ``max_consecutive_failures``), the legacy path
+    stops the step."""
 
 # ---------------------------------------------------------------------------- #
 # clients
@@ -92,12 +94,16 @@ def new_key() -> str:
 
 
 async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, what: str, *,
-                   resendable: bool = True) -> T:
+                   resendable: bool = True, report: bool = True) -> T:
     """``await call()``, retried on transient service errors for up to ``settings.retry_s``;
     then a :class:`TangramServiceError` naming the service, what was being done and why.
     ``resendable``: the call may reach the service twice without harm (a GET, a DELETE, an action
     POSTed under one Idempotency-Key); otherwise it is tried again only when it was never sent (a
-    502 or a reset after sending may have made an environment nobody would delete)."""
+    502 or a reset after sending may have made an environment nobody would delete).
+    ``report``: a failure counts in :mod:`~integrations.verl.guard` (when it says the service is
+    down), also one a nested ``retrying(..., report=False)`` raised inside ``call``; false for
+    what is not the run's work (deletes, a look-up). A success never resets the count: an answer
+    does not say the service can run anything; the callers report verdicts."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0.0, settings.retry_s)
     delay = 0.25
@@ -105,18 +111,32 @@ async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, 
     while True:
         tries += 1
         try:
-            out = await call()
+            return await call()
+        except TangramServiceError as exc:  # a nested retrying that reports nothing gave up
+            if report and not guard.reported(exc):
+                guard.mark(exc)
+                await guard.failed(settings, exc.__cause__ or exc, what)
+            raise
         except TangramHTTPError as exc:
             if not transient(exc, resendable) or loop.time() + delay > deadline:
-                await guard.failed(settings, exc, what)  # in a row, a service that stays down stops the run
-                raise TangramServiceError(f"tangram service {settings.url}: {what} failed after {tries} "
-                                          f"tr{'y' if tries == 1 else 'ies'}: {exc}") from exc
+                err = TangramServiceError(f"tangram service {settings.url}: {what} failed after {tries} "
+                                          f"tr{'y' if tries == 1 else 'ies'}: {exc}")
+                if report:  # in a row, a service that stays down stops the run
+                    guard.mark(err)
+                    await guard.failed(settings, exc, what)
+                raise err from exc
             log.info("tangram: %s: %s (retrying in %.2f s)", what, exc, delay)
-        else:
-            guard.answered(settings)
-            return out
         await asyncio.sleep(delay)
         delay = min(delay * 2, 5.0)
+
+
+async def reward_failed(settings: TangramSettings, exc: BaseException, what: str = "the reward") -> None:
+    """A reward raised ``exc``: a :class:`TangramServiceError` no call counted yet (a reward action that did
+    not run or gave no verdict) counts in :mod:`~integrations.verl.guard`, once. Other exceptions (a bad
+    spec, a cancellation) and errors already counted leave the count."""
+    if isinstance(exc, TangramServiceError) and not guard.reported(exc):
+        guard.mark(exc)
+        await guard.no_result(settings, str(exc), what)
 
 
 # environments whose delete failed: (settings, env id) -> why; retried, never dropped silently
@@ -139,7 +159,7 @@ async def _delete_once(settings: TangramSettings, env_id: str, quick: bool = Fal
             await get_client(settings).delete_environment(env_id)
         else:
             await retrying(lambda: get_client(settings).delete_environment(env_id), settings,
-                           f"deleting environment {env_id}")
+                           f"deleting environment {env_id}", report=False)
     except (TangramHTTPError, TangramServiceError) as exc:
         cause = exc.__cause__ if isinstance(exc, TangramServiceError) else exc
         if isinstance(cause, TangramHTTPError) and cause.status == 404:
@@ -355,8 +375,9 @@ async def create_environment(settings: TangramSettings, spec: EnvSpec, labels: M
         except TangramHTTPError as exc:
             if exc.status in _TRANSIENT and not exc.never_sent:  # it may have been made (also past the
                 # deadline): look, retrying the look itself, before anything is sent again
+                # (not counted: its failure is the creation's, which the outer retrying counts)
                 listed = await retrying(lambda: client._request("GET", "/v1/environments"), settings,
-                                        "looking for an environment whose creation lost its answer")
+                                        "looking for an environment whose creation lost its answer", report=False)
                 made = [e["id"] for e in listed.get("environments", [])
                         if (e.get("labels") or {}).items() >= tag.items()]
                 if made:
@@ -374,10 +395,14 @@ async def create_environment(settings: TangramSettings, spec: EnvSpec, labels: M
             await delete_environment(settings, env_id)
             raise
         if not (r.ok and r.exit_code in (0, None)):
-            await delete_environment(settings, env_id)
-            raise TangramServiceError(
+            err = TangramServiceError(
                 f"tangram service {settings.url}: setup_command failed in environment {env_id} "
                 f"({r.status}, exit code {r.exit_code}): {(r.stderr or r.error or r.stdout or '')[-500:]}")
+            guard.mark(err)  # the sample's work cannot be done: counted here, once
+            await guard.no_result(settings, guard.did_not_run(r, "exec") or str(err),
+                                  f"setup_command in environment {env_id}")
+            await delete_environment(settings, env_id)
+            raise err
         return env_id, r
     return env_id, None
 

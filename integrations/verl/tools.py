@@ -23,6 +23,7 @@ from uuid import uuid4
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from integrations.verl import guard
 from integrations.verl.config import TangramSettings, active_settings
 from integrations.verl.session import REGISTRY, EnvSpec, TangramServiceError, get_client, new_key, retrying
 
@@ -133,11 +134,14 @@ class TangramSandboxTool(_TangramTool):
         except Exception as exc:  # noqa: BLE001 - whatever broke the call breaks the trajectory, loudly
             return self._failed(exc, key, agent_data)
         rec = REGISTRY.record(key, "exec", self.name, r)
-        if r.exit_code is None and r.status in ("failed", "cancelled"):
+        if why := guard.did_not_run(r, "exec"):
             # the command never ran to an exit code: the service failed or cancelled it (an executor crash,
-            # not started, its environment deleted), not the model: no result to show, a broken trajectory
-            return self._failed(TangramServiceError(
-                f"the service {r.status} the command before it ended: {r.error or 'no reason given'}"), key, agent_data)
+            # not started, its node down, its environment deleted, a timeout no executor ended), not the
+            # model: no result to show, a broken trajectory, and a failure of the service in a row
+            exc = TangramServiceError(f"the command did not run to an exit code ({why})")
+            await guard.no_result(settings, str(exc), f"tool {self.name}")
+            return self._failed(exc, key, agent_data)
+        guard.verdict(settings)  # it ran: the service does the run's work
         limit = int(self.config.get("max_output_chars") or 8000)
         parts = []
         if r.status == "timeout":
@@ -206,9 +210,13 @@ class TangramApiTool(_TangramTool):
         except Exception as exc:  # noqa: BLE001 - see TangramSandboxTool.execute
             return self._failed(exc, key, kwargs.get("agent_data"))
         rec = REGISTRY.record(key, "http", self.name, r)
-        if r.status == "cancelled":  # by someone else (this call still waits): no answer to show the model
-            return self._failed(TangramServiceError(f"the service cancelled the call: {r.error or 'no reason given'}"),
-                                key, kwargs.get("agent_data"))
+        why = guard.did_not_run(r, "http")
+        if why:  # cancelled by someone else (this call still waits), or never made (an executor error, not
+            # started): no answer to show the model; a failure of the service in a row
+            exc = TangramServiceError(f"the service did not make the call ({why})")
+            await guard.no_result(settings, str(exc), f"tool {self.name}")
+            return self._failed(exc, key, kwargs.get("agent_data"))
+        guard.verdict(settings)  # the call was made, whatever the upstream answered
         out = r.output if isinstance(r.output, dict) else {}
         payload = out.get("body")
         text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)

@@ -6,8 +6,10 @@ failed), 2 (pytest: collection errors, which a response that does not import cau
 (137: killed for memory) or a timeout at the widest DoP. Some exit codes say the suite could not run
 whatever the response: :data:`BROKEN_EXIT_CODES` (4 and 5 only from a command that runs pytest, and
 4 not when a conftest.py could not import the response's code; a sample's ``broken_exit_codes``
-overrides the set, ``[]`` turns it off), and a ``solution_file`` the response could not be written to. Those, a run
-with no exit code, and a ``fraction`` score with no pytest summary to read raise :class:`NoVerdict`.
+overrides the set, ``[]`` turns it off), and a ``solution_file`` the response could not be written to in full.
+Those, a run with no exit code (a timeout among them: the service's safety net cancelled a run its executor never
+ended, as under a stalled Docker Engine; an executor's own timeout kills the command and reports its exit
+status), and a ``fraction`` score with no pytest summary to read raise :class:`NoVerdict`.
 """
 from __future__ import annotations
 
@@ -66,12 +68,17 @@ def score_mode(spec: Mapping[str, Any]) -> str:
     return mode
 
 
-def write_solution_step(path: str) -> str:
-    """The shell step copying the action's stdin (the response) to ``path`` byte for byte; its failure (no
-    such directory) exits :data:`SOLUTION_WRITE_FAILED` with the marker in stderr rather than 1, a
-    failed-tests verdict."""
-    why = shlex.quote(f"{SOLUTION_WRITE_MARKER} {path}")
-    return f"cat > {shlex.quote(path)} || {{ echo {why} >&2; exit {SOLUTION_WRITE_FAILED}; }}"
+def write_solution_step(path: str, size: int) -> str:
+    """The (POSIX) shell step copying the action's stdin (the response, ``size`` bytes of UTF-8) to ``path``
+    byte for byte. A path that cannot be written (no such directory) or a file short of ``size`` bytes (a
+    stdin cut on its way: a proxy that dropped the half-close, an executor that stopped writing) exits
+    :data:`SOLUTION_WRITE_FAILED` with the marker in stderr rather than test a truncated response."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"size: a byte count >= 0, got {size!r}")
+    q = shlex.quote(path)
+    why = shlex.quote(f"{SOLUTION_WRITE_MARKER} {path}: unwritable, or short of the response's {size} bytes")
+    return (f'cat > {q} && [ "$(wc -c < {q})" -eq {size} ] || '
+            f"{{ echo {why} >&2; exit {SOLUTION_WRITE_FAILED}; }}")
 
 
 def _tail(r: ActionResult) -> str:
@@ -87,13 +94,22 @@ _CONFTEST_IMPORT = "ImportError while loading conftest"
 
 def exec_broken(r: ActionResult, spec: Mapping[str, Any]) -> str | None:
     """Why a test-suite action's result says nothing about the response (None: it is a verdict)."""
-    if r.status in ("succeeded", "timeout"):
+    if r.status == "succeeded":
         return None
+    if r.status == "timeout":
+        if r.exit_code is not None:  # the executor killed the command at timeout_s: its exit status is known
+            return None
+        # no executor reported the command's end: the service's safety net gave up on one that did not end
+        # the run within timeout_s + its grace (a stalled Docker Engine), or the runs a restart stopped
+        # spent the deadline; nothing says the response ran that long
+        return (f"timeout with no exit code: no executor ended the run itself ({r.error or 'no reason given'}); "
+                "the command may never have run")
     if r.status != "failed" or r.exit_code is None:  # it never ran, or was cancelled
         return f"{r.status}: {(r.error or r.stderr or '')[-500:]}".strip()
     code = r.exit_code
     if code == SOLUTION_WRITE_FAILED and SOLUTION_WRITE_MARKER in (r.stderr or ""):
-        return f"the response could not be written to solution_file {spec.get('solution_file')!r}: {_tail(r)}"
+        return (f"the response could not be written to solution_file {spec.get('solution_file')!r} in full (the "
+                f"path is unwritable, or the action's stdin arrived short of the response): {_tail(r)}")
     meaning = broken_exit_codes(spec).get(code)
     if (meaning is not None and code in _PYTEST_ONLY and spec.get("broken_exit_codes") is None
             and not _PYTEST.search(str(spec.get("test_command") or ""))):
