@@ -306,6 +306,27 @@ async def test_transient_errors_are_retried_within_the_deadline_then_raise():
             await close_clients()
 
 
+async def test_the_retry_deadline_starts_at_the_first_error_not_at_the_call():
+    """A call that ran longer than retry_s (a test suite's action) and then lost its answer is still sent
+    again: the deadline counted from the call's start gave it no retry at all."""
+    from integrations.verl.config import TangramSettings
+    from integrations.verl.session import retrying
+    from tangram.client import TangramHTTPError
+
+    calls = []
+
+    async def long_then_lost():
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.sleep(0.6)  # past retry_s
+            raise TangramHTTPError(0, "connection lost")
+        return "the result"
+
+    s = TangramSettings(url="http://127.0.0.1:1", retry_s=0.5)
+    assert await retrying(long_then_lost, s, "a long action", report=False) == "the result"
+    assert len(calls) == 2
+
+
 async def test_a_lost_answer_is_sent_again_under_its_key_and_the_command_runs_once(service):
     """A gateway that forwards a POST and then answers 502 (or drops the connection): the command ran.
     The integration sends an action again only under the Idempotency-Key it first sent, so the service

@@ -54,7 +54,7 @@ class TangramSettings:
     tool_timeout_s: float = 120.0
     # client side: no request to the service waits longer than this (its queueing there included; a
     # wait to be let in, admission_wait_s, comes on top), and
-    # transient errors (unreachable, 502/503/504) are retried for at most retry_s before failing
+    # transient errors (unreachable, 502/503/504) are retried for at most retry_s after the first before failing
     request_timeout_s: float = 3600.0
     retry_s: float = 60.0
     # an action the service refused for now (429 / 503 with Retry-After: its queues are full, as when a

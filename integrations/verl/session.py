@@ -95,7 +95,7 @@ def new_key() -> str:
 
 async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, what: str, *,
                    resendable: bool = True, report: bool = True) -> T:
-    """``await call()``, retried on transient service errors for up to ``settings.retry_s``;
+    """``await call()``, retried on transient service errors for up to ``settings.retry_s`` after the first;
     then a :class:`TangramServiceError` naming the service, what was being done and why.
     ``resendable``: the call may reach the service twice without harm (a GET, a DELETE, an action
     POSTed under one Idempotency-Key); otherwise it is tried again only when it was never sent (a
@@ -105,7 +105,7 @@ async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, 
     what is not the run's work (deletes, a look-up). A success never resets the count: an answer
     does not say the service can run anything; the callers report verdicts."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + max(0.0, settings.retry_s)
+    deadline: float | None = None  # retry_s from the first error: a call that ran long (a test suite) keeps it all
     delay = 0.25
     tries = 0
     while True:
@@ -118,6 +118,8 @@ async def retrying(call: Callable[[], Awaitable[T]], settings: TangramSettings, 
                 await guard.failed(settings, exc.__cause__ or exc, what)
             raise
         except TangramHTTPError as exc:
+            if deadline is None:
+                deadline = loop.time() + max(0.0, settings.retry_s)
             if not transient(exc, resendable) or loop.time() + delay > deadline:
                 err = TangramServiceError(f"tangram service {settings.url}: {what} failed after {tries} "
                                           f"tr{'y' if tries == 1 else 'ies'}: {exc}")
