@@ -189,3 +189,34 @@ def stop_ray_and_remove(path: str, shutdown, *, timeout_s: float = 30.0) -> None
         shutil.rmtree(path, ignore_errors=True)
     assert not left, f"Ray processes still running {timeout_s:.0f} s after shutdown: {left}"
     assert not os.path.exists(path), f"{path} written again after its removal"
+
+
+def transfer_queue_session(prefix: str):
+    """Ray and TransferQueue as verl's trainer starts them (main_ppo: ``tq.init(config.transfer_queue)``;
+    workers attach to it), for a module fixture to yield from; stopped and removed afterwards."""
+    import contextlib
+    import tempfile
+
+    @contextlib.contextmanager
+    def session():
+        ray = pytest.importorskip("ray")
+        tq = pytest.importorskip("transfer_queue", reason="the default path needs transferqueue (verl[verl-core])")
+        if ray.is_initialized():
+            ray.shutdown()
+        tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: Ray's unix socket paths
+        # a shared test machine: other processes' memory must not make Ray kill TransferQueue's actors
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+        # logical CPUs: TransferQueue's controller and storage unit take one each
+        ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False,
+                 object_store_memory=100_000_000)
+        try:
+            from omegaconf import OmegaConf
+
+            tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+            yield tq
+        finally:
+            try:
+                tq.close()
+            finally:
+                stop_ray_and_remove(tmp, ray_shutdown())
+    return session()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -45,6 +46,17 @@ async def test_errors_carry_status_message_and_field():
         assert e.value.status == 422
 
 
+@contextlib.asynccontextmanager
+async def _serving(protocol_factory):
+    """A raw TCP server on a free local port (a service that misbehaves below HTTP); yields the port."""
+    server = await asyncio.get_running_loop().create_server(protocol_factory, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 class _Counter(asyncio.Protocol):
     """A server that counts connections and hangs up on each at once (the service 'died')."""
 
@@ -58,10 +70,7 @@ class _Counter(asyncio.Protocol):
 
 async def test_retries_only_idempotent_requests():
     counts = [0]
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Counter(counts), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with _serving(lambda: _Counter(counts)) as port:
         async with TangramClient(f"http://127.0.0.1:{port}", retries=2, retry_backoff_s=0.01) as c:
             with pytest.raises(TangramHTTPError) as e:
                 await c.get_action("x")
@@ -75,9 +84,6 @@ async def test_retries_only_idempotent_requests():
             with pytest.raises(TangramHTTPError):
                 await c.delete_environment("e")
             assert counts[0] >= 3
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 class _CutShort(asyncio.Protocol):
@@ -101,10 +107,7 @@ async def test_an_answer_cut_off_mid_body_is_a_lost_connection():
     """Not aiohttp's own error escaping: status 0, retried where resending is safe (a GET, a POST under an
     Idempotency-Key), not otherwise."""
     counts = [0]
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _CutShort(counts), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with _serving(lambda: _CutShort(counts)) as port:
         async with TangramClient(f"http://127.0.0.1:{port}", retries=2, retry_backoff_s=0.01) as c:
             with pytest.raises(TangramHTTPError) as e:
                 await c.get_action("x")
@@ -117,9 +120,6 @@ async def test_an_answer_cut_off_mid_body_is_a_lost_connection():
             with pytest.raises(TangramHTTPError) as e:
                 await c.exec(None, "true", idempotency_key="k1")
             assert e.value.status == 0 and counts[0] == 3
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def test_unreachable_service_is_status_zero():
@@ -131,17 +131,11 @@ async def test_unreachable_service_is_status_zero():
 
 async def test_a_stalled_service_hits_the_client_deadline():
     """A service that accepts the connection and never answers: the request fails at the deadline."""
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)  # reads, never writes
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with _serving(asyncio.Protocol) as port:  # reads, never writes
         async with TangramClient(f"http://127.0.0.1:{port}", timeout_s=0.3, retries=0) as c:
             with pytest.raises(TangramHTTPError) as e:
                 await c.exec(None, "true")
             assert e.value.status == 0 and e.value.timed_out and "within 0.3 s" in e.value.message
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 def test_token_from_argument_file_or_environment(tmp_path, monkeypatch):

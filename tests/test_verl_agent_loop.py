@@ -17,7 +17,6 @@ only the LLM is scripted.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -29,7 +28,7 @@ pytest.importorskip("verl", reason="verl not installed: pip install -r scripts/t
 from integrations.verl import config as tconfig  # noqa: E402
 from integrations.verl import metrics as tmetrics  # noqa: E402
 from integrations.verl.session import PENDING_DELETES, REGISTRY, TangramServiceError, close_clients  # noqa: E402
-from tests.helpers import ray_shutdown, stop_ray_and_remove  # noqa: E402
+from tests.helpers import transfer_queue_session  # noqa: E402
 from integrations.verl.testing import (ScriptedLLM, calc_setup_command, make_model_dir, reward_loop_workers,  # noqa: E402
                                        rollout_rows, serve, tool_call, verl_config)
 from tangram.client import TangramClient  # noqa: E402
@@ -145,29 +144,8 @@ async def run_legacy(cfg, rows):
 
 @pytest.fixture(scope="module")
 def transfer_queue():
-    import os
-
-    ray = pytest.importorskip("ray")
-    tq = pytest.importorskip("transfer_queue", reason="the default path needs transferqueue (verl[verl-core])")
-    if ray.is_initialized():
-        ray.shutdown()
-    tmp = tempfile.mkdtemp(prefix="tgv-", dir="/tmp")  # short: Ray's unix socket paths
-    # a shared test machine: other processes' memory must not make Ray kill TransferQueue's actors
-    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    # logical CPUs: TransferQueue's controller and storage unit take one each
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False,
-             object_store_memory=100_000_000)
-    try:
-        # what verl's trainer does first (main_ppo: tq.init(config.transfer_queue)); workers attach to it
-        from omegaconf import OmegaConf
-
-        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    with transfer_queue_session("tgv-") as tq:
         yield tq
-    finally:
-        try:
-            tq.close()
-        finally:
-            stop_ray_and_remove(tmp, ray_shutdown())
 
 
 async def run_v1(tq, cfg, rows):

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import os
 import socket
-import tempfile
 
 import pytest
 
@@ -30,7 +28,7 @@ from integrations.verl.session import TangramServiceError, close_clients, get_cl
 from integrations.verl.testing import (ScriptedLLM, make_model_dir, reward_loop_workers, rollout_rows,  # noqa: E402
                                        serve, verl_config)
 from tangram.client import TangramHTTPError  # noqa: E402
-from tests.helpers import ray_shutdown, stop_ray_and_remove  # noqa: E402
+from tests.helpers import transfer_queue_session  # noqa: E402
 from tests.service_helpers import local_app  # noqa: E402
 
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(600)]
@@ -60,25 +58,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def transfer_queue():
-    """Ray and TransferQueue as verl's trainer starts them (main_ppo: tq.init(config.transfer_queue))."""
-    ray = pytest.importorskip("ray")
-    tq = pytest.importorskip("transfer_queue", reason="the default path needs transferqueue (verl[verl-core])")
-    if ray.is_initialized():
-        ray.shutdown()
-    tmp = tempfile.mkdtemp(prefix="tgg-", dir="/tmp")  # short: Ray's unix socket paths
-    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False,
-             object_store_memory=100_000_000)
-    try:
-        from omegaconf import OmegaConf
-
-        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+    with transfer_queue_session("tgg-") as tq:
         yield tq
-    finally:
-        try:
-            tq.close()
-        finally:
-            stop_ray_and_remove(tmp, ray_shutdown())
 
 
 @pytest.fixture(autouse=True)
