@@ -109,6 +109,28 @@ async def test_cancel_right_after_start_never_leaks():
         whole(rt)
 
 
+async def test_the_safety_net_waits_for_an_executors_own_stop_grace(monkeypatch):
+    """An executor whose kill takes seconds (Docker's: calls to the engine) says so (``stop_grace_s``): a run
+    it ends and reports within that much past timeout_s keeps its own result (its exit code: a verdict), where
+    the net's default grace gave up on it first (no exit code: no verdict)."""
+    import tangram.runtime.dispatch as runtime_mod
+    from tangram.executors.docker import DockerExecutor
+    from tangram.executors.local import LocalExecutor
+
+    monkeypatch.setattr(runtime_mod, "TIMEOUT_GRACE_S", 0.05)
+    rt, ex = make_runtime()
+    async with rt:
+        r = await rt.exec(None, "sleep 0.4", timeout_s=0.05)  # reported 0.35 s past its timeout
+        assert r.status == "timeout" and r.exit_code is None
+        ex.stop_grace_s = 1.0
+        r = await rt.exec(None, "sleep 0.4", timeout_s=0.05)
+        assert r.status == "succeeded" and r.exit_code == 0, r
+        whole(rt)
+    # the real executors' own: past their kill grace, Docker's by the engine calls of its kill rounds
+    assert LocalExecutor.stop_grace_s.fget(type("L", (), {"kill_grace_s": 0.5})()) == 2.5
+    assert DockerExecutor.stop_grace_s.fget(type("D", (), {"kill_grace_s": 0.5})()) == 15.5
+
+
 async def test_timeout_safety_net_when_the_executor_ignores_it(monkeypatch):
     import tangram.runtime.dispatch as runtime_mod
 

@@ -75,6 +75,10 @@ class EnvironmentExecutor(ABC):
     async def close(self) -> None:
         """Release every environment; idempotent."""
 
+    # stop_grace_s (optional, seconds): how long past ``timeout_s`` a run may take to be killed and reported;
+    # the runtime's safety net waits that much more (by default TIMEOUT_GRACE_S) before it gives up on the
+    # executor, a result with no exit code and no verdict
+
     # crash recovery (tangram/service/recover.py): environments outlive the service that made them
 
     def set_owner(self, owner: str) -> None:

@@ -144,6 +144,12 @@ class DockerExecutor(EnvironmentExecutor):
             raise ValueError(f"env_id: unknown environment {env_id!r} (call create_environment first)")
         return cid
 
+    @property
+    def stop_grace_s(self) -> float:
+        # the engine's calls before its own timer starts (the exec's cores), then SIGTERM, kill_grace_s and
+        # up to 10 s of SIGKILL rounds (_kill_inside), each a call on the shared control pool
+        return self.kill_grace_s + 15.0
+
     async def create_environment(self, env_id: str, *, image: str | None = None, memory_mb: int = 0,
                                  labels: Mapping[str, str] | None = None, network: bool = False) -> None:
         if network:

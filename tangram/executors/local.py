@@ -226,6 +226,8 @@ class LocalExecutor(EnvironmentExecutor):
             raise ValueError(f"env_id: unknown environment {env_id!r} (call create_environment first)")
         return d
 
+    stop_grace_s = property(lambda self: self.kill_grace_s + 2.0)  # SIGTERM, the grace, SIGKILL, the collection
+
     async def create_environment(self, env_id: str, *, image: str | None = None, memory_mb: int = 0,
                                  labels: Mapping[str, str] | None = None, network: bool = False) -> None:
         """``network``: the environment asks for a network (granted only if the executor allows it)."""
@@ -433,12 +435,13 @@ class LocalExecutor(EnvironmentExecutor):
             raise asyncio.CancelledError()
         details["duration_s"] = time.perf_counter() - t0
         rc = transport.get_returncode()
+        oom = bool(memory_mb) and sbx.Limits.oom_killed(group.dirs if group else [])
         if group is not None and rc == JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
             # the command never ran: no exit code, or a reward would score it as failed tests
             status, error, rc = FAILED, "could not join the action's cgroup: the command did not run", None
-        elif report is not None and status != TIMEOUT and (why := report.not_run(proto.err, rc)):
-            status, error, rc = FAILED, why, None  # bwrap's own exit 1 is no verdict on the command
-        if memory_mb and status == FAILED and sbx.Limits.oom_killed(group.dirs if group else []):
+        elif report and status != TIMEOUT and not (oom and (rc or 0) < 0) and (why := report.not_run(proto.err, rc)):
+            status, error, rc = FAILED, why, None  # bwrap's own exit 1; its kill at the memory limit is a verdict
+        if oom and status == FAILED:
             details["oom_killed"] = True
             error = f"{error}: killed at the memory limit ({memory_mb} MiB)"
         details["truncated"] = proto.truncated

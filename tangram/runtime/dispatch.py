@@ -17,7 +17,8 @@ from tangram.executors.base import EnvironmentExecutor, ExecResult, Placement, w
 
 log = logging.getLogger("tangram.runtime")
 
-# the executor is trusted to honour timeout_s itself; past this much more the runtime cancels it
+# the executor is trusted to honour timeout_s itself; past this much more (an environment executor's
+# stop_grace_s: its kill takes longer) the runtime cancels it
 TIMEOUT_GRACE_S = 2.0
 
 
@@ -54,12 +55,15 @@ class Dispatcher:
         """Run ``action`` on its executor; raises ExecutorTimedOut when the safety net fires."""
         p = action.payload
         timeout_s = action.timeout_s
+        grace_s = TIMEOUT_GRACE_S
         if kind == "exec":
             executor = self.env_executors[placement.node]
             extra = {"stdin": p["stdin"]} if p.get("stdin") is not None else {}  # only executors that take input
             coro = executor.exec(env_id, render_command(p["command"], placement.dop), placement,
                                  timeout_s=timeout_s, env={"TANGRAM_DOP": str(placement.dop), **p.get("env", {})},
                                  **extra)
+            own = getattr(executor, "stop_grace_s", None)  # a Docker kill takes seconds
+            grace_s = TIMEOUT_GRACE_S if own is None else float(own)
         elif kind == "http":
             req = {k: p[k] for k in ("url", "method", "headers", "json", "body") if k in p}
             coro = self.http_executor.run(req, timeout_s=timeout_s)
@@ -74,7 +78,7 @@ class Dispatcher:
         # kill, and the caller then gave the units back while the process still ran
         task = asyncio.ensure_future(coro)
         try:
-            await asyncio.wait((task,), timeout=timeout_s + TIMEOUT_GRACE_S)  # never cancels the task
+            await asyncio.wait((task,), timeout=timeout_s + grace_s)  # never cancels the task
         finally:
             if not task.done():  # the net fired, or this run is cancelled: the executor kills first
                 task.cancel()

@@ -144,6 +144,10 @@ class GuardedEnvExecutor(EnvironmentExecutor):
         self.orphans: set[str] = set()  # environments to remove from the node once it is back
 
     @property
+    def stop_grace_s(self) -> float | None:
+        return getattr(self.inner, "stop_grace_s", None)
+
+    @property
     def allow_network(self) -> bool:  # read by the runtime's placement of networked environments
         return bool(getattr(self.inner, "allow_network", False))
 
