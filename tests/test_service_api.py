@@ -212,6 +212,14 @@ async def test_environment_creation_failure_is_a_502(monkeypatch):
         assert_whole(svc.runtime)
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 async def test_killed_process_is_a_failed_action_and_leaks_nothing():
     async with running_service() as svc, svc.client() as c:
         rt = svc.runtime
@@ -220,19 +228,37 @@ async def test_killed_process_is_a_failed_action_and_leaks_nothing():
         task = asyncio.create_task(c.exec(env, f"{marker}; echo never"))
         pids: list[int] = []
         for _ in range(300):
-            pids = find_pids(marker)
-            if pids:
+            # the command's own processes: not bwrap, the sandbox outside them (its command line holds the
+            # marker too), which reports the command's end
+            pids = [p for p in find_pids(marker) if _comm(p) != "bwrap"]
+            if any(_comm(p) == "sleep" for p in pids):  # the shell and its sleep: the command runs
                 break
             await asyncio.sleep(0.01)
         assert pids, "the action's process never appeared"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         r = await asyncio.wait_for(task, 10)
-        assert r.status == "failed" and r.exit_code not in (0, None)
+        assert r.status == "failed" and r.exit_code not in (0, None), r
         assert "never" not in (r.stdout or "")
         assert_whole(rt, live_envs_mem=64)
         # the environment survives one killed action
         assert (await c.exec(env, "echo ok")).stdout == "ok\n"
+        if rt.env_executors["local"].sandbox == "sandbox":
+            # bwrap itself killed from outside (not by the command: it cannot signal it): the command's end
+            # was never reported, so no exit code, no verdict on it
+            marker = f"sleep 32.{uuid.uuid4().int % 10**6}"
+            task = asyncio.create_task(c.exec(env, f"{marker}; echo never"))
+            for _ in range(300):
+                found = find_pids(marker)
+                if any(_comm(p) == "sleep" for p in found):
+                    pids = [p for p in found if _comm(p) == "bwrap"]
+                    break
+                await asyncio.sleep(0.01)
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            r = await asyncio.wait_for(task, 10)
+            assert r.status == "failed" and r.exit_code is None and "bwrap was killed (signal 9)" in r.error, r
+            assert_whole(rt, live_envs_mem=64)
         await c.delete_environment(env)
         assert_whole(rt)
 
