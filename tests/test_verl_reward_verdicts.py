@@ -334,3 +334,36 @@ async def test_a_timeout_the_executor_never_reported_raises_and_its_own_stays_a_
     monkeypatch.setattr(R, "get_client", lambda s: Answers(killed))
     got, _ = await R.run_reward(spec, settings=s)
     assert got["score"] == 0.0 and got["tangram_status"] == "timeout"
+
+
+async def test_a_suite_that_timed_out_after_a_restart_runs_again_with_its_whole_timeout(monkeypatch):
+    """A restart (restartable) leaves the last run what the stopped runs left of timeout_s: its timeout, at
+    cpu_max, was scored 0.0 although the suite may pass within timeout_s. It now runs once more, with the
+    whole timeout_s and no restart, and that run is the verdict; a run that was not restarted at cpu_max keeps
+    its timeout as the verdict."""
+    from tangram.client import ActionResult
+
+    spec = {"test_command": QUIET_SUITE, "restartable": True, "cpu_max": 4, "timeout_s": 60}
+    timed_out = ActionResult(id="a", status="timeout", exit_code=-9, error="killed after 20 s")
+    passed = ActionResult(id="b", status="succeeded", exit_code=0, allocation={"dop": 4})
+
+    class Answers:
+        def __init__(self, first):
+            self.first, self.bodies = first, []
+
+        async def run_action(self, body, idempotency_key=None):
+            self.bodies.append(body)
+            return self.first if len(self.bodies) == 1 else passed
+
+    s = R.TangramSettings(url="http://tangram.invalid", reward_cpu_max=4)
+    restarted = Answers(dataclasses.replace(timed_out, allocation={"dop": 4, "restarted_s": 40.0}))
+    monkeypatch.setattr(R, "get_client", lambda s: restarted)
+    got, _ = await R.run_reward(spec, settings=s)
+    assert got["score"] == 1.0 and len(restarted.bodies) == 2
+    first, again = restarted.bodies
+    assert first["restartable"] is True and "restartable" not in again and again["timeout_s"] == 60
+    assert again["resources"] == first["resources"]  # already at cpu_max: as wide as before
+    plain = Answers(dataclasses.replace(timed_out, allocation={"dop": 4}))
+    monkeypatch.setattr(R, "get_client", lambda s: plain)
+    got, _ = await R.run_reward(spec, settings=s)
+    assert got["score"] == 0.0 and len(plain.bodies) == 1

@@ -20,7 +20,8 @@ not verl's ``style: rule``, so not under ``compute_score``), a mapping with
   if it has one), ``profile`` (the
   profile class of the repository's suite), ``cpu_min`` / ``cpu_max`` (the
   DoP range; default 1 .. the settings' ``reward_cpu_max``), ``timeout_s`` (a
-  suite that times out below cpu_max runs once more, wider, as its node allows:
+  suite that times out below cpu_max, or after a restart left it part of its
+  timeout, runs once more with all of it, wider as its node allows:
   that run is the verdict), ``restartable`` (true: the service may stop a suite that straggles at
   a narrow DoP and run it again wider; only one that runs in the trajectory's
   environment), ``score`` (``binary``: 1 if the command exits 0, the default;
@@ -330,12 +331,18 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
 
     r = await run(body, "reward")
     dop = (r.allocation or {}).get("dop")
-    if kind == "exec" and r.status == "timeout" and isinstance(dop, (int, float)) and dop < _cpu_max(body):
-        log.info("tangram: a test-suite reward timed out at DoP %s; running it again wider, up to cpu_max %d",
-                 dop, _cpu_max(body))  # the same command: the solution is written again
-        # wider than it ran, up to cpu_max: the service caps the range to the node, and refuses (422) a
-        # range no node holds, when the first run already had every core its node gives
-        wide = {**body, "resources": {**body["resources"], "cpu": {"min": int(dop) + 1, "max": _cpu_max(body)}}}
+    # a restart (restartable) left the last run what remained of timeout_s: its timeout says nothing yet
+    restarted = float((r.allocation or {}).get("restarted_s") or 0) > 0
+    if kind == "exec" and r.status == "timeout" and isinstance(dop, (int, float)) and (dop < _cpu_max(body)
+                                                                                      or restarted):
+        log.info("tangram: a test-suite reward timed out at DoP %s%s; running it again, up to cpu_max %d", dop,
+                 " after a restart" if restarted else "", _cpu_max(body))  # the solution is written again
+        # its own whole timeout_s (no restart shortens it) and wider than it ran, up to cpu_max: the service
+        # caps the range to the node, and refuses (422) a range no node holds, when the first run already had
+        # every core its node gives
+        wide = {k: v for k, v in body.items() if k != "restartable"}
+        if dop < _cpu_max(body):
+            wide["resources"] = {**body["resources"], "cpu": {"min": int(dop) + 1, "max": _cpu_max(body)}}
         try:
             r = await run(wide, "reward wider")
         except TangramServiceError as exc:

@@ -128,11 +128,14 @@ def placement_of(s: Started) -> Placement:
                      grants=dict(s.grants))
 
 
-def allocation_of(placement: Placement | None, isolation: str | None) -> dict[str, Any]:
-    """The ``allocation`` object of a result: where it ran and on what."""
+def allocation_of(placement: Placement | None, isolation: str | None, restarted_s: float = 0.0) -> dict[str, Any]:
+    """The ``allocation`` object of a result: where it ran and on what; ``restarted_s``: the seconds of runs a
+    restart stopped (its last run had that much less of ``timeout_s``)."""
     if placement is None:
         return {}
     alloc: dict[str, Any] = {"node": placement.node, "dop": placement.dop}
+    if restarted_s > 0:
+        alloc["restarted_s"] = round(restarted_s, 6)
     if placement.cores:
         alloc["cores"] = list(placement.cores)
     if placement.gpu_devices:

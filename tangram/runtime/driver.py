@@ -338,9 +338,8 @@ class Runtime:
         outcome = ActionOutcome(
             id=a.id, status=result.status, exit_code=result.exit_code, stdout=result.stdout,
             stderr=result.stderr, output=result.output, error=result.error,
-            allocation=allocation_of(placement, result.isolation), timing=timing, truncated=result.truncated,
-            retryable=result.node_down and result.status == FAILED,
-        )
+            allocation=allocation_of(placement, result.isolation, rec.restarted_s if rec else 0), timing=timing,
+            truncated=result.truncated, retryable=result.node_down and result.status == FAILED)
         job.outcome = outcome
         job.task = None
         if not job.done.done():
