@@ -363,6 +363,12 @@ async def test_a_suite_that_timed_out_after_a_restart_runs_again_with_its_whole_
     first, again = restarted.bodies
     assert first["restartable"] is True and "restartable" not in again and again["timeout_s"] == 60
     assert again["resources"] == first["resources"]  # already at cpu_max: as wide as before
+    # the stopped runs took the whole deadline: the service's answer has no exit code, and the suite runs again
+    spent = Answers(ActionResult(id="c", status="timeout", error="no result within 60 s",
+                                 allocation={"dop": 4, "restarted_s": 61.0}))
+    monkeypatch.setattr(R, "get_client", lambda s: spent)
+    got, _ = await R.run_reward(spec, settings=s)
+    assert got["score"] == 1.0 and len(spent.bodies) == 2 and "restartable" not in spent.bodies[1]
     plain = Answers(dataclasses.replace(timed_out, allocation={"dop": 4}))
     monkeypatch.setattr(R, "get_client", lambda s: plain)
     got, _ = await R.run_reward(spec, settings=s)

@@ -257,6 +257,7 @@ class Runtime:
         placement: Placement | None = None
         exec_s = 0.0
         try:
+            placement = placement_of(s)  # before a restart's checks: a result that ends there says where it was
             if job.stopping:  # runs a restart stopped: their executors kill their processes first
                 cancelled = False
                 for t in list(job.stopping):  # whatever cancels this meanwhile: its units are theirs till then
@@ -267,7 +268,6 @@ class Runtime:
                     run = dataclasses.replace(a, timeout_s=a.timeout_s - s.record.restarted_s)
                     if run.timeout_s <= 0:
                         raise ExecutorTimedOut()
-            placement = placement_of(s)
             await self._prepare(job, placement)  # environment set-up is overhead, not the action's run
             t0 = self.clock()
             try:
