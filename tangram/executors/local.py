@@ -435,7 +435,7 @@ class LocalExecutor(EnvironmentExecutor):
             raise asyncio.CancelledError()
         details["duration_s"] = time.perf_counter() - t0
         rc = transport.get_returncode()
-        oom = bool(memory_mb) and sbx.Limits.oom_killed(group.dirs if group else [])
+        oom = status == FAILED and bool(memory_mb) and sbx.Limits.oom_killed(group.dirs if group else [])
         if group is not None and rc == JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
             # the command never ran: no exit code, or a reward would score it as failed tests
             status, error, rc = FAILED, "could not join the action's cgroup: the command did not run", None
