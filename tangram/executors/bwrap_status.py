@@ -58,10 +58,11 @@ class StatusPipe:
             self.report += chunk
         return self.report
 
-    def not_run(self, stderr: bytes, returncode: int | None) -> str | None:
+    def not_run(self, stderr: bytes, returncode: int | None, oom: bool = False) -> str | None:
         """Call once bwrap has exited on its own: None if it reported the command's exit code, else why
-        not, for the result's error (bwrap's own message, from ``stderr``; ``returncode``: bwrap's)."""
-        return not_run_error(self.read(), stderr, returncode)
+        not, for the result's error (bwrap's own message, from ``stderr``; ``returncode``: bwrap's; ``oom``:
+        the run's memory limit killed something in its group)."""
+        return not_run_error(self.read(), stderr, returncode, oom)
 
     def close(self) -> None:
         self.close_write()
@@ -70,9 +71,11 @@ class StatusPipe:
             self.r = -1
 
 
-def not_run_error(report: bytes, stderr: bytes, returncode: int | None = None) -> str | None:
-    """None if ``report`` (bwrap's status output) has the command's exit code, else the error to give."""
-    if _EXIT.search(report):
+def not_run_error(report: bytes, stderr: bytes, returncode: int | None = None, oom: bool = False) -> str | None:
+    """None if ``report`` (bwrap's status output) has the command's exit code, or if the memory limit killed
+    bwrap itself with the command (the group's largest process: the command's doing, a verdict), else the
+    error to give."""
+    if _EXIT.search(report) or (oom and returncode is not None and returncode < 0):
         return None
     if returncode is not None and returncode < 0:  # not bwrap's own failure: something killed it (not us)
         return f"bwrap was killed (signal {-returncode}) before it reported the command's end: no exit status"

@@ -439,8 +439,8 @@ class LocalExecutor(EnvironmentExecutor):
         if group is not None and rc == JOIN_FAILED and b"cannot join the action cgroup" in proto.err:
             # the command never ran: no exit code, or a reward would score it as failed tests
             status, error, rc = FAILED, "could not join the action's cgroup: the command did not run", None
-        elif report and status != TIMEOUT and not (oom and (rc or 0) < 0) and (why := report.not_run(proto.err, rc)):
-            status, error, rc = FAILED, why, None  # bwrap's own exit 1; its kill at the memory limit is a verdict
+        elif report and status != TIMEOUT and (why := report.not_run(proto.err, rc, oom)):
+            status, error, rc = FAILED, why, None  # bwrap's own exit 1 is no verdict on the command
         if oom and status == FAILED:
             details["oom_killed"] = True
             error = f"{error}: killed at the memory limit ({memory_mb} MiB)"

@@ -450,9 +450,7 @@ async def _collect(proc, dirs: list[str], status: StatusPipe | None, *, timeout_
                     _kill_all(0, [d])
                     await asyncio.sleep(0.01)
     # bwrap exited on its own without reporting an exit code: the command never ran (no exit code)
-    error = None if timed_out or status is None else status.not_run(bytes(err), proc.returncode)
-    if error and oom and (proc.returncode or 0) < 0:
-        error = None  # the memory limit killed bwrap with the command: the command's own doing, its verdict
+    error = None if timed_out or status is None else status.not_run(bytes(err), proc.returncode, oom)
     return SandboxResult(exit_code=None if timed_out or error else proc.returncode, stdout=bytes(out),
                          stderr=bytes(err), timed_out=timed_out, truncated=truncated, oom_killed=oom, error=error)
 
