@@ -122,6 +122,37 @@ async def test_no_fd_is_left_open_after_results_failures_timeouts_and_cancels(bo
     assert _open_fds() == before
 
 
+def _groups_named(ex: LocalExecutor, action_id: str) -> list[str]:
+    parents = (ex._cg.parents if ex._cg is not None else ()) + (ex._limits.parents if ex._limits is not None else ())
+    return [os.path.join(p, d) for p in parents if os.path.isdir(p) for d in os.listdir(p) if d.endswith(action_id)]
+
+
+async def test_a_failure_before_the_spawn_leaves_no_cgroup_and_no_descriptor(box, monkeypatch):
+    """Out of descriptors after the action's cgroups were made (its cpuset and its memory/pids limits):
+    the run raises, and neither the groups nor the pipes made for it are left behind."""
+    if box._cg is None and box._limits is None:
+        pytest.skip("no cgroups here")
+    cores = sorted(box.allowed_cores)[:1]
+    await box.exec("traj", "true", Placement("warm", "local", dop=1, cores=tuple(cores)))
+    before = _open_fds()
+    from tangram.executors import seccomp
+    seen = []
+
+    def out_of_descriptors():  # after the sandbox's /etc files' pipes were made
+        seen.extend(_groups_named(box, "no-fds"))
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(seccomp, "pipe_args", out_of_descriptors)
+    with pytest.raises(OSError, match="Too many open files"):
+        await box.exec("traj", "true", Placement("no-fds", "local", dop=1, cores=tuple(cores)))
+    assert seen, "the action's cgroups exist before the sandbox's files are made"
+    assert _groups_named(box, "no-fds") == []
+    assert _open_fds() == before  # the /etc pipes made before the failure are closed
+    monkeypatch.undo()
+    assert (await box.exec("traj", "true", _at("after"))).exit_code == 0
+    assert _open_fds() == before
+
+
 async def test_sandbox_run_tells_a_setup_failure_from_the_commands_exit(tmp_path, monkeypatch):
     work, tool = tmp_path / "work", tmp_path / "tool"
     work.mkdir()

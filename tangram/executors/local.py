@@ -353,34 +353,29 @@ class LocalExecutor(EnvironmentExecutor):
             details["cgroup"] = group.dirs
         memory_mb = 0
         fds: list[int] = []  # the sandbox's /etc/passwd and /etc/group, as pipes
-        if self._sandbox is not None:
-            env_mem, network = self._env_info.get(env_id, (0, False))
-            if self._limits is not None:
-                memory_mb = env_mem or self.default_memory_mb
-                try:
+        try:  # from here to the spawn, a failure (out of descriptors, a limit refused) removes the group
+            if self._sandbox is not None:
+                env_mem, network = self._env_info.get(env_id, (0, False))
+                if self._limits is not None:
+                    memory_mb = env_mem or self.default_memory_mb
                     limit_dirs = self._limits.create(name, memory_mb, self.pids_max)
-                except BaseException:
-                    if group is not None:
-                        self._remove_group(group)
-                    raise
-                group = _Group((group.dirs if group is not None else []) + limit_dirs)
-                details["memory_mb"], details["pids_max"] = memory_mb, self.pids_max
-            fds, files = sbx.sandbox_files(self._sandbox.uid, self._sandbox.gid)
-            inner = self._sandbox.argv(cwd, argv, network=network and self.allow_network,
-                                       user_files=files, status=report)
-            # bwrap itself dies with this service (SIGKILL included): its sandbox dies with it
-            script = "exec " + shlex.join(sbx.die_with(os.getpid()) + inner)
-        pidns = group is None and self._sandbox is None and self._pidns is not None
-        if pidns:  # the command is its namespace's init: every process it leaves dies with it
-            script = "exec " + shlex.join([*sbx.die_with(os.getpid()), *self._pidns, *argv])  # dies with us too
-            details["pid_namespace"] = True
-        elif group is None and self._sandbox is None and not self._warned_untracked:
-            self._warned_untracked = True
-            log.warning("local executor: no cgroup and no PID namespace here: a command that leaves its process "
-                        "group and clears its environment (setsid env -i ...) can outlive its action")
-        if group is not None:
-            script = group.join_prefix() + script
-        try:
+                    group = _Group((group.dirs if group is not None else []) + limit_dirs)
+                    details["memory_mb"], details["pids_max"] = memory_mb, self.pids_max
+                fds, files = sbx.sandbox_files(self._sandbox.uid, self._sandbox.gid)
+                inner = self._sandbox.argv(cwd, argv, network=network and self.allow_network,
+                                           user_files=files, status=report)
+                # bwrap itself dies with this service (SIGKILL included): its sandbox dies with it
+                script = "exec " + shlex.join(sbx.die_with(os.getpid()) + inner)
+            pidns = group is None and self._sandbox is None and self._pidns is not None
+            if pidns:  # the command is its namespace's init: every process it leaves dies with it
+                script = "exec " + shlex.join([*sbx.die_with(os.getpid()), *self._pidns, *argv])  # dies with us too
+                details["pid_namespace"] = True
+            elif group is None and self._sandbox is None and not self._warned_untracked:
+                self._warned_untracked = True
+                log.warning("local executor: no cgroup and no PID namespace here: a command that leaves its process "
+                            "group and clears its environment (setsid env -i ...) can outlive its action")
+            if group is not None:
+                script = group.join_prefix() + script
             transport, proto = await finish_spawn(  # a cancellation meanwhile raises at the next await
                 self._spawn(script, cwd, penv, cores if isolation == AFFINITY else None, stdin,
                             fds + (report.fds if report is not None else [])))

@@ -203,8 +203,17 @@ def sandbox_files(uid: int = NOBODY, gid: int = NOBODY) -> tuple[list[int], list
     from tangram.executors import seccomp
 
     fds, args = user_files(uid, gid)
-    sfds, sargs = seccomp.pipe_args()
+    try:
+        sfds, sargs = seccomp.pipe_args()
+    except BaseException:
+        _close_all(fds)
+        raise
     return fds + sfds, args + sargs
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def user_files(uid: int = NOBODY, gid: int = NOBODY) -> tuple[list[int], list[str]]:
@@ -215,12 +224,18 @@ def user_files(uid: int = NOBODY, gid: int = NOBODY) -> tuple[list[int], list[st
     """
     fds: list[int] = []
     args: list[str] = []
-    for name, text in (("passwd", f"sandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n"), ("group", f"sandbox:x:{gid}:\n")):
-        r, w = os.pipe()
-        os.write(w, text.encode())  # a few bytes: never blocks
-        os.close(w)
-        fds.append(r)
-        args += ["--perms", "0644", "--ro-bind-data", str(r), f"/etc/{name}"]
+    try:
+        for name, text in (("passwd", f"sandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/sh\n"), ("group", f"sandbox:x:{gid}:\n")):
+            r, w = os.pipe()
+            fds.append(r)
+            try:
+                os.write(w, text.encode())  # a few bytes: never blocks
+            finally:
+                os.close(w)
+            args += ["--perms", "0644", "--ro-bind-data", str(r), f"/etc/{name}"]
+    except BaseException:  # out of descriptors for the second pipe: the first is not left open
+        _close_all(fds)
+        raise
     return fds, args
 
 

@@ -97,6 +97,9 @@ def pipe_args() -> tuple[list[int], list[str]]:
     r, w = os.pipe()
     try:
         os.write(w, prog)  # a few KiB: fits the pipe's buffer, never blocks
+    except BaseException:
+        os.close(r)
+        raise
     finally:
         os.close(w)
     return [r], ["--seccomp", str(r)]
