@@ -178,3 +178,21 @@ def test_the_report_decides_and_bwraps_message_is_the_error():
     assert err.startswith("bwrap failed before starting the sandbox") and "Creating new namespace" in err
     assert "no message" in not_run_error(b"", b"", 1)
     assert "signal 9" in not_run_error(started, b"", -9)  # killed by someone else: no exit status either
+
+
+async def test_bwraps_options_are_asked_when_the_executor_is_made_not_by_an_action(tmp_path, monkeypatch):
+    """``bwrap --help`` (does it have ``--json-status-fd``?) runs when the executor is made: an action's
+    exec makes no blocking call on the event loop for it."""
+    sbx._help.cache_clear()
+    ex = LocalExecutor(str(tmp_path / "envs"), kill_grace_s=0.2)
+    try:
+        await ex.create_environment("t")
+
+        def blocking(*a, **kw):
+            raise AssertionError(f"a blocking subprocess.run on the event loop: {a}")
+
+        monkeypatch.setattr(sbx.subprocess, "run", blocking)
+        r = await ex.exec("t", "exit 1", _at("first"))
+        assert (r.status, r.exit_code) == (FAILED, 1), r
+    finally:
+        await ex.close()

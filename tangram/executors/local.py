@@ -154,6 +154,10 @@ class LocalExecutor(EnvironmentExecutor):
                 log.warning("local executor: no memory/pids limits (cgroups not writable: %s)", exc)
             from tangram.executors import seccomp
 
+            # asked here, once, and not by the first action on the event loop
+            if sbx.find_bwrap() and not self._sandbox.reports_status():
+                log.warning("local executor: this bwrap has no --json-status-fd: a sandbox it cannot set up "
+                            "exits 1 like a command that failed (use a newer bubblewrap)")
             if seccomp.unavailable():
                 log.warning("local executor: no system-call filter in the sandbox (%s; pip install pyseccomp, "
                             "and libseccomp2 from the system)", seccomp.unavailable())

@@ -151,7 +151,11 @@ class Sandbox:
     def status_pipe(self) -> StatusPipe | None:
         """A pipe for bwrap's status report (:mod:`tangram.executors.bwrap_status`), which tells a run bwrap
         could not start from the command's own exit 1; None where this bwrap has no ``--json-status-fd``."""
-        return StatusPipe() if _has_option(self._bwrap(), "--json-status-fd") else None
+        return StatusPipe() if self.reports_status() else None
+
+    def reports_status(self) -> bool:
+        """Whether this bwrap has ``--json-status-fd`` (``bwrap --help``, run once per binary for every option)."""
+        return _has_option(self._bwrap(), "--json-status-fd")
 
     def prepare_workdir(self, path: str) -> None:
         """Make ``path`` writable by the sandbox user (root service: chown to ``uid``)."""
@@ -175,12 +179,17 @@ def die_with(service_pid: int) -> list[str]:
             "sh"]
 
 
-@functools.lru_cache(maxsize=None)
 def _has_option(bwrap: str, option: str) -> bool:
+    return option in _help(bwrap)
+
+
+@functools.lru_cache(maxsize=None)
+def _help(bwrap: str) -> str:
+    """``bwrap --help``, once per binary ("" if it cannot be run)."""
     try:
-        return option in subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+        return subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return False
+        return ""
 
 
 def _all_ancestors(paths: Sequence[str]) -> list[str]:
