@@ -127,7 +127,7 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 def _run_one(job: tuple) -> dict | None:
     (family, seed, smoke, margin, books, unprofiled, steps, generation_scale, restartable, params, sim_seed, tolerance,
-     stored, also) = job
+     stored, also, warm) = job
     raw = draw(family, seed, smoke, margin, books, unprofiled, steps, generation_scale, restartable)
     if raw is None:
         return None
@@ -144,6 +144,8 @@ def _run_one(job: tuple) -> dict | None:
         spec = policy_spec(name)
         if name == "tangram" and params:
             spec = replace(spec, params=replace(spec.params, **params))
+        if name == "tangram" and warm:
+            spec = replace(spec, gpu_warm=True)
         s = simulate(wl, spec, seed=sim_seed).summary
         results[name] = [s[m] for m in MEASURES]
         if s["failed"]:
@@ -209,6 +211,8 @@ def main(argv=None) -> int:
                     help="an earlier --json output: reuse its baselines' runs, run tangram alone")
     ap.add_argument("--also", action="append", default=[], metavar="POLICY",
                     help="run this baseline too on every draw (e.g. serverless:fewest); repeatable")
+    ap.add_argument("--warm-start", action="store_true",
+                    help="tangram's GPU nodes load their models before the first request (tangram.managers.gpu_warm)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in args.also:
@@ -239,7 +243,8 @@ def main(argv=None) -> int:
                     raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
                                      "(another --smoke, or the ranges changed)")
     jobs = [(f, s, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps, args.generation_scale,
-             args.restartable, params, args.sim_seed, args.tolerance, stored.get((f, s)), tuple(args.also))
+             args.restartable, params, args.sim_seed, args.tolerance, stored.get((f, s)), tuple(args.also),
+             args.warm_start)
             for f in families for s in args.seeds]
     if args.jobs > 1:
         with Pool(args.jobs) as pool:
@@ -248,7 +253,7 @@ def main(argv=None) -> int:
         rows = [r for r in map(_run_one, jobs) if r is not None]
     out = {"params": params, "sim_seed": args.sim_seed, "arrival_margin_s": args.arrival_margin, "books": args.books,
            "unprofiled": args.unprofiled, "steps": args.steps, "generation_scale": args.generation_scale,
-           "restartable": args.restartable, "also": args.also,
+           "restartable": args.restartable, "also": args.also, "warm_start": args.warm_start,
            "summary": {f: summarize([r for r in rows if r["family"] == f], args.tolerance)
                        for f in families if any(r["family"] == f for r in rows)},
            "workloads": rows}

@@ -22,6 +22,7 @@ from tangram.core.errors import invariant
 from tangram.core.model import Action
 from tangram.managers.base import AllocationError, ResourceManager
 from tangram.managers.buddy import SIZES, BuddyAllocator, Chunk
+from tangram.managers.gpu_warm import warm_plan
 from tangram.managers.service_cache import CacheDecision, ModelSpec, ServiceCache, service_name
 from tangram.core.pools import PoolState
 
@@ -58,6 +59,7 @@ class GpuManager(ResourceManager):
         self._buddy: dict[str, BuddyAllocator] = {}
         self._cache: dict[str, ServiceCache] = {}
         self._holders: dict[str, dict[str, Chunk]] = {}
+        self._warming: set[str] = set()  # the holders that are a warm start's loads (warm)
         models = list(models)
         for node in nodes:
             if node.pool in self.nodes:
@@ -98,6 +100,43 @@ class GpuManager(ResourceManager):
             return {}
         mb_per_s = moved / seconds
         return {k: spec.mb_per_device(k) * k / mb_per_s for k in SIZES}
+
+    def warm_plan(self, pool: str) -> list[tuple[str, Chunk]]:
+        """The instances a warm start loads on ``pool``'s node (:mod:`tangram.managers.gpu_warm`), beside
+        what is resident there now."""
+        pool = self._pool(pool)
+        node, cache = self.nodes[pool], self._cache[pool]
+        return warm_plan(node.num_gpus, cache.memory_mb_per_gpu, cache.models.values(),
+                         [(i.service, i.chunk) for i in cache.instances()])
+
+    def warm(self, pool: str, holder: str, service: str, chunk: Chunk) -> CacheDecision | None:
+        """Take exactly ``chunk`` for ``holder`` to load ``service`` there (a warm start), as an action
+        takes one: the executor restores it, :meth:`restored` confirms, :meth:`release` ends it.
+        None, taking nothing, where the chunk is not free (a request holds part of it) or the service
+        no longer fits beside what is resident (a request's restore came first): a warm load evicts
+        nothing."""
+        pool = self._pool(pool)
+        cache, buddy = self._cache[pool], self._buddy[pool]
+        if holder in self._holders[pool]:
+            raise AllocationError(f"{holder} already holds {self._holders[pool][holder]} of {pool}")
+        need = cache.mb_per_device(service)
+        if cache.is_resident(service, chunk) or any(cache.free_mb(d) < need for d in chunk.devices):
+            return None
+        if not any(f.start <= chunk.start and chunk.end <= f.end for f in buddy.free_chunks()):
+            return None
+        got = buddy.allocate(chunk.size, lambda c: c.start <= chunk.start and chunk.end <= c.end)
+        if got != chunk:  # best fit took a smaller free chunk elsewhere: give it back, load nothing
+            if got is not None:
+                buddy.release(got)
+            return None
+        try:
+            decision = cache.begin(holder, service, chunk)
+        except BaseException:
+            buddy.release(chunk)
+            raise
+        self._holders[pool][holder] = chunk
+        self._warming.add(holder)
+        return decision
 
     def register_model(self, spec: ModelSpec) -> None:
         for cache in self._cache.values():
@@ -163,6 +202,7 @@ class GpuManager(ResourceManager):
         chunk = self._holders.get(pool, {}).pop(holder, None)
         if chunk is None:
             return False
+        self._warming.discard(holder)
         self._cache[pool].end(holder)
         self._buddy[pool].release(chunk)
         return True
@@ -183,7 +223,8 @@ class GpuManager(ResourceManager):
                 raise AssertionError(f"{pool}: cache busy devices {busy} vs grants {expect}")
 
     def held(self) -> Mapping[str, Mapping[str, Any]]:
-        return {p: dict(h) for p, h in self._holders.items()}
+        """The grants the engine gave (a warm start's loads are the manager's own: not here)."""
+        return {p: {h: c for h, c in hs.items() if h not in self._warming} for p, hs in self._holders.items()}
 
     # -- internals --------------------------------------------------------- #
 

@@ -56,6 +56,8 @@ class PolicySpec:
     api_mode: str = "managed"  # "managed" | "naive"
     api_gives_up: bool = True  # naive: a call fails after the workload's max_retries (False: retries until it succeeds)
     serverless_fewest: bool = False  # serverless: each service on the fewest GPUs it fits, not its replicas' DoP
+    # eoe: each GPU node loads its models before the first request (tangram.managers.gpu_warm), on its GPUs
+    gpu_warm: bool = False
 
 
 def _no_affinity(snap: Snapshot) -> Plan:

@@ -7,13 +7,12 @@ The event loop owns a virtual clock and a heap of events:
              trajectory starts its next generation
 * ``READY``  a trajectory's pod is up (``trajectory`` baseline)
 * ``RETRY``  a 429'd API call tries again (``api-naive`` baseline)
-* ``TICK``   a quota period refilled: ``engine.tick``
+* ``TICK``   a quota period refilled, or a warm start's load ended: ``engine.tick``
 
-Every ``Started`` the engine returns is "executed" by drawing nothing new:
-each trajectory's script (turns, generation gaps, action classes, true
-single-unit durations) is drawn up front from its own seeded stream, so every
-policy sees exactly the same work. The execution time at the allocated DoP is
-``T1 / (E(m) * m)`` (plus a GPU restore or an environment start when they
+Every ``Started`` the engine returns is "executed" by drawing nothing new: each trajectory's
+script (turns, generation gaps, action classes, true single-unit durations) is drawn up front from
+its own seeded stream, so every policy sees exactly the same work. The execution time at the
+allocated DoP is ``T1 / (E(m) * m)`` (plus a GPU restore or an environment start when they
 happen). The scheduler only knows profiled classes' mean ``T1``.
 """
 from __future__ import annotations
@@ -36,6 +35,7 @@ from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
 from tangram.simulator.managers import CachedCountingManager, SimGpuManager
 from tangram.simulator.policies import PolicySpec, policy_spec
 from tangram.simulator.summary import summarize
+from tangram.simulator.warm import WarmStart
 from tangram.simulator.records import SimResult, _Item, _Rec, _Traj
 from tangram.simulator.replicas import jitter_stream, perturb_generation
 from tangram.simulator.workload import MEM_FRACTION, ActionClass, Workload
@@ -79,6 +79,7 @@ class Simulation:
         self._dops: dict[tuple, np.ndarray] = {}
         self._build_engine(c)
         self._server = {p.name: [p.concurrency, p.quota, p.period_s, 0, -1, 0] for p in c.api}  # naive API server
+        self._warm = WarmStart(self, TICK) if self.spec.gpu_warm and self._real_gpu else None
 
     # ------------------------------------------------------------------ #
     # setup
@@ -305,7 +306,7 @@ class Simulation:
                 self._attempt(obj)
             else:
                 self._ticks.discard(t)
-                self._started(self.engine.tick())
+                self._started(self._warm.loaded(t) if self._warm is not None else self.engine.tick())
             if self._has_quota:
                 w = self.engine.next_wakeup()
                 if w is not None and w > self.now and w not in self._ticks:

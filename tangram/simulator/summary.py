@@ -91,6 +91,8 @@ def summarize(sim: Any) -> dict[str, Any]:
         if sim._real_gpu:
             st = sim.gpu.stats()
             out["gpu_restores"], out["gpu_cache_hits"], out["gpu_evictions"] = st["misses"], st["hits"], st["evictions"]
+            if sim._warm is not None:  # the warm start's loads are among the restores
+                out["gpu_warm_loads"] = sim._warm.loads
         else:
             out["gpu_restores"], out["gpu_cache_hits"] = sim.gpu.restores, sim.gpu.hits
     return out

@@ -1,0 +1,56 @@
+"""A warm start in the simulator: each GPU node loads its warm plan from t = 0, chunk by chunk.
+
+The plan is the live manager's (:meth:`tangram.managers.gpu.GpuManager.warm_plan`); each load holds
+its chunk through :meth:`GpuManager.warm` for the restore time the workload's bandwidth gives, as a
+request's restore would, so a request that comes meanwhile finds those GPUs busy. Loads of disjoint
+chunks run side by side; a load waits for its chunk, and one whose chunk a request holds is tried
+again when another load of its node ends, and dropped once none is left to end (the node is busy:
+the rest of its plan is not loaded). The simulation's ``TICK`` event ends a load
+(:meth:`WarmStart.loaded`) and runs the engine's round before the next loads start: a waiting
+request goes first.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tangram.core.grants import restore_seconds
+
+
+class WarmStart:
+    def __init__(self, sim: Any, tick: int):
+        self._sim, self._tick = sim, tick
+        self._gpu = sim.gpu
+        self._pending = {pool: self._gpu.warm_plan(pool) for pool in self._gpu.nodes}
+        self._running: dict[str, tuple[float, str, float]] = {}  # holder -> (when it is loaded, pool, seconds)
+        self.loads = 0
+        for pool in self._pending:
+            self._start(pool)
+
+    def _start(self, pool: str) -> None:
+        left = []
+        for service, chunk in self._pending[pool]:
+            holder = f"warm:{pool}:{service}:{chunk.start}"
+            decision = self._gpu.warm(pool, holder, service, chunk)
+            if decision is None:
+                left.append((service, chunk))
+                continue
+            seconds = restore_seconds(decision.restore_mb_per_device, self._sim.wl.cluster.restore_gbps)
+            done = self._sim.now + seconds
+            self._running[holder] = (done, pool, seconds)
+            self._sim._ticks.add(done)
+            self._sim._push(done, self._tick, None)
+        self._pending[pool] = left if any(p == pool for _, p, _ in self._running.values()) else []
+
+    def loaded(self, now: float):
+        """End every load due by ``now`` (its instance resident), run the engine's round (the requests
+        waiting go first), then start the loads the chunks still free allow; returns the round's starts."""
+        ended = [(h, pool, seconds) for h, (done, pool, seconds) in self._running.items() if done <= now]
+        for holder, pool, seconds in ended:
+            del self._running[holder]
+            self._gpu.restored(pool, holder, seconds)
+            self._gpu.release(pool, holder)
+            self.loads += 1
+        started = self._sim.engine.tick()
+        for pool in sorted({pool for _, pool, _ in ended}):
+            self._start(pool)
+        return started

@@ -1,0 +1,126 @@
+"""A GPU node's warm start: its plan (tangram.managers.gpu_warm), the manager's warm loads, the simulator's."""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+
+from tangram.core.grants import Chunk
+from tangram.core.model import Action, Demand
+from tangram.managers.base import AllocationError
+from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
+from tangram.managers.gpu_warm import warm_plan
+from tangram.simulator.policies import policy_spec
+from tangram.simulator.sim import Simulation
+from tangram.simulator.workload import builtin_raw, parse_workload
+
+GB = 1024
+
+
+def _models(**sizes_gb) -> list[ModelSpec]:
+    return [ModelSpec(n, state_mb=s * GB, sharded=True) for n, s in sizes_gb.items()]
+
+
+def test_the_plan_is_widest_first_largest_first_and_never_overfills_a_device():
+    plan = warm_plan(8, 80 * GB, _models(small=15, big=60))
+    assert plan[:2] == [("big@dop8", Chunk(0, 8)), ("small@dop8", Chunk(0, 8))]
+    dops = [c.size for _, c in plan]
+    assert dops == sorted(dops, reverse=True)
+    used = [0] * 8
+    sizes = {"small": 15 * GB, "big": 60 * GB}
+    for service, chunk in plan:
+        model, dop = service.split("@dop")
+        for d in chunk.devices:
+            used[d] += -(-sizes[model] // int(dop))
+    assert max(used) <= 80 * GB
+    # what is left on a device is less than the smallest instance the plan skipped there
+    assert ("big@dop1", Chunk(0, 1)) not in plan and 80 * GB - used[0] < 60 * GB
+    assert len(set(plan)) == len(plan)
+
+
+def test_the_plan_counts_what_is_resident_and_loads_it_once():
+    models = _models(m=40)
+    first = warm_plan(2, 80 * GB, models)
+    assert first == [("m@dop2", Chunk(0, 2)), ("m@dop1", Chunk(0, 1)), ("m@dop1", Chunk(1, 1))]
+    # 60 GB are in use on device 0 (20 + 40): a second m@dop1 there would not fit
+    again = warm_plan(2, 80 * GB, models, resident=[("m@dop2", Chunk(0, 2)), ("m@dop1", Chunk(0, 1))])
+    assert again == [("m@dop1", Chunk(1, 1))]
+    assert warm_plan(4, 80 * GB, _models(huge=400)) == []  # fits nowhere: nothing planned
+
+
+def _manager() -> GpuManager:
+    return GpuManager([GpuNode("g0", 8, 80 * GB)], _models(small=15, big=60))
+
+
+def _request(aid: str, model: str, dop: int) -> Action:
+    return Action.build(aid, {"gpu": Demand.fixed(dop)}, service=model)
+
+
+def test_a_warm_load_holds_its_exact_chunk_and_leaves_its_instance_resident():
+    gm = _manager()
+    plan = gm.warm_plan("g0")
+    service, chunk = next((s, c) for s, c in plan if c == Chunk(4, 4))
+    decision = gm.warm("g0", "w1", service, chunk)
+    assert decision is not None and not decision.hit and decision.chunk == chunk
+    assert gm.buddy("g0").allocated() == [chunk]
+    assert gm.held() == {"gpu@g0": {}}  # a warm load is the manager's own, not an engine grant
+    gm.check_invariants()
+    with pytest.raises(AllocationError):
+        gm.warm("g0", "w1", service, chunk)  # one holder, one load
+    gm.restored("g0", "w1", 0.5)
+    assert gm.release("gpu@g0", "w1")
+    assert gm.cache("g0").is_resident(service, chunk) and gm.buddy("g0").allocated() == []
+    # a request of that service at that DoP takes the warm instance: a hit, no restore
+    got = gm.allocate("gpu@g0", 4, "r1", _request("r1", service.split("@")[0], 4))
+    assert got == chunk and gm.lease("gpu@g0", "r1").hit
+    assert gm.warm_plan("g0") == [p for p in plan if p != (service, chunk)]  # loaded once
+
+
+def test_a_warm_load_takes_nothing_where_a_request_holds_its_chunk_or_it_no_longer_fits():
+    gm = _manager()
+    gm.allocate("gpu@g0", 1, "r1", _request("r1", "small", 1))  # device 0
+    assert gm.warm("g0", "w1", "big@dop8", Chunk(0, 8)) is None
+    assert gm.warm("g0", "w2", "big@dop4", Chunk(0, 4)) is None
+    assert gm.buddy("g0").allocated() == [Chunk(0, 1)] and gm.held() == {"gpu@g0": {"r1": Chunk(0, 1)}}
+    assert gm.warm("g0", "w3", "big@dop4", Chunk(4, 4)) is not None  # the other half is free
+    gm.release("gpu@g0", "w3")  # unconfirmed: forgotten, as a failed restore is
+    assert not gm.cache("g0").is_resident("big@dop4", Chunk(4, 4))
+    gm.release("gpu@g0", "r1")
+    # 60 + 15 GB already on device 2 (big@dop1 and small@dop1 loaded by requests): big@dop1 again does not fit
+    for aid, model in (("r2", "big"), ("r3", "small")):
+        gm.allocate("gpu@g0", 1, aid, _request(aid, model, 1))
+        gm.restored("gpu@g0", aid, 1.0)
+        gm.release("gpu@g0", aid)
+    where = gm.cache("g0").chunks_of("big@dop1")[0]
+    assert gm.warm("g0", "w4", "small@dop2", Chunk(where.start - where.start % 2, 2)) is None
+
+
+def _mopd_skewed(batch: int) -> object:
+    raw = copy.deepcopy(builtin_raw("mopd-skewed"))
+    raw["trajectories"] = batch
+    return parse_workload(raw, source="mopd-skewed")
+
+
+def test_the_simulators_warm_start_loads_before_the_requests_and_keeps_the_books():
+    wl = _mopd_skewed(64)
+    cold = Simulation(wl, policy_spec("tangram"), seed=0, check=True).run().summary
+    warm = Simulation(wl, replace(policy_spec("tangram"), gpu_warm=True), seed=0, check=True).run().summary
+    assert "gpu_warm_loads" not in cold and warm["gpu_warm_loads"] > 0
+    # the loads are restores; the requests' own restores are fewer, their hits more
+    assert warm["gpu_restores"] - warm["gpu_warm_loads"] < cold["gpu_restores"]
+    assert warm["gpu_cache_hits"] > cold["gpu_cache_hits"]
+    assert warm["actions"] == cold["actions"] and warm["failed"] == cold["failed"] == 0
+
+
+def test_a_request_during_the_warm_start_goes_before_the_next_load():
+    """Generation of 0.01 s: the first requests come while the nodes load; none waits for the whole plan."""
+    raw = copy.deepcopy(builtin_raw("mopd-skewed"))
+    raw["trajectories"] = 16
+    raw["generation_s"] = 0.01
+    wl = parse_workload(raw, source="mopd-skewed")
+    res = Simulation(wl, replace(policy_spec("tangram"), gpu_warm=True), seed=0, check=True).run()
+    assert res.summary["gpu_warm_loads"] > 0
+    # a node's first load (its largest teacher at DoP 8) takes under a second at 25 GB/s, its whole plan
+    # several: the earliest request starts after the load under way, not after the plan
+    assert min(r.start for r in res.records) < 1.0
