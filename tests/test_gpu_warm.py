@@ -1,6 +1,7 @@
 """A GPU node's warm start: its plan (tangram.managers.gpu_warm), the manager's warm loads, the simulator's."""
 from __future__ import annotations
 
+import asyncio
 import copy
 from dataclasses import replace
 
@@ -124,3 +125,59 @@ def test_a_request_during_the_warm_start_goes_before_the_next_load():
     # a node's first load (its largest teacher at DoP 8) takes under a second at 25 GB/s, its whole plan
     # several: the earliest request starts after the load under way, not after the plan
     assert min(r.start for r in res.records) < 1.0
+
+
+@pytest.mark.timeout(120)
+async def test_a_live_node_with_warm_start_loads_its_models_and_a_first_request_hits():
+    """A real service, a node of 4 virtual GPUs (torch on CPU) with two models: the warm start loads each at
+    DoP 4, 2 and 1 where it fits (here: everywhere), and a first request finds its instance resident."""
+    pytest.importorskip("torch")
+    from tests.service_helpers import assert_whole, config, running_service
+
+    services = [{"name": n, "state_mb": 100, "options": {"factory": "tests.test_service_kinds:make_scorer"}}
+                for n in ("a", "b")]
+    cfg = config(gpu_nodes=[{"name": "g0", "gpus": 4, "device": "cpu", "memory_mb_per_gpu": 1024,
+                             "warm_start": True, "services": services}])
+    assert cfg.gpu_nodes[0].warm_start is True
+    async with running_service(cfg) as svc, svc.client() as c:
+        runner = svc.runtime.model_executors["g0"]
+        await asyncio.wait_for(runner._warm, 60)
+        gm = runner.manager
+        want = {(f"{m}@dop{k}", s) for m in ("a", "b") for k in (4, 2, 1) for s in range(0, 4, k)}
+        assert {(i.service, i.chunk.start) for i in gm.cache("g0").instances()} == want
+        assert runner.warm_loads == len(want) == gm.stats()["restores"]
+        assert gm.buddy("g0").allocated() == []  # every load gave its chunk back
+        r = await c.run_action({"kind": "model", "model": "a", "op": "score", "inputs": [[1.0, 2.0, 3.0]]})
+        assert r.ok, r.error
+        assert gm.stats()["hits"] == 1 and gm.stats()["misses"] == len(want)  # the request restored nothing
+        assert_whole(svc.runtime)
+
+
+def test_warm_start_is_a_boolean_in_the_config():
+    from tangram.core.errors import ConfigError
+    from tests.service_helpers import config
+
+    assert config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu"}]).gpu_nodes[0].warm_start is False
+    with pytest.raises(ConfigError) as e:
+        config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu", "warm_start": "yes please"}])
+    assert e.value.field == "gpu_nodes[0].warm_start"
+
+
+@pytest.mark.timeout(120)
+async def test_a_service_closed_during_its_warm_start_holds_nothing_after():
+    pytest.importorskip("torch")
+    from tests.service_helpers import config, running_service
+
+    services = [{"name": n, "state_mb": 100, "options": {"factory": "tests.test_service_kinds:make_scorer"}}
+                for n in ("a", "b", "c")]
+    cfg = config(gpu_nodes=[{"name": "g0", "gpus": 8, "device": "cpu", "memory_mb_per_gpu": 4096,
+                             "warm_start": True, "services": services}])
+    async with running_service(cfg) as svc:
+        runner = svc.runtime.model_executors["g0"]
+        await asyncio.sleep(0)  # the warm start is under way: its first loads hold their chunks
+        assert runner._warm is not None and not runner._warm.done()
+    assert runner._warm.done()
+    gm = runner.manager
+    assert gm.buddy("g0").allocated() == [] and gm.held() == {"gpu@g0": {}}
+    assert not gm.cache("g0").busy()
+    gm.check_invariants()

@@ -8,14 +8,17 @@ the books, so a failed or cancelled restore is never counted as resident.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+import asyncio
+import logging
+from typing import Any, Callable, Mapping, Protocol
 
-from tangram.core.grants import CacheDecision
+from tangram.core.grants import CacheDecision, parse_service
 from tangram.core.model import Action
 from tangram.executors.base import SUCCEEDED, ExecResult, Placement
 
 # what a model action's payload hands to the host (``exec_s``: a simulated host's run time)
 PAYLOAD_FIELDS = ("model", "op", "inputs", "tokens", "exec_s")
+log = logging.getLogger("tangram.runtime.gpu")
 
 
 class ModelHost(Protocol):
@@ -32,6 +35,8 @@ class GpuRunner:
         self.manager = manager
         self.host = host
         self.pool = pool
+        self.warm_loads = 0  # instances the warm start loaded (start_warm)
+        self._warm: asyncio.Task | None = None
 
     async def run(self, action: Action, placement: Placement, *, timeout_s: float | None = None) -> ExecResult:
         decision = self.manager.lease(self.pool, action.id)
@@ -45,7 +50,60 @@ class GpuRunner:
             self.manager.restored(self.pool, action.id, res.restore_s)
         return res
 
+    def start_warm(self, on_free: Callable[[], None]) -> None:
+        """Load this node's warm plan in the background (:mod:`tangram.managers.gpu_warm`): every load whose
+        chunk is free starts (disjoint chunks side by side), each holding its chunk as an action does; after
+        each ends, ``on_free`` (the runtime's round) runs before the next loads start, so a waiting request
+        goes first. Ends when the plan is loaded, or when what is left is held by requests."""
+        if self._warm is None:
+            self._warm = asyncio.get_running_loop().create_task(self._warm_up(on_free), name=f"warm-{self.pool}")
+
+    async def _warm_up(self, on_free: Callable[[], None]) -> None:
+        pending = list(self.manager.warm_plan(self.pool))
+        running: dict[asyncio.Task, str] = {}
+        try:
+            while pending or running:
+                left = []
+                for service, chunk in pending:
+                    holder = f"warm:{self.pool}:{service}:{chunk.start}"
+                    decision = self.manager.warm(self.pool, holder, service, chunk)
+                    if decision is None:
+                        left.append((service, chunk))
+                    else:
+                        running[asyncio.ensure_future(self._load(decision, holder))] = holder
+                pending = left
+                if not running:
+                    break  # requests hold what is left: the node is busy, its warm start ends
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self.manager.release(self.pool, running.pop(task))
+                    if task.exception() is not None:
+                        log.warning("%s: a warm start load failed: %r", self.pool, task.exception())
+                    else:
+                        self.warm_loads += task.result()
+                on_free()
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            for holder in running.values():
+                self.manager.release(self.pool, holder)
+
+    async def _load(self, decision: CacheDecision, holder: str) -> bool:
+        """Restore ``decision``'s instance through the host (a model action with no inputs)."""
+        res = await self.host.execute(decision, {"model": parse_service(decision.service)[0], "op": "embed",
+                                                 "inputs": []})
+        if res.status == SUCCEEDED and res.restored:
+            self.manager.restored(self.pool, holder, res.restore_s)
+            return True
+        log.warning("%s: warm start could not load %s on %s: %s", self.pool, decision.service, decision.chunk,
+                    res.error or res.status)
+        return False
+
     async def close(self) -> None:
+        if self._warm is not None:
+            self._warm.cancel()
+            await asyncio.gather(self._warm, return_exceptions=True)
         close = getattr(self.host, "close", None)
         if close is not None:
             r = close()

@@ -96,14 +96,19 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         log.warning("the policy's modules %s run as plain Python: rounds are ~1.2x slower; %s", ", ".join(as_source),
                     advice)
     if scale is not None:  # scale-out hook: gated managers, ClusterRuntime with its health loop
-        return scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
-                             model_executors=model_executors, models=models, profiles=profiles,
-                             keep_results=cfg.service.keep_results)
-    # the engine's finished records hold the actions (payloads) too: kept no longer than their results
-    engine = Engine(managers, params=params, keep_finished=cfg.service.keep_results)
-    return Runtime(engine, env_executors=env_executors, http_executor=http_executor,
-                   model_executors=model_executors, models=models, profiles=profiles,
-                   keep_results=cfg.service.keep_results)
+        rt = scale.runtime(managers, params=params, env_executors=env_executors, http_executor=http_executor,
+                           model_executors=model_executors, models=models, profiles=profiles,
+                           keep_results=cfg.service.keep_results)
+    else:
+        # the engine's finished records hold the actions (payloads) too: kept no longer than their results
+        engine = Engine(managers, params=params, keep_finished=cfg.service.keep_results)
+        rt = Runtime(engine, env_executors=env_executors, http_executor=http_executor,
+                     model_executors=model_executors, models=models, profiles=profiles,
+                     keep_results=cfg.service.keep_results)
+    for n in cfg.gpu_nodes:  # each runner's task ends with its close, as the runtime closes
+        if n.warm_start:
+            model_executors[n.name].start_warm(rt.tick)
+    return rt
 
 
 def _cpu_node(n: CpuNodeConfig):

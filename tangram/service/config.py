@@ -77,6 +77,7 @@ class GpuNodeConfig:
     memory_mb_per_gpu: int | None = None
     device: str | None = None  # "cuda" / "cpu" (tests)
     services: tuple[GpuServiceConfig, ...] = ()
+    warm_start: bool = False  # load the services at start, on idle GPUs (tangram.managers.gpu_warm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +333,7 @@ def _cpu_node(raw: Any, where: str) -> CpuNodeConfig:
 
 def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
     m = _mapping(raw, where)
-    _known(m, where, {"name", "gpus", "memory_mb_per_gpu", "device", "services"})
+    _known(m, where, {"name", "gpus", "memory_mb_per_gpu", "device", "services", "warm_start"})
     name = _str(m.get("name"), f"{where}.name")
     if "gpus" not in m:
         raise ConfigError(f"{where}.gpus", "is required (a count or a list of device ids)")
@@ -358,7 +359,8 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
         opts = dict(_mapping(sm.get("options", {}), f"{sw}.options"))
         services.append(GpuServiceConfig(name=sname, state_mb=state_mb, sharded=sharded,
                                          overhead_mb=overhead_mb, options=opts))
-    return GpuNodeConfig(name=name, gpus=gpus, memory_mb_per_gpu=mem, device=device, services=tuple(services))
+    return GpuNodeConfig(name=name, gpus=gpus, memory_mb_per_gpu=mem, device=device, services=tuple(services),
+                         warm_start=_bool(m.get("warm_start", False), f"{where}.warm_start"))
 
 
 def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
