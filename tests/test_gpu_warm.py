@@ -181,3 +181,56 @@ async def test_a_service_closed_during_its_warm_start_holds_nothing_after():
     assert gm.buddy("g0").allocated() == [] and gm.held() == {"gpu@g0": {}}
     assert not gm.cache("g0").busy()
     gm.check_invariants()
+
+
+class _Host:
+    """A model host that answers each load as told, after ``delay_s`` (its stop takes ``stop_s``)."""
+
+    def __init__(self, status: str = "succeeded", delay_s: float = 0.0, stop_s: float = 0.0):
+        self.status, self.delay_s, self.stop_s = status, delay_s, stop_s
+        self.timeouts: list = []
+
+    async def execute(self, decision, payload, *, timeout_s=None):
+        from tangram.executors.base import ExecResult
+
+        self.timeouts.append(timeout_s)
+        assert payload["inputs"] == [] and payload["model"] == decision.model
+        try:
+            await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            await asyncio.sleep(self.stop_s)  # stopping a restore takes a moment
+            raise
+        return ExecResult(status=self.status, restored=self.status == "succeeded", restore_s=0.01)
+
+
+async def test_a_load_is_bounded_and_one_that_fails_leaves_nothing_resident_or_held():
+    from tangram.runtime.gpu import WARM_LOAD_TIMEOUT_S, GpuRunner
+
+    gm = _manager()
+    host = _Host(status="timeout")
+    runner = GpuRunner(gm, host, "gpu@g0")
+    rounds = []
+    runner.start_warm(lambda: rounds.append(1))
+    await asyncio.wait_for(runner._warm, 10)
+    assert host.timeouts and set(host.timeouts) == {WARM_LOAD_TIMEOUT_S}
+    assert runner.warm_loads == 0 and gm.cache("g0").instances() == [] and gm.buddy("g0").allocated() == []
+    assert len(rounds) >= 1  # the runtime's round ran after the loads ended
+    await runner.close()
+
+
+async def test_a_cancel_while_closing_still_gives_the_loads_chunks_back():
+    """A close that is itself cancelled (a shutdown that timed out) while the loads stop."""
+    from tangram.runtime.gpu import GpuRunner
+
+    gm = _manager()
+    runner = GpuRunner(gm, _Host(delay_s=10.0, stop_s=0.05), "gpu@g0")
+    runner.start_warm(lambda: None)
+    await asyncio.sleep(0.01)
+    assert gm.buddy("g0").allocated()  # a load holds its chunk
+    closing = asyncio.ensure_future(runner.close())
+    await asyncio.sleep(0.01)
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+    await asyncio.gather(runner._warm, return_exceptions=True)
+    assert gm.buddy("g0").allocated() == [] and not gm.cache("g0").busy()
+    gm.check_invariants()

@@ -112,9 +112,10 @@ class GpuManager(ResourceManager):
     def warm(self, pool: str, holder: str, service: str, chunk: Chunk) -> CacheDecision | None:
         """Take exactly ``chunk`` for ``holder`` to load ``service`` there (a warm start), as an action
         takes one: the executor restores it, :meth:`restored` confirms, :meth:`release` ends it.
-        None, taking nothing, where the chunk is not free (a request holds part of it) or the service
-        no longer fits beside what is resident (a request's restore came first): a warm load evicts
-        nothing."""
+        None, taking nothing, where the chunk is not free (a request holds part of it), where best fit
+        would take a smaller free chunk elsewhere first (the allocator hands out no other), or where
+        the service no longer fits beside what is resident (a request's restore came first): a warm
+        load evicts nothing."""
         pool = self._pool(pool)
         cache, buddy = self._cache[pool], self._buddy[pool]
         if holder in self._holders[pool]:

@@ -19,6 +19,9 @@ from tangram.executors.base import SUCCEEDED, ExecResult, Placement
 # what a model action's payload hands to the host (``exec_s``: a simulated host's run time)
 PAYLOAD_FIELDS = ("model", "op", "inputs", "tokens", "exec_s")
 log = logging.getLogger("tangram.runtime.gpu")
+# [reason] a load copies a model from host memory to its chunk: 140 GB at 2 GB/s takes 70 s; a load that
+# takes ten minutes is a host that hangs, and its chunk is not held for ever (the engine cannot see it)
+WARM_LOAD_TIMEOUT_S = 600.0
 
 
 class ModelHost(Protocol):
@@ -57,6 +60,11 @@ class GpuRunner:
         goes first. Ends when the plan is loaded, or when what is left is held by requests."""
         if self._warm is None:
             self._warm = asyncio.get_running_loop().create_task(self._warm_up(on_free), name=f"warm-{self.pool}")
+            self._warm.add_done_callback(self._warm_ended)
+
+    def _warm_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: the warm start stopped: %r", self.pool, task.exception())
 
     async def _warm_up(self, on_free: Callable[[], None]) -> None:
         pending = list(self.manager.warm_plan(self.pool))
@@ -83,16 +91,18 @@ class GpuRunner:
                         self.warm_loads += task.result()
                 on_free()
         finally:
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-            for holder in running.values():
-                self.manager.release(self.pool, holder)
+            try:
+                for task in running:
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
+            finally:  # a second cancel (a close that timed out) must not leave the chunks held
+                for holder in running.values():
+                    self.manager.release(self.pool, holder)
 
     async def _load(self, decision: CacheDecision, holder: str) -> bool:
         """Restore ``decision``'s instance through the host (a model action with no inputs)."""
         res = await self.host.execute(decision, {"model": parse_service(decision.service)[0], "op": "embed",
-                                                 "inputs": []})
+                                                 "inputs": []}, timeout_s=WARM_LOAD_TIMEOUT_S)
         if res.status == SUCCEEDED and res.restored:
             self.manager.restored(self.pool, holder, res.restore_s)
             return True
