@@ -12,7 +12,8 @@ Why widest first: an idle cluster gives a request the widest chunk (the policy m
 and a wide instance costs the least memory per device; the narrow ones fill what is left, for the
 DoPs a queue calls for. Mechanical: :func:`warm_plan` only says what fits; the runtime (and the
 simulator) carry the loads out through the manager (:meth:`GpuManager.warm`), each holding its chunk
-like an action while it loads, and stop at the first chunk a request holds.
+like an action while it loads; a load whose chunk a request holds waits for the next load to end,
+and the warm start ends when none is under way and none can start.
 """
 from __future__ import annotations
 
