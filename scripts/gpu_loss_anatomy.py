@@ -22,13 +22,10 @@ Prints one line per draw, or one JSON object (``docs/results/policy-stress/gpu-l
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
-from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
-from types import MappingProxyType
 
 import numpy as np
 
@@ -36,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from policy_stress import MEASURES, dominated_by, losses  # noqa: E402
+from knob_grid import KNOBS, spec_for  # noqa: E402
+from knob_grid import grid as knob_grid  # noqa: E402
 from stress_families import draw  # noqa: E402
 
 from tangram.simulator import simulate  # noqa: E402
@@ -44,32 +43,15 @@ from tangram.simulator.workload import parse_workload  # noqa: E402
 
 FREE_GBPS = 1e6  # loading 130 GB takes 5 us a GPU: free at the simulator's scale
 BASELINE = "static-services"
-# [reason] each knob of tangram's GPU path at its default and on both sides of it: the order (FCFS, the
-# aging window's k), the affinity window, the offered-load DoP cap's factor (0: off), the look-ahead depth
-GRID_KNOBS = {
-    "order": (("fcfs", 4.0), ("aging", 1.0), ("aging", 4.0), ("aging", 16.0)),
-    "affinity_k": (0.0, 1.0, 4.0, 16.0),
-    "gpu_factor": (0.0, 0.25, 0.5, 1.0, 2.0),
-    "depth": (2, 3),
-}
+GRID_KNOBS = KNOBS["gpu"]
 
 
 def grid() -> list[dict]:
-    out = []
-    for (order, aging_k), affinity_k, factor, depth in itertools.product(*GRID_KNOBS.values()):
-        out.append({"order": order, "aging_k": aging_k, "affinity_k": affinity_k, "gpu_factor": factor,
-                    "depth": depth})
-    return out
+    return knob_grid("gpu")
 
 
 def _spec(name: str, setting: dict | None = None):
-    spec = policy_spec(name)
-    if not setting:
-        return spec
-    p = dict(setting)
-    factor = p.pop("gpu_factor")
-    p["offered_load_caps"] = MappingProxyType({"gpu": factor} if factor else {})
-    return replace(spec, params=replace(spec.params, **p))
+    return spec_for(setting) if name == "tangram" else policy_spec(name)
 
 
 def _measures(summary: dict) -> list[float]:
