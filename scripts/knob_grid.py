@@ -84,7 +84,7 @@ def _run(job: tuple) -> tuple:
 
 
 def _largest(t: list[float], names, results: dict) -> float:
-    return max(t[k] / results[n][k] for n in names for k in range(len(MEASURES)))
+    return max(t[k] / results[n][k] for n in names for k in range(len(MEASURES)) if results[n][k] > 0)
 
 
 def search(family: str, rows: list[dict], sim_seed: int, tolerance: float, jobs: int) -> dict:
@@ -122,6 +122,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     stored = json.loads(Path(args.stored).read_text())
+    if stored.get("params") or stored.get("warm_start"):  # its tangram is not the one the grid's default is
+        raise SystemExit("--stored: a run with tangram's settings changed (--param or --warm-start)")
     rows = [r for r in stored["workloads"] if r["family"] == args.family]
     if args.draws:
         want = {int(x) for x in args.draws.split(",")}

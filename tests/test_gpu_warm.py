@@ -189,6 +189,7 @@ class _Host:
     def __init__(self, status: str = "succeeded", delay_s: float = 0.0, stop_s: float = 0.0):
         self.status, self.delay_s, self.stop_s = status, delay_s, stop_s
         self.timeouts: list = []
+        self.stopped = False
 
     async def execute(self, decision, payload, *, timeout_s=None):
         from tangram.executors.base import ExecResult
@@ -198,7 +199,11 @@ class _Host:
         try:
             await asyncio.sleep(self.delay_s)
         except asyncio.CancelledError:
-            await asyncio.sleep(self.stop_s)  # stopping a restore takes a moment
+            from tangram.executors.base import wait_through_cancels
+
+            # stopping a restore takes a moment, whatever cancels come meanwhile (as the torch host's)
+            await wait_through_cancels(asyncio.ensure_future(asyncio.sleep(self.stop_s)))
+            self.stopped = True
             raise
         return ExecResult(status=self.status, restored=self.status == "succeeded", restore_s=0.01)
 
@@ -219,11 +224,21 @@ async def test_a_load_is_bounded_and_one_that_fails_leaves_nothing_resident_or_h
 
 
 async def test_a_cancel_while_closing_still_gives_the_loads_chunks_back():
-    """A close that is itself cancelled (a shutdown that timed out) while the loads stop."""
+    """A close that is itself cancelled (a shutdown that timed out) while a load stops: the chunk goes back,
+    and not before the host has stopped copying onto it."""
     from tangram.runtime.gpu import GpuRunner
 
     gm = _manager()
-    runner = GpuRunner(gm, _Host(delay_s=10.0, stop_s=0.05), "gpu@g0")
+    host = _Host(delay_s=10.0, stop_s=0.3)
+    runner = GpuRunner(gm, host, "gpu@g0")
+    released = []
+    release = gm.release
+
+    def recorded(pool, holder):
+        released.append((holder, host.stopped))
+        return release(pool, holder)
+
+    gm.release = recorded
     runner.start_warm(lambda: None)
     await asyncio.sleep(0.01)
     assert gm.buddy("g0").allocated()  # a load holds its chunk
@@ -232,5 +247,10 @@ async def test_a_cancel_while_closing_still_gives_the_loads_chunks_back():
     closing.cancel()
     await asyncio.gather(closing, return_exceptions=True)
     await asyncio.gather(runner._warm, return_exceptions=True)
+    for _ in range(100):
+        if not gm.buddy("g0").allocated():
+            break
+        await asyncio.sleep(0.01)
     assert gm.buddy("g0").allocated() == [] and not gm.cache("g0").busy()
+    assert released and all(stopped for _, stopped in released), released
     gm.check_invariants()

@@ -46,6 +46,11 @@ def test_the_scripts_arguments_are_checked(tmp_path):
                        ["workloads"] if r["family"] == "cpu" and not r["dominated_by"])
     with pytest.raises(SystemExit, match="nothing to reach"):
         knob_grid.main(["--family", "cpu", "--stored", stored, "--draws", str(undominated)])
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps({**json.loads((RESULTS / "policy-stress" / "sim-seed-0.json").read_text()),
+                                   "warm_start": True}))
+    with pytest.raises(SystemExit, match="settings changed"):
+        knob_grid.main(["--family", "cpu", "--stored", str(changed)])
 
 
 def _row(d: dict, sim_seed: int) -> str:

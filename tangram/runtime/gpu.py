@@ -19,8 +19,9 @@ from tangram.executors.base import SUCCEEDED, ExecResult, Placement
 # what a model action's payload hands to the host (``exec_s``: a simulated host's run time)
 PAYLOAD_FIELDS = ("model", "op", "inputs", "tokens", "exec_s")
 log = logging.getLogger("tangram.runtime.gpu")
-# [reason] a load copies a model from host memory to its chunk: 140 GB at 2 GB/s takes 70 s; a load that
-# takes ten minutes is a host that hangs, and its chunk is not held for ever (the engine cannot see it)
+# [reason] a load copies a model from host memory to its chunk: 140 GB at 2 GB/s takes 70 s; a host that
+# has not answered in ten minutes hangs, and a host that can stop (a Ray host) gives the load up then (the
+# in-process torch host finishes a restore it has begun: it stops only between batches, and a load has none)
 WARM_LOAD_TIMEOUT_S = 600.0
 
 
@@ -85,19 +86,20 @@ class GpuRunner:
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     self.manager.release(self.pool, running.pop(task))
+                    if task.cancelled():
+                        continue
                     if task.exception() is not None:
                         log.warning("%s: a warm start load failed: %r", self.pool, task.exception())
                     else:
                         self.warm_loads += task.result()
                 on_free()
         finally:
-            try:
-                for task in running:
-                    task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
-            finally:  # a second cancel (a close that timed out) must not leave the chunks held
-                for holder in running.values():
-                    self.manager.release(self.pool, holder)
+            for task, holder in running.items():
+                task.cancel()
+                # its chunk goes back once the host has stopped the load, even if this wait is cancelled
+                # again (a close that timed out): not while the host may still be copying onto it
+                task.add_done_callback(lambda _, h=holder: self.manager.release(self.pool, h))
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def _load(self, decision: CacheDecision, holder: str) -> bool:
         """Restore ``decision``'s instance through the host (a model action with no inputs)."""
