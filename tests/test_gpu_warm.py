@@ -254,3 +254,19 @@ async def test_a_cancel_while_closing_still_gives_the_loads_chunks_back():
     assert gm.buddy("g0").allocated() == [] and not gm.cache("g0").busy()
     assert released and all(stopped for _, stopped in released), released
     gm.check_invariants()
+
+
+def test_tangram_simulate_warm_start_loads_under_tangrams_gpu_manager_only(capsys):
+    import json
+
+    from tangram.cli import main
+
+    assert main(["simulate", "--workload", "mopd-skewed", "--policy", "all", "--batch", "32", "--warm-start",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    by = {r["policy"]: r for r in out["results"]}
+    assert by["tangram"]["gpu_warm_loads"] > 0
+    assert "gpu_warm_loads" not in by["static-services"] and "gpu_warm_loads" not in by["serverless"]
+    assert main(["simulate", "--workload", "mopd-skewed", "--batch", "32", "--json"]) == 0
+    cold = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "gpu_warm_loads" not in cold and cold["mean_act_s"] != by["tangram"]["mean_act_s"]

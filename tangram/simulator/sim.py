@@ -496,5 +496,5 @@ class Simulation:
         self._started(self.engine.close_trajectory(tr.id))
 
 
-def simulate(workload: Workload, policy: str, *, seed: int = 0, check: bool = False, replica: int = 0) -> SimResult:
+def simulate(workload: Workload, policy: str | PolicySpec, *, seed: int = 0, check: bool = False, replica: int = 0) -> SimResult:
     return Simulation(workload, policy, seed=seed, check=check, replica=replica).run()
