@@ -417,15 +417,13 @@ async def run(argv: Sequence[str], workdir: str, *, sandbox: Sandbox | None = No
                     pass
             raise
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close_all(fds)
             fds = []
             if status is not None:
                 status.close_write()
         return await _collect(proc, dirs, status, timeout_s=timeout_s, stdin=stdin, max_output_bytes=max_output_bytes)
     finally:
-        for fd in fds:  # what an error before the spawn left open
-            os.close(fd)
+        _close_all(fds)  # what an error before the spawn left open
         if status is not None:
             status.close()
 

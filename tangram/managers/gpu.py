@@ -139,6 +139,20 @@ class GpuManager(ResourceManager):
         self._warming.add(holder)
         return decision
 
+    def warm_next(self, pool: str, pending: list[tuple[str, Chunk]]
+                  ) -> tuple[list[tuple[str, CacheDecision]], list[tuple[str, Chunk]]]:
+        """Start every load of ``pending`` (entries of :meth:`warm_plan`, in order) whose chunk is free now:
+        ``(holder, decision)`` of each one started (:meth:`warm`), and the entries left for later."""
+        started, left = [], []
+        for service, chunk in pending:
+            holder = f"warm:{pool}:{service}:{chunk.start}"
+            decision = self.warm(pool, holder, service, chunk)
+            if decision is None:
+                left.append((service, chunk))
+            else:
+                started.append((holder, decision))
+        return started, left
+
     def register_model(self, spec: ModelSpec) -> None:
         for cache in self._cache.values():
             cache.register(spec)

@@ -72,15 +72,9 @@ class GpuRunner:
         running: dict[asyncio.Task, str] = {}
         try:
             while pending or running:
-                left = []
-                for service, chunk in pending:
-                    holder = f"warm:{self.pool}:{service}:{chunk.start}"
-                    decision = self.manager.warm(self.pool, holder, service, chunk)
-                    if decision is None:
-                        left.append((service, chunk))
-                    else:
-                        running[asyncio.ensure_future(self._load(decision, holder))] = holder
-                pending = left
+                started, pending = self.manager.warm_next(self.pool, pending)
+                for holder, decision in started:
+                    running[asyncio.ensure_future(self._load(decision, holder))] = holder
                 if not running:
                     break  # requests hold what is left: the node is busy, its warm start ends
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)

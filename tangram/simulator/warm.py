@@ -27,13 +27,8 @@ class WarmStart:
             self._start(pool)
 
     def _start(self, pool: str) -> None:
-        left = []
-        for service, chunk in self._pending[pool]:
-            holder = f"warm:{pool}:{service}:{chunk.start}"
-            decision = self._gpu.warm(pool, holder, service, chunk)
-            if decision is None:
-                left.append((service, chunk))
-                continue
+        started, left = self._gpu.warm_next(pool, self._pending[pool])
+        for holder, decision in started:
             seconds = restore_seconds(decision.restore_mb_per_device, self._sim.wl.cluster.restore_gbps)
             done = self._sim.now + seconds
             self._running[holder] = (done, pool, seconds)
