@@ -69,12 +69,18 @@ def test_a_warm_load_holds_its_exact_chunk_and_leaves_its_instance_resident():
     gm.check_invariants()
     with pytest.raises(AllocationError):
         gm.warm("g0", "w1", service, chunk)  # one holder, one load
+    assert gm.stats()["warming"] == 1
     gm.restored("g0", "w1", 0.5)
+    gm.restored("g0", "w1", 0.5)  # confirmed once, counted once
     assert gm.release("gpu@g0", "w1")
+    st = gm.stats()
+    assert (st["warm_loads"], st["warm_restore_s"], st["warming"], st["restores"], st["misses"]) == (1, 0.5, 0, 1, 1)
+    assert st["hit_rate"] is None  # no request yet: the warm load's miss is not the requests'
     assert gm.cache("g0").is_resident(service, chunk) and gm.buddy("g0").allocated() == []
     # a request of that service at that DoP takes the warm instance: a hit, no restore
     got = gm.allocate("gpu@g0", 4, "r1", _request("r1", service.split("@")[0], 4))
     assert got == chunk and gm.lease("gpu@g0", "r1").hit
+    assert gm.stats()["hit_rate"] == 1.0 and gm.stats()["nodes"]["gpu@g0"]["hit_rate"] == 1.0
     assert gm.warm_plan("g0") == [p for p in plan if p != (service, chunk)]  # loaded once
 
 
@@ -112,6 +118,12 @@ def test_the_simulators_warm_start_loads_before_the_requests_and_keeps_the_books
     assert warm["gpu_restores"] - warm["gpu_warm_loads"] < cold["gpu_restores"]
     assert warm["gpu_cache_hits"] > cold["gpu_cache_hits"]
     assert warm["actions"] == cold["actions"] and warm["failed"] == cold["failed"] == 0
+    # the loads' GPU-seconds are busy and reserved beside the requests' own
+    res = Simulation(wl, replace(policy_spec("tangram"), gpu_warm=True), seed=0).run()
+    requests = sum(r.units * r.run_s for r in res.records if r.rtype == "gpu")
+    gpu = res.summary["pools"]["gpu"]
+    assert res.summary["gpu_warm_gpu_s"] > 0
+    assert gpu["busy_unit_s"] == pytest.approx(requests + res.summary["gpu_warm_gpu_s"], abs=0.01)
 
 
 def test_a_request_during_the_warm_start_goes_before_the_next_load():
@@ -150,6 +162,15 @@ async def test_a_live_node_with_warm_start_loads_its_models_and_a_first_request_
         r = await c.run_action({"kind": "model", "model": "a", "op": "score", "inputs": [[1.0, 2.0, 3.0]]})
         assert r.ok, r.error
         assert gm.stats()["hits"] == 1 and gm.stats()["misses"] == len(want)  # the request restored nothing
+        # the operator sees the warm loads apart from the requests' restores
+        gpu = (await c.stats())["gpu"]
+        assert (gpu["warm_loads"], gpu["restores"], gpu["warming"]) == (len(want), len(want), 0)
+        assert gpu["hit_rate"] == 1.0 and gpu["nodes"]["gpu@g0"]["warm_loads"] == len(want)
+        assert 0 < gpu["warm_restore_s"] == pytest.approx(gpu["restore_s"])
+        metrics = await (await c._sess().get(f"{svc.url}/metrics")).text()
+        assert f'tangram_gpu_restores_total{{pool="gpu@g0",source="warm"}} {float(len(want))}' in metrics
+        assert 'tangram_gpu_restores_total{pool="gpu@g0",source="request"} 0.0' in metrics
+        assert 'tangram_gpu_cache_hits_total{pool="gpu@g0"} 1.0' in metrics
         assert_whole(svc.runtime)
 
 

@@ -60,6 +60,8 @@ class GpuManager(ResourceManager):
         self._cache: dict[str, ServiceCache] = {}
         self._holders: dict[str, dict[str, Chunk]] = {}
         self._warming: set[str] = set()  # the holders that are a warm start's loads (warm)
+        # pool -> a warm start's loads begun (each a cache miss), confirmed, and their restore seconds
+        self._warm_books: dict[str, dict[str, float]] = {}
         models = list(models)
         for node in nodes:
             if node.pool in self.nodes:
@@ -69,6 +71,7 @@ class GpuManager(ResourceManager):
             self._cache[node.pool] = ServiceCache(node.num_gpus, node.memory_mb_per_gpu, models,
                                                   unknown_model_mb=unknown_model_mb)
             self._holders[node.pool] = {}
+            self._warm_books[node.pool] = {"begun": 0, "loads": 0, "seconds": 0.0}
 
     # -- introspection ----------------------------------------------------- #
 
@@ -84,7 +87,11 @@ class GpuManager(ResourceManager):
 
     def restored(self, pool: str, holder: str, seconds: float = 0.0) -> None:
         """The executor restored ``holder``'s service; until then it is not resident."""
-        self._cache[self._pool(pool)].restored(holder, seconds)
+        pool = self._pool(pool)
+        if self._cache[pool].restored(holder, seconds) and holder in self._warming:
+            books = self._warm_books[pool]
+            books["loads"] += 1
+            books["seconds"] += max(float(seconds), 0.0)
 
     def restore_estimate(self, service: str) -> dict[int, float]:
         """Seconds a cache miss of ``service`` costs at each DoP, for the policy.
@@ -137,6 +144,7 @@ class GpuManager(ResourceManager):
             raise
         self._holders[pool][holder] = chunk
         self._warming.add(holder)
+        self._warm_books[pool]["begun"] += 1
         return decision
 
     def warm_next(self, pool: str, pending: list[tuple[str, Chunk]]
@@ -158,16 +166,24 @@ class GpuManager(ResourceManager):
             cache.register(spec)
 
     def stats(self) -> dict:
-        """Cache counters summed over nodes, plus each node's own."""
-        per = {pool: c.stats() for pool, c in self._cache.items()}
+        """Cache counters summed over nodes, plus each node's own. A warm start's loads are among
+        ``misses``, ``restores`` and ``restore_s``; ``warm_loads`` and ``warm_restore_s`` are theirs
+        alone, ``warming`` those under way; ``hit_rate`` is the requests' own (warm loads left out)."""
+        per = {}
+        for pool, c in self._cache.items():
+            books = self._warm_books[pool]
+            warming = sum(1 for h in self._holders[pool] if h in self._warming)
+            per[pool] = {**c.stats(), "warm_loads": books["loads"], "warm_restore_s": books["seconds"],
+                         "warming": warming}
+            per[pool]["hit_rate"] = _rate(per[pool]["hits"], per[pool]["misses"] - books["begun"])
         total = {k: 0 for k in ("hits", "misses", "evictions", "restores", "failed_restores",
-                                "evicted_mb", "restored_mb")}
-        total["restore_s"] = 0.0
+                                "evicted_mb", "restored_mb", "warm_loads", "warming")}
+        total["restore_s"] = total["warm_restore_s"] = 0.0
         for s in per.values():
             for k in total:
                 total[k] += s[k]
-        n = total["hits"] + total["misses"]
-        total["hit_rate"] = total["hits"] / n if n else None
+        begun = sum(b["begun"] for b in self._warm_books.values())
+        total["hit_rate"] = _rate(total["hits"], total["misses"] - begun)
         total["nodes"] = per
         return total
 
@@ -261,6 +277,10 @@ class GpuManager(ResourceManager):
             return 0
 
         return score
+
+
+def _rate(hits: int, misses: int) -> float | None:
+    return hits / (hits + misses) if hits + misses else None
 
 
 def _idle_instances(cache: ServiceCache, free: list[Chunk]) -> tuple[str, ...]:

@@ -202,16 +202,18 @@ class ServiceCache:
         self._check()
         return decision
 
-    def restored(self, holder: str, seconds: float = 0.0) -> None:
-        """The executor finished restoring ``holder``'s service; count the time."""
+    def restored(self, holder: str, seconds: float = 0.0) -> bool:
+        """The executor finished restoring ``holder``'s service; count the time. False where there was
+        nothing to confirm (no lease, or confirmed already)."""
         lease = self._leases.get(holder)
         if lease is None or lease.confirmed:
-            return
+            return False
         lease.confirmed = True
         d = lease.decision
         self.stats_.restores += 1
         self.stats_.restore_s += max(float(seconds), 0.0)
         self.stats_.restored_mb += d.restore_mb_per_device * d.chunk.size
+        return True
 
     def end(self, holder: str) -> bool:
         """``holder`` is done; an unconfirmed restore is forgotten. Idempotent."""

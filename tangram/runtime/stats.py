@@ -7,6 +7,7 @@ from typing import Any
 
 from tangram.core.engine import Engine
 from tangram.executors.base import SUCCEEDED
+from tangram.managers.gpu import GpuManager
 
 _RECENT = 10_000  # samples kept per class for percentiles
 # classes kept for percentiles, the one whose last success is oldest dropped beyond: a class name comes
@@ -79,7 +80,17 @@ class RuntimeStats:
             "actions": {f"{k}:{s}": n for (k, s), n in sorted(self.counts.items())},
             "restarts": eng.runs_restarted,  # straggling runs stopped and started again wider (PolicyParams.restart_gain)
             "starts_refused": eng.starts_refused,  # planned starts a manager refused (left waiting; a bug: see the log)
+            **({"gpu": gpu} if (gpu := gpu_stats(eng)) is not None else {}),
         }
+
+
+def gpu_stats(eng: Engine) -> dict[str, Any] | None:
+    """The GPU service cache's counters (:meth:`GpuManager.stats`), None without GPU nodes."""
+    for m in eng.managers:
+        inner = getattr(m, "inner", m)  # a NodeGate (scale-out) wraps the manager
+        if isinstance(inner, GpuManager):
+            return inner.stats()
+    return None
 
 
 def percentile(sorted_xs: list[float], q: float) -> float | None:

@@ -6,6 +6,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from tangram.runtime.stats import gpu_stats
 from tangram.service.gc_pauses import GcPauses
 
 _ACT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -48,9 +49,39 @@ class _PoolCollector:
                                 value=len(self.runtime.environments()))
         yield CounterMetricFamily("tangram_runs_restarted", "Straggling restartable runs stopped and started "
                                   "again at a wider DoP (scheduler.restart_gain)", value=eng.runs_restarted)
+        yield from _gpu_metrics(gpu_stats(eng))
         yield CounterMetricFamily("tangram_starts_refused", "Starts the policy planned that a manager refused or "
                                   "that raised; each is left waiting and logged (not 0: a bug)",
                                   value=eng.starts_refused)
+
+
+def _gpu_metrics(st: dict | None):
+    """The GPU service cache per node (``/v1/stats`` ``gpu``); a warm start's loads apart from requests'."""
+    if st is None:
+        return
+    counts = {name: CounterMetricFamily(f"tangram_gpu_{name}", text, labels=["pool"]) for name, text in (
+        ("cache_hits", "Model actions whose service was resident on their chunk"),
+        ("cache_misses", "Model actions and warm loads whose service had to be restored"),
+        ("evictions", "Instances evicted to make room"),
+        ("failed_restores", "Restores that ended unconfirmed (error, timeout, cancel)"))}
+    restores = CounterMetricFamily("tangram_gpu_restores", "Instances restored onto a chunk, by what asked "
+                                   "(a request, or the node's warm start)", labels=["pool", "source"])
+    seconds = CounterMetricFamily("tangram_gpu_restore_seconds", "Seconds spent restoring, by what asked",
+                                  labels=["pool", "source"])
+    warming = GaugeMetricFamily("tangram_gpu_warm_loading", "Warm-start loads under way", labels=["pool"])
+    for pool, s in sorted(st["nodes"].items()):
+        for name, key in (("cache_hits", "hits"), ("cache_misses", "misses"), ("evictions", "evictions"),
+                          ("failed_restores", "failed_restores")):
+            counts[name].add_metric([pool], s[key])
+        restores.add_metric([pool, "request"], s["restores"] - s["warm_loads"])
+        restores.add_metric([pool, "warm"], s["warm_loads"])
+        seconds.add_metric([pool, "request"], max(s["restore_s"] - s["warm_restore_s"], 0.0))
+        seconds.add_metric([pool, "warm"], s["warm_restore_s"])
+        warming.add_metric([pool], s["warming"])
+    yield from counts.values()
+    yield restores
+    yield seconds
+    yield warming
 
 
 class _GateCollector:

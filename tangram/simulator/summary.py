@@ -93,6 +93,7 @@ def summarize(sim: Any) -> dict[str, Any]:
             out["gpu_restores"], out["gpu_cache_hits"], out["gpu_evictions"] = st["misses"], st["hits"], st["evictions"]
             if sim._warm is not None:  # the warm start's loads are among the restores
                 out["gpu_warm_loads"] = sim._warm.loads
+                out["gpu_warm_gpu_s"] = round(sim._warm.gpu_s, 3)  # among the GPU pool's busy and reserved
         else:
             out["gpu_restores"], out["gpu_cache_hits"] = sim.gpu.restores, sim.gpu.hits
     return out
