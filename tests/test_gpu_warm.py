@@ -291,3 +291,38 @@ def test_tangram_simulate_warm_start_loads_under_tangrams_gpu_manager_only(capsy
     assert main(["simulate", "--workload", "mopd-skewed", "--batch", "32", "--json"]) == 0
     cold = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "gpu_warm_loads" not in cold and cold["mean_act_s"] != by["tangram"]["mean_act_s"]
+
+
+async def test_a_node_that_dies_mid_load_ends_its_warm_start_at_once_and_holds_nothing():
+    """Scale-out: the loads race the node's guard, as its actions do. A node that goes down ends the load
+    under way (its chunk goes back once the host stopped) and the warm start begins no other."""
+    from tangram.runtime.gpu import GpuRunner
+    from tangram.scaleout.cluster import NodeGuard, NodeSignals
+    from tangram.scaleout.gate import DownNodes
+
+    gm = _manager()
+    host = _Host(delay_s=60.0)
+    down = DownNodes()
+    signals = NodeSignals(down)
+    guard = NodeGuard("g0", signals, grace_s=1.0)
+    taken = []
+    warm = gm.warm
+
+    def counted(*args):
+        decision = warm(*args)
+        taken.append(decision is not None)
+        return decision
+
+    gm.warm = counted
+    runner = GpuRunner(gm, host, "gpu@g0")
+    runner.start_warm(lambda: None, race=guard.race)
+    await asyncio.sleep(0.05)
+    begun = sum(taken)
+    assert begun >= 1 and len(host.timeouts) == begun and gm.buddy("g0").allocated() != []
+    down.mark_down("g0", "lost")
+    signals.set_down("g0")
+    await asyncio.wait_for(runner._warm, 5)  # not the load's 60 s, nor its 600 s bound
+    assert host.stopped and sum(taken) == begun  # no load begun after the node went down
+    assert runner.warm_loads == 0 and gm.buddy("g0").allocated() == [] and gm.held() == {"gpu@g0": {}}
+    assert gm.cache("g0").instances() == [] and not gm.cache("g0").busy()
+    await runner.close()
