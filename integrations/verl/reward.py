@@ -333,16 +333,16 @@ async def run_reward(spec: Mapping[str, Any], *, settings: TangramSettings | Non
     dop = (r.allocation or {}).get("dop")
     # a restart (restartable) left the last run what remained of timeout_s: its timeout says nothing yet
     restarted = float((r.allocation or {}).get("restarted_s") or 0) > 0
-    if kind == "exec" and r.status == "timeout" and isinstance(dop, (int, float)) and (dop < _cpu_max(body)
-                                                                                      or restarted):
+    cpu_max = _cpu_max(body) if kind == "exec" else 0
+    if kind == "exec" and r.status == "timeout" and isinstance(dop, (int, float)) and (dop < cpu_max or restarted):
         log.info("tangram: a test-suite reward timed out at DoP %s%s; running it again, up to cpu_max %d", dop,
-                 " after a restart" if restarted else "", _cpu_max(body))  # the solution is written again
+                 " after a restart" if restarted else "", cpu_max)  # the solution is written again
         # its own whole timeout_s (no restart shortens it) and wider than it ran, up to cpu_max: the service
         # caps the range to the node, and refuses (422) a range no node holds, when the first run already had
         # every core its node gives
         wide = {k: v for k, v in body.items() if k != "restartable"}
-        if dop < _cpu_max(body):
-            wide["resources"] = {**body["resources"], "cpu": {"min": int(dop) + 1, "max": _cpu_max(body)}}
+        if dop < cpu_max:
+            wide["resources"] = {**body["resources"], "cpu": {"min": int(dop) + 1, "max": cpu_max}}
         try:
             r = await run(wide, "reward wider")
         except TangramServiceError as exc:

@@ -155,7 +155,7 @@ class LocalExecutor(EnvironmentExecutor):
             from tangram.executors import seccomp
 
             # asked here, once, and not by the first action on the event loop
-            if sbx.find_bwrap() and not self._sandbox.reports_status():
+            if self._sandbox.reports_status() is False:
                 log.warning("local executor: this bwrap has no --json-status-fd: a sandbox it cannot set up "
                             "exits 1 like a command that failed (use a newer bubblewrap)")
             if seccomp.unavailable():

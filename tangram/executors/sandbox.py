@@ -153,9 +153,11 @@ class Sandbox:
         could not start from the command's own exit 1; None where this bwrap has no ``--json-status-fd``."""
         return StatusPipe() if self.reports_status() else None
 
-    def reports_status(self) -> bool:
-        """Whether this bwrap has ``--json-status-fd`` (``bwrap --help``, run once per binary for every option)."""
-        return _has_option(self._bwrap(), "--json-status-fd")
+    def reports_status(self) -> bool | None:
+        """Whether this bwrap has ``--json-status-fd`` (``bwrap --help``, run once per binary for every
+        option); None where no bwrap is found."""
+        bwrap = self.bwrap or find_bwrap()
+        return None if bwrap is None else _has_option(bwrap, "--json-status-fd")
 
     def prepare_workdir(self, path: str) -> None:
         """Make ``path`` writable by the sandbox user (root service: chown to ``uid``)."""
