@@ -135,16 +135,19 @@ def _run_one(job: tuple) -> dict | None:
     t0 = time.perf_counter()
     results, failed = {}, {}
     names = ("tangram",) + tuple(raw["baselines"]["compare"])  # the family's (a neighbour's: its built-in's)
+    # --warm-start all: every policy on tangram's GPU manager warm-starts (as were it the default)
+    warmed = {n for n in names + tuple(also) if n == "tangram" or (warm == "all" and policy_spec(n).gpu_mode == "eoe")}
     if stored is not None:  # the baselines' runs of an earlier output on this very draw (main checked)
-        results = {n: v for n, v in stored["results"].items() if n != "tangram"}
-        failed = {n: v for n, v in stored["failed"].items() if n != "tangram"}
-        names = ("tangram",)
+        keep = {n for n in stored["results"] if n != "tangram" and n not in warmed}
+        results = {n: v for n, v in stored["results"].items() if n in keep}
+        failed = {n: v for n, v in stored["failed"].items() if n in keep}
+        names = tuple(n for n in names if n not in keep)
     names += tuple(n for n in also if n not in names)
     for name in names:
         spec = policy_spec(name)
         if name == "tangram" and params:
             spec = replace(spec, params=replace(spec.params, **params))
-        if name == "tangram" and warm:
+        if warm and name in warmed:
             spec = replace(spec, gpu_warm=True)
         s = simulate(wl, spec, seed=sim_seed).summary
         results[name] = [s[m] for m in MEASURES]
@@ -162,6 +165,12 @@ def _stored_baselines(path: str, sim_seed: int) -> dict[tuple[str, int], dict]:
     if earlier.get("sim_seed") != sim_seed:
         raise SystemExit(f"--baselines-from: {path} ran simulation seed {earlier.get('sim_seed')}, not {sim_seed}")
     return {(r["family"], r["seed"]): r for r in earlier["workloads"]}
+
+
+def _warm(text: str) -> str:
+    if text != "all":
+        raise argparse.ArgumentTypeError(f"expected 'all' or nothing, got {text!r}")
+    return text
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -211,8 +220,10 @@ def main(argv=None) -> int:
                     help="an earlier --json output: reuse its baselines' runs, run tangram alone")
     ap.add_argument("--also", action="append", default=[], metavar="POLICY",
                     help="run this baseline too on every draw (e.g. serverless:fewest); repeatable")
-    ap.add_argument("--warm-start", action="store_true",
-                    help="tangram's GPU nodes load their models before the first request (tangram.managers.gpu_warm)")
+    ap.add_argument("--warm-start", nargs="?", const=True, default=False, type=_warm,
+                    help="tangram's GPU nodes load their models before the first request (tangram.managers.gpu_warm); "
+                         "'all': every policy's that runs tangram's GPU manager too (api-naive, api-retry, ...), as "
+                         "were it the default (its runs are not reused from --baselines-from)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in args.also:

@@ -153,6 +153,36 @@ def test_baselines_from_an_earlier_output_run_tangram_alone(tmp_path, capsys):
         stress.main(["--smoke", "--family", "cpu", "--seeds", "0:3", "--baselines-from", str(earlier)])
 
 
+def test_warm_start_all_reruns_every_policy_on_tangrams_gpu_manager_warm(tmp_path, capsys):
+    """``--warm-start all``: tangram and the baselines that run tangram's GPU manager (api-naive, api-retry)
+    are rerun warm-started, even with --baselines-from; those with GPUs of their own are reused."""
+    from dataclasses import replace
+
+    from tangram.simulator import simulate
+    from tangram.simulator.policies import policy_spec
+
+    base = ["--smoke", "--family", "api", "--seeds", "0:4", "--jobs", "1", "--json"]
+    assert stress.main(base) == 0
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(capsys.readouterr().out)
+    stored = {r["seed"]: r for r in json.loads(earlier.read_text())["workloads"]}
+    assert stress.main(base + ["--baselines-from", str(earlier), "--warm-start", "all"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["warm_start"] == "all"
+    moved = 0
+    for row in out["workloads"]:
+        wl = stress.parse_workload(row["workload"], source="test")
+        for name, got in row["results"].items():
+            spec = policy_spec(name)
+            if spec.gpu_mode == "eoe":
+                s = simulate(wl, replace(spec, gpu_warm=True), seed=0).summary
+                assert got == [s[m] for m in stress.MEASURES], (row["seed"], name)
+                moved += got != stored[row["seed"]]["results"][name]
+            else:
+                assert got == stored[row["seed"]]["results"][name]  # reused
+    assert moved  # the warm start changed some run: the draws have GPUs
+
+
 def test_unprofiled_rewards_and_more_steps_are_drawn_on_request(capsys):
     raw = stress.draw("cpu", 0, unprofiled=True, steps=2)
     assert all(not c["profiled"] for c in raw["rewards"].values()) and raw["steps"] == 2
