@@ -15,7 +15,7 @@ import pytest
 
 from tangram.simulator import simulate
 from tangram.simulator.policies import policy_spec
-from tangram.simulator.workload import builtin_raw, parse_workload
+from tangram.simulator.workload import builtin_raw, load_workload, parse_workload
 from tests.test_results_docs import RESULTS, _section
 
 STRESS = RESULTS / "policy-stress"
@@ -60,7 +60,8 @@ def _label(key: str) -> str:
 
 def test_the_builtins_table_is_the_stored_runs():
     stored = json.loads((STRESS / "gpu-warm-start-builtins.json").read_text())["points"]
-    lines = {line.split(" | ")[0] + " |": line for line in _section_text().splitlines() if line.startswith("| `")}
+    lines = {line.split(" | ")[0] + " |": line for line in _section_text().splitlines()
+             if re.match(r"\| `[a-z+-]+` [\d,]+ \|", line)}  # a workload and its batch
     for key, run in stored.items():
         cold, warm = run["cold"], run["warm"]
         assert cold[2] == warm[2]  # "the steps do not move"
@@ -78,3 +79,97 @@ def test_a_stored_builtin_point_reruns_to_the_digit():
     for key, warm in (("cold", False), ("warm", True)):
         s = simulate(wl, replace(policy_spec("tangram"), gpu_warm=warm), seed=0).summary
         assert [s[m] for m in MEASURES] + [s["gpu_restores"], s.get("gpu_warm_loads")] == stored[key], key
+
+
+# --warm-start all: the default runs of each family, then every policy on tangram's GPU manager warm-started
+ALL_FAMILIES = {("api", 0): "api-adaptive-books-sim-seed-0.json", ("api", 1): "api-adaptive-books-sim-seed-1.json",
+                ("mixed", 0): "mixed-sim-seed-0.json", ("mixed", 1): "mixed-sim-seed-1.json",
+                ("neighbours", 0): "neighbours-sim-seed-0.json", ("neighbours", 1): "neighbours-sim-seed-1.json"}
+
+
+def test_the_all_families_table_is_the_stored_runs():
+    rows = [line for line in _section_text().splitlines() if re.match(r"\| (api|mixed|neighbours) \| \d \|", line)]
+    want = []
+    for (family, s), name in ALL_FAMILIES.items():
+        warm = json.loads((STRESS / f"gpu-warm-start-all-{family}-sim-seed-{s}.json").read_text())
+        default = json.loads((STRESS / name).read_text())
+        assert warm["warm_start"] == "all" and warm["sim_seed"] == default["sim_seed"] == s
+        assert [r["workload"] for r in warm["workloads"]] == [r["workload"] for r in default["workloads"]]
+        for w, d in zip(warm["workloads"], default["workloads"]):
+            for policy, run in d["results"].items():  # the policies with GPUs of their own: reused as they ran
+                if policy_spec(policy).gpu_mode != "eoe":
+                    assert w["results"][policy] == run
+        want.append(f"| {family} | {s} | {_cell(default['summary'][family])} | {_cell(warm['summary'][family])} |")
+    assert rows == want
+
+
+def _sweep() -> dict:
+    return json.loads((STRESS / "gpu-warm-start-sweep.json").read_text())
+
+
+def test_the_sweep_table_is_the_stored_runs():
+    """Per workload: the points met (tangram at or below every baseline that did all its work, on all three
+    measures) on seeds 0 / 1 / 2 as built and warm-started, and tangram's geometric mean warm / as built."""
+    import statistics
+
+    stored = _sweep()
+    assert stored["seeds"] == [0, 1, 2]
+    rows = [line for line in _section_text().splitlines() if re.match(r"\| `[a-z+-]+` \| \d+ / \d+ / \d+ \|", line)]
+    want = []
+    for name in ("mopd", "mopd-skewed", "deepsearch", "mopd+search"):
+        points = {k: p for k, p in stored["points"].items() if k.split("@")[0] == name}
+        assert len(points) == 15, name  # five batches on three seeds
+        met = {when: " / ".join(str(sum(not p[f"behind_{when}"] for k, p in points.items() if k.endswith(f"@{s}")))
+                                for s in (0, 1, 2)) for when in ("cold", "warm")}
+        ratios = " / ".join(f"{statistics.geometric_mean(p['warm']['tangram'][i] / p['cold']['tangram'][i] for p in points.values()):.3f}"
+                            for i in range(3))
+        want.append(f"| `{name}` | {met['cold']} | {met['warm']} | {ratios} |")
+    assert rows == want
+    total = {w: sum(not p[f"behind_{w}"] for p in stored["points"].values()) for w in ("cold", "warm")}
+    assert stored["met"] == {**total, "points": 60}
+
+
+def test_the_sweeps_cold_runs_are_the_stored_sweeps():
+    import sys
+
+    sys.path.append(str(RESULTS.parent.parent / "scripts"))
+    import warm_start_sweep as sweep
+
+    stored = _sweep()
+    for s in (0, 1, 2):
+        rows = sweep.stored_sweep(s)
+        for key, p in stored["points"].items():
+            name, batch, seed = key.split("@")
+            if int(seed) != s:
+                continue
+            row = next(r for r in rows[name]["rows"] if r["batch"] == int(batch))
+            assert p["cold"] == {k: sweep._row(v) for k, v in row["results"].items() if k in p["cold"]}
+            assert set(p["cold"]) == {"tangram", *p["compare"]} & set(row["results"])
+            assert p["behind_cold"] == sweep.met(p["cold"], p["compare"])
+            assert p["behind_warm"] == sweep.met(p["warm"], p["compare"])
+
+
+@pytest.mark.timeout(180)
+def test_a_stored_sweep_point_reruns_to_the_digit():
+    p = _sweep()["points"]["deepsearch@256@1"]
+    wl = load_workload("deepsearch").with_batch(256)  # as scripts/warm_start_sweep.py makes it
+    for policy in ("tangram", "api-retry", "api-naive"):
+        s = simulate(wl, replace(policy_spec(policy), gpu_warm=True), seed=1).summary
+        assert [s[m] for m in MEASURES] + [s.get("failed", 0)] == p["warm"][policy], policy
+    for policy in ("static-services", "serverless"):
+        assert p["warm"][policy] == p["cold"][policy]  # their own GPUs: reused from the stored sweep
+
+
+def test_the_sweep_script_reruns_a_stored_point_and_refuses_what_it_has_not(capsys):
+    import sys
+
+    sys.path.append(str(RESULTS.parent.parent / "scripts"))
+    import warm_start_sweep as sweep
+
+    assert sweep.main(["--seeds", "1", "--workloads", "mopd-skewed", "--batches", "256", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["points"] == {"mopd-skewed@256@1": _sweep()["points"]["mopd-skewed@256@1"]}
+    with pytest.raises(SystemExit, match="not GPU workloads"):
+        sweep.main(["--seeds", "0", "--workloads", "ai-coding"])
+    with pytest.raises(SystemExit, match="nothing to run"):
+        sweep.main(["--seeds", "0", "--batches", "300"])
