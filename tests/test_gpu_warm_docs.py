@@ -173,3 +173,21 @@ def test_the_sweep_script_reruns_a_stored_point_and_refuses_what_it_has_not(caps
         sweep.main(["--seeds", "0", "--workloads", "ai-coding"])
     with pytest.raises(SystemExit, match="nothing to run"):
         sweep.main(["--seeds", "0", "--batches", "300"])
+
+
+def test_tangram_alone_warm_on_the_api_family_is_what_the_docs_say():
+    text = " ".join(_section_text().split())
+    runs = [json.loads((STRESS / f"gpu-warm-start-api-sim-seed-{s}.json").read_text()) for s in (0, 1)]
+    for s, run in enumerate(runs):
+        default = json.loads((STRESS / ALL_FAMILIES[("api", s)]).read_text())
+        assert run["warm_start"] is True and run["sim_seed"] == s
+        for w, d in zip(run["workloads"], default["workloads"], strict=True):  # tangram alone was rerun
+            assert w["workload"] == d["workload"]
+            assert {n: v for n, v in w["results"].items() if n != "tangram"} == \
+                   {n: v for n, v in d["results"].items() if n != "tangram"}
+    summary = [r["summary"]["api"] for r in runs]
+    said = (f"{summary[0]['losing_like_for_like']} and {summary[1]['losing_like_for_like']} draws losing, "
+            f"{summary[0]['dominated_workloads']} and {summary[1]['dominated_workloads']} dominated, geometric "
+            f"means of the mean {summary[0]['tangram_over_best']['mean_act_s']['geomean']:.3f} and "
+            f"{summary[1]['tangram_over_best']['mean_act_s']['geomean']:.3f}")
+    assert said in text
