@@ -223,7 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-start", nargs="?", const=True, default=False, type=_warm,
                     help="tangram's GPU nodes load their models before the first request (tangram.managers.gpu_warm); "
                          "'all': every policy's that runs tangram's GPU manager too (api-naive, api-retry, ...), as "
-                         "were it the default (its runs are not reused from --baselines-from)")
+                         "were it the default (its runs are not reused from --baselines-from); the output's warm_start: false, true "
+                         "or \"all\"")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in args.also:

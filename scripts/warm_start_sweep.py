@@ -102,12 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     if not jobs:
         raise SystemExit("nothing to run: no stored point matches --workloads / --batches")
     jobs.sort(key=lambda j: -j[2])  # the largest batches first: they take longest
-    with Pool(args.jobs) as pool:
-        for (seed, name, batch, policy), row, loads in pool.imap_unordered(_run, jobs):
-            p = points[f"{name}@{batch}@{seed}"]
-            p["warm"][policy] = row
-            if policy == "tangram":
-                p["gpu_warm_loads"] = loads
+    if args.jobs > 1:
+        with Pool(args.jobs) as pool:
+            done = list(pool.imap_unordered(_run, jobs))
+    else:
+        done = [_run(job) for job in jobs]
+    for (seed, name, batch, policy), row, loads in done:
+        p = points[f"{name}@{batch}@{seed}"]
+        p["warm"][policy] = row
+        if policy == "tangram":
+            p["gpu_warm_loads"] = loads
     for p in points.values():
         p["warm"] = {**{k: v for k, v in p["cold"].items() if k not in p["warm"]}, **p["warm"]}
         p["behind_cold"], p["behind_warm"] = met(p["cold"], p["compare"]), met(p["warm"], p["compare"])
@@ -123,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     for key, p in out["points"].items():
-        print(f"{key:<24} behind cold: {', '.join(p['behind_cold']) or '-':<32} warm: {', '.join(p['behind_warm']) or '-'}")
+        cold, warm = ", ".join(p["behind_cold"]) or "-", ", ".join(p["behind_warm"]) or "-"
+        print(f"{key:<24} behind cold: {cold:<32} warm: {warm}")
     print(f"at or below every baseline that did all its work: {out['met']['cold']} of {out['met']['points']} "
           f"points as built, {out['met']['warm']} with the warm start")
     return 0

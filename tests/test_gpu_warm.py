@@ -293,36 +293,96 @@ def test_tangram_simulate_warm_start_loads_under_tangrams_gpu_manager_only(capsy
     assert "gpu_warm_loads" not in cold and cold["mean_act_s"] != by["tangram"]["mean_act_s"]
 
 
-async def test_a_node_that_dies_mid_load_ends_its_warm_start_at_once_and_holds_nothing():
-    """Scale-out: the loads race the node's guard, as its actions do. A node that goes down ends the load
-    under way (its chunk goes back once the host stopped) and the warm start begins no other."""
+async def test_a_node_that_dies_mid_load_ends_its_warm_start_and_its_chunk_waits_for_the_host_to_stop():
+    """Scale-out: the node's down signal ends its warm start, as it ends its actions. The load under way is
+    stopped, its chunk goes back only once the host has stopped (not while it may still copy onto it), and
+    no other load begins."""
     from tangram.runtime.gpu import GpuRunner
-    from tangram.scaleout.cluster import NodeGuard, NodeSignals
-    from tangram.scaleout.gate import DownNodes
 
     gm = _manager()
-    host = _Host(delay_s=60.0)
-    down = DownNodes()
-    signals = NodeSignals(down)
-    guard = NodeGuard("g0", signals, grace_s=1.0)
-    taken = []
-    warm = gm.warm
+    host = _Host(delay_s=60.0, stop_s=0.5)
+    down = asyncio.Event()
+    taken, released = [], []
+    warm, release = gm.warm, gm.release
 
     def counted(*args):
         decision = warm(*args)
         taken.append(decision is not None)
         return decision
 
-    gm.warm = counted
+    def recorded(pool, holder):
+        released.append(host.stopped)
+        return release(pool, holder)
+
+    gm.warm, gm.release = counted, recorded
     runner = GpuRunner(gm, host, "gpu@g0")
-    runner.start_warm(lambda: None, race=guard.race)
+    runner.start_warm(lambda: None, down=lambda: down)
     await asyncio.sleep(0.05)
     begun = sum(taken)
     assert begun >= 1 and len(host.timeouts) == begun and gm.buddy("g0").allocated() != []
-    down.mark_down("g0", "lost")
-    signals.set_down("g0")
+    down.set()
+    await asyncio.sleep(0.2)  # the host is still stopping: its chunk is still held
+    assert not host.stopped and gm.buddy("g0").allocated() != []
     await asyncio.wait_for(runner._warm, 5)  # not the load's 60 s, nor its 600 s bound
-    assert host.stopped and sum(taken) == begun  # no load begun after the node went down
+    assert host.stopped and released == [True] * begun and sum(taken) == begun  # none begun after
     assert runner.warm_loads == 0 and gm.buddy("g0").allocated() == [] and gm.held() == {"gpu@g0": {}}
     assert gm.cache("g0").instances() == [] and not gm.cache("g0").busy()
     await runner.close()
+
+
+async def test_a_node_down_at_start_begins_no_load_and_books_no_miss():
+    from tangram.runtime.gpu import GpuRunner
+
+    gm = _manager()
+    host = _Host()
+    down = asyncio.Event()
+    down.set()
+    runner = GpuRunner(gm, host, "gpu@g0")
+    runner.start_warm(lambda: None, down=lambda: down)
+    await asyncio.wait_for(runner._warm, 5)
+    st = gm.stats()
+    assert host.timeouts == [] and (st["misses"], st["failed_restores"], st["warm_loads"]) == (0, 0, 0)
+    await runner.close()
+
+
+async def test_the_restore_counters_by_source_only_grow():
+    """Each source's sum is its own (a request's restore seconds are not a total less the warm ones, which
+    rounding could make smaller: Prometheus would read a counter that fell as a reset)."""
+    gm = _manager()
+    gm.allocate("gpu@g0", 1, "r1", _request("r1", "small", 1))
+    gm.restored("gpu@g0", "r1", 0.1)
+    gm.release("gpu@g0", "r1")
+    before = gm.stats()["nodes"]["gpu@g0"]
+    service, chunk = gm.warm_plan("g0")[0]
+    gm.warm("g0", "w1", service, chunk)
+    gm.restored("g0", "w1", 0.7)
+    gm.release("gpu@g0", "w1")
+    after = gm.stats()["nodes"]["gpu@g0"]
+    assert (after["request_restores"], after["request_restore_s"]) == (before["request_restores"], 0.1) == (1, 0.1)
+    assert (after["warm_loads"], after["warm_restore_s"]) == (1, 0.7)
+    assert after["restores"] == 2 and after["restore_s"] == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("goes_down", [False, True])
+async def test_a_scale_out_node_down_before_its_warm_start_loads_nothing(goes_down):
+    """The service's build hands each warm start its node's down signal (scale-out)."""
+    from tangram.service.build import build_runtime
+    from tangram.service.config import parse_config
+
+    cfg = parse_config({"cpu_nodes": [], "scaleout": {"gpu_host": {}},
+                        "gpu_nodes": [{"name": "g0", "gpus": 2, "memory_mb_per_gpu": 1000, "warm_start": True,
+                                       "services": [{"name": "rm", "state_mb": 10}]}]})
+    rt = await build_runtime(cfg)
+    try:
+        if goes_down:
+            rt.node_down("g0", "lost")  # before the warm start's first step
+        runner = rt.model_executors["g0"]
+        await asyncio.wait_for(runner._warm, 30)
+        st = runner.manager.stats()
+        if goes_down:
+            assert (st["misses"], st["warm_loads"], runner.warm_loads) == (0, 0, 0)
+        else:
+            # rm at DoP 2, then at DoP 1 on each device: the whole plan, nothing left of it
+            assert st["warm_loads"] == runner.warm_loads == 3 and runner.manager.warm_plan("g0") == []
+    finally:
+        await rt.close()

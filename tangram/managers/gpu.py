@@ -60,8 +60,7 @@ class GpuManager(ResourceManager):
         self._cache: dict[str, ServiceCache] = {}
         self._holders: dict[str, dict[str, Chunk]] = {}
         self._warming: set[str] = set()  # the holders that are a warm start's loads (warm)
-        # pool -> a warm start's loads begun (each a cache miss), confirmed, and their restore seconds
-        self._warm_books: dict[str, dict[str, float]] = {}
+        self._restores: dict[str, _RestoreBooks] = {}  # pool -> its restores, by what asked for them
         models = list(models)
         for node in nodes:
             if node.pool in self.nodes:
@@ -71,7 +70,7 @@ class GpuManager(ResourceManager):
             self._cache[node.pool] = ServiceCache(node.num_gpus, node.memory_mb_per_gpu, models,
                                                   unknown_model_mb=unknown_model_mb)
             self._holders[node.pool] = {}
-            self._warm_books[node.pool] = {"begun": 0, "loads": 0, "seconds": 0.0}
+            self._restores[node.pool] = _RestoreBooks()
 
     # -- introspection ----------------------------------------------------- #
 
@@ -88,10 +87,8 @@ class GpuManager(ResourceManager):
     def restored(self, pool: str, holder: str, seconds: float = 0.0) -> None:
         """The executor restored ``holder``'s service; until then it is not resident."""
         pool = self._pool(pool)
-        if self._cache[pool].restored(holder, seconds) and holder in self._warming:
-            books = self._warm_books[pool]
-            books["loads"] += 1
-            books["seconds"] += max(float(seconds), 0.0)
+        if self._cache[pool].restored(holder, seconds):
+            self._restores[pool].add(holder in self._warming, max(float(seconds), 0.0))
 
     def restore_estimate(self, service: str) -> dict[int, float]:
         """Seconds a cache miss of ``service`` costs at each DoP, for the policy.
@@ -144,7 +141,7 @@ class GpuManager(ResourceManager):
             raise
         self._holders[pool][holder] = chunk
         self._warming.add(holder)
-        self._warm_books[pool]["begun"] += 1
+        self._restores[pool].warm_begun += 1
         return decision
 
     def warm_next(self, pool: str, pending: list[tuple[str, Chunk]]
@@ -168,21 +165,21 @@ class GpuManager(ResourceManager):
     def stats(self) -> dict:
         """Cache counters summed over nodes, plus each node's own. A warm start's loads are among
         ``misses``, ``restores`` and ``restore_s``; ``warm_loads`` and ``warm_restore_s`` are theirs
-        alone, ``warming`` those under way; ``hit_rate`` is the requests' own (warm loads left out)."""
+        alone, ``request_restores`` and ``request_restore_s`` the requests', ``warming`` the loads under
+        way; ``hit_rate`` is the requests' own (warm loads left out). Each sum only grows."""
         per = {}
         for pool, c in self._cache.items():
-            books = self._warm_books[pool]
-            warming = sum(1 for h in self._holders[pool] if h in self._warming)
-            per[pool] = {**c.stats(), "warm_loads": books["loads"], "warm_restore_s": books["seconds"],
-                         "warming": warming}
-            per[pool]["hit_rate"] = _rate(per[pool]["hits"], per[pool]["misses"] - books["begun"])
-        total = {k: 0 for k in ("hits", "misses", "evictions", "restores", "failed_restores",
-                                "evicted_mb", "restored_mb", "warm_loads", "warming")}
-        total["restore_s"] = total["warm_restore_s"] = 0.0
+            books = self._restores[pool]
+            per[pool] = {**c.stats(), **books.as_dict(),
+                         "warming": sum(1 for h in self._holders[pool] if h in self._warming)}
+            per[pool]["hit_rate"] = _rate(per[pool]["hits"], per[pool]["misses"] - books.warm_begun)
+        total = {k: 0 for k in ("hits", "misses", "evictions", "restores", "failed_restores", "evicted_mb",
+                                "restored_mb", "warm_loads", "request_restores", "warming")}
+        total.update(restore_s=0.0, warm_restore_s=0.0, request_restore_s=0.0)
         for s in per.values():
             for k in total:
                 total[k] += s[k]
-        begun = sum(b["begun"] for b in self._warm_books.values())
+        begun = sum(b.warm_begun for b in self._restores.values())
         total["hit_rate"] = _rate(total["hits"], total["misses"] - begun)
         total["nodes"] = per
         return total
@@ -277,6 +274,30 @@ class GpuManager(ResourceManager):
             return 0
 
         return score
+
+
+@dataclass(slots=True)
+class _RestoreBooks:
+    """One node's confirmed restores, by what asked: a request, or the node's warm start (each of whose
+    loads begun is a cache miss). Kept apart, not subtracted: a metric read from them never decreases."""
+
+    warm_begun: int = 0
+    warm_loads: int = 0
+    warm_s: float = 0.0
+    request_restores: int = 0
+    request_s: float = 0.0
+
+    def add(self, warm: bool, seconds: float) -> None:
+        if warm:
+            self.warm_loads += 1
+            self.warm_s += seconds
+        else:
+            self.request_restores += 1
+            self.request_s += seconds
+
+    def as_dict(self) -> dict:
+        return {"warm_loads": self.warm_loads, "warm_restore_s": self.warm_s,
+                "request_restores": self.request_restores, "request_restore_s": self.request_s}
 
 
 def _rate(hits: int, misses: int) -> float | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from tangram.core.grants import CacheDecision, parse_service
 from tangram.core.model import Action
@@ -54,49 +54,49 @@ class GpuRunner:
             self.manager.restored(self.pool, action.id, res.restore_s)
         return res
 
-    def start_warm(self, on_free: Callable[[], None],
-                   race: Callable[[Callable[[], Awaitable[ExecResult]]], Awaitable[ExecResult]] | None = None) -> None:
+    def start_warm(self, on_free: Callable[[], None], down: Callable[[], asyncio.Event] | None = None) -> None:
         """Load this node's warm plan in the background (:mod:`tangram.managers.gpu_warm`): every load whose
         chunk is free starts (disjoint chunks side by side), each holding its chunk as an action does; after
         each ends, ``on_free`` (the runtime's round) runs before the next loads start, so a waiting request
-        goes first. Ends when the plan is loaded, when what is left is held by requests, or when a load
-        finds the node down. ``race``: the node's guard (scale-out), which ends a load when its node dies
-        rather than when its host's call gives up."""
+        goes first. Ends when the plan is loaded, when what is left is held by requests, or when the node
+        goes down: ``down`` gives the event its scale-out guard sets then (none begins on a node down at
+        start; the loads under way are stopped, and their chunks go back once the host has stopped)."""
         if self._warm is None:
-            self._warm = asyncio.get_running_loop().create_task(self._warm_up(on_free, race), name=f"warm-{self.pool}")
+            self._warm = asyncio.get_running_loop().create_task(self._warm_up(on_free, down), name=f"warm-{self.pool}")
             self._warm.add_done_callback(self._warm_ended)
 
     def _warm_ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: the warm start stopped: %r", self.pool, task.exception())
 
-    async def _warm_up(self, on_free: Callable[[], None], race: Any = None) -> None:
-        pending = list(self.manager.warm_plan(self.pool))
-        running: dict[asyncio.Task, str] = {}
+    async def _warm_up(self, on_free: Callable[[], None], down: Callable[[], asyncio.Event] | None) -> None:
+        node_down = down() if down is not None else asyncio.Event()
+        downw = asyncio.ensure_future(node_down.wait())
+        pending = [] if node_down.is_set() else list(self.manager.warm_plan(self.pool))
+        running: dict[asyncio.Future, str] = {}
         try:
             while pending or running:
                 started, pending = self.manager.warm_next(self.pool, pending)
                 for holder, decision in started:
-                    running[asyncio.ensure_future(self._load(decision, holder, race))] = holder
+                    running[asyncio.ensure_future(self._load(decision, holder))] = holder
                 if not running:
                     break  # requests hold what is left: the node is busy, its warm start ends
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({*running, downw}, return_when=asyncio.FIRST_COMPLETED)
+                if downw in done:
+                    log.warning("%s: the node is down: its warm start ends (%d loads under way stopped, %d not "
+                                "begun)", self.pool, len(running), len(pending))
+                    return  # below: each load stopped, its chunk back once the host has stopped
                 for task in done:
                     self.manager.release(self.pool, running.pop(task))
                     if task.cancelled():
                         continue
                     if task.exception() is not None:
                         log.warning("%s: a warm start load failed: %r", self.pool, task.exception())
-                        continue
-                    res = task.result()
-                    if res.node_down and pending:
-                        log.warning("%s: the node is down: its warm start ends, %d loads not begun",
-                                    self.pool, len(pending))
-                        pending = []
-                    if res.status == SUCCEEDED and res.restored:
+                    elif task.result():
                         self.warm_loads += 1
                 on_free()
         finally:
+            downw.cancel()
             for task, holder in running.items():
                 task.cancel()
                 # its chunk goes back once the host has stopped the load, even if this wait is cancelled
@@ -104,19 +104,16 @@ class GpuRunner:
                 task.add_done_callback(lambda _, h=holder: self.manager.release(self.pool, h))
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _load(self, decision: CacheDecision, holder: str, race: Any = None) -> ExecResult:
+    async def _load(self, decision: CacheDecision, holder: str) -> bool:
         """Restore ``decision``'s instance through the host (a model action with no inputs)."""
-        def call() -> Awaitable[ExecResult]:
-            return self.host.execute(decision, {"model": parse_service(decision.service)[0], "op": "embed",
-                                                "inputs": []}, timeout_s=WARM_LOAD_TIMEOUT_S)
-
-        res = await (call() if race is None else race(call))
+        res = await self.host.execute(decision, {"model": parse_service(decision.service)[0], "op": "embed",
+                                                 "inputs": []}, timeout_s=WARM_LOAD_TIMEOUT_S)
         if res.status == SUCCEEDED and res.restored:
             self.manager.restored(self.pool, holder, res.restore_s)
-        else:
-            log.warning("%s: warm start could not load %s on %s: %s", self.pool, decision.service, decision.chunk,
-                        res.error or res.status)
-        return res
+            return True
+        log.warning("%s: warm start could not load %s on %s: %s", self.pool, decision.service, decision.chunk,
+                    res.error or res.status)
+        return False
 
     async def close(self) -> None:
         if self._warm is not None:

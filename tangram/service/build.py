@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any
 
 from tangram.core.engine import Engine
 from tangram.policy.compiled import PURE_ENV, native_modules, walk_module
@@ -106,10 +106,10 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
                      model_executors=model_executors, models=models, profiles=profiles,
                      keep_results=cfg.service.keep_results)
     for n in cfg.gpu_nodes:  # each runner's task ends with its close, as the runtime closes
-        if n.warm_start:  # scale-out: the loads race the node's guard, as its actions do
-            mex = rt.model_executors
-            guard = getattr(mex.get(n.name) if isinstance(mex, Mapping) else None, "guard", None)
-            model_executors[n.name].start_warm(rt.tick, race=None if guard is None else guard.race)
+        if n.warm_start:  # scale-out: the node's down signal ends its warm start, as it ends its actions
+            signals = getattr(rt, "signals", None)
+            model_executors[n.name].start_warm(
+                rt.tick, down=None if signals is None else (lambda node=n.name: signals.event(node)))
     return rt
 
 

@@ -59,23 +59,22 @@ def _gpu_metrics(st: dict | None):
     """The GPU service cache per node (``/v1/stats`` ``gpu``); a warm start's loads apart from requests'."""
     if st is None:
         return
-    counts = {name: CounterMetricFamily(f"tangram_gpu_{name}", text, labels=["pool"]) for name, text in (
-        ("cache_hits", "Model actions whose service was resident on their chunk"),
-        ("cache_misses", "Model actions and warm loads whose service had to be restored"),
-        ("evictions", "Instances evicted to make room"),
-        ("failed_restores", "Restores that ended unconfirmed (error, timeout, cancel)"))}
+    counts = {key: CounterMetricFamily(name, text, labels=["pool"]) for key, name, text in (
+        ("hits", "tangram_gpu_cache_hits", "Model actions whose service was resident on their chunk"),
+        ("misses", "tangram_gpu_cache_misses", "Model actions and warm loads whose service had to be restored"),
+        ("evictions", "tangram_gpu_evictions", "Instances evicted to make room"),
+        ("failed_restores", "tangram_gpu_failed_restores", "Restores that ended unconfirmed (error, timeout, cancel)"))}
     restores = CounterMetricFamily("tangram_gpu_restores", "Instances restored onto a chunk, by what asked "
                                    "(a request, or the node's warm start)", labels=["pool", "source"])
     seconds = CounterMetricFamily("tangram_gpu_restore_seconds", "Seconds spent restoring, by what asked",
                                   labels=["pool", "source"])
     warming = GaugeMetricFamily("tangram_gpu_warm_loading", "Warm-start loads under way", labels=["pool"])
     for pool, s in sorted(st["nodes"].items()):
-        for name, key in (("cache_hits", "hits"), ("cache_misses", "misses"), ("evictions", "evictions"),
-                          ("failed_restores", "failed_restores")):
-            counts[name].add_metric([pool], s[key])
-        restores.add_metric([pool, "request"], s["restores"] - s["warm_loads"])
+        for key, family in counts.items():
+            family.add_metric([pool], s[key])
+        restores.add_metric([pool, "request"], s["request_restores"])  # each its own sum: never decreases
         restores.add_metric([pool, "warm"], s["warm_loads"])
-        seconds.add_metric([pool, "request"], max(s["restore_s"] - s["warm_restore_s"], 0.0))
+        seconds.add_metric([pool, "request"], s["request_restore_s"])
         seconds.add_metric([pool, "warm"], s["warm_restore_s"])
         warming.add_metric([pool], s["warming"])
     yield from counts.values()
