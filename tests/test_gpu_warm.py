@@ -386,3 +386,81 @@ async def test_a_scale_out_node_down_before_its_warm_start_loads_nothing(goes_do
             assert st["warm_loads"] == runner.warm_loads == 3 and runner.manager.warm_plan("g0") == []
     finally:
         await rt.close()
+
+
+
+class _DeadNodeHost(_Host):
+    """A host whose node died: its call says so (a Ray actor gone) before any guard does."""
+
+    async def execute(self, decision, payload, *, timeout_s=None):
+        from tangram.executors.base import FAILED, ExecResult
+
+        self.timeouts.append(timeout_s)
+        return ExecResult(status=FAILED, error="node 'g0' is down: ActorDiedError", node_down=True)
+
+
+async def test_a_load_that_finds_its_node_dead_ends_the_warm_start():
+    from tangram.runtime.gpu import GpuRunner
+
+    gm = _manager()
+    host = _DeadNodeHost()
+    runner = GpuRunner(gm, host, "gpu@g0")
+    runner.start_warm(lambda: None, down=lambda: asyncio.Event())  # the guard has not seen it yet
+    await asyncio.wait_for(runner._warm, 5)
+    st = gm.stats()
+    assert len(host.timeouts) == 1 and (st["misses"], st["failed_restores"], st["warm_loads"]) == (1, 1, 0)
+    assert gm.buddy("g0").allocated() == []
+    gm.check_invariants()
+    await runner.close()
+
+
+class _DownOnReturnHost(_Host):
+    """Loads well, and the node is marked down in the very step its load ends (the health loop's)."""
+
+    def __init__(self, down: asyncio.Event):
+        super().__init__()
+        self.down = down
+
+    async def execute(self, decision, payload, *, timeout_s=None):
+        res = await super().execute(decision, payload, timeout_s=timeout_s)
+        self.down.set()
+        return res
+
+
+async def test_a_node_marked_down_as_a_load_ends_begins_no_other_and_counts_that_load():
+    from tangram.runtime.gpu import GpuRunner
+
+    gm = _manager()
+    down = asyncio.Event()
+    host = _DownOnReturnHost(down)
+    runner = GpuRunner(gm, host, "gpu@g0")
+    runner.start_warm(lambda: None, down=lambda: down)
+    await asyncio.wait_for(runner._warm, 5)
+    assert len(host.timeouts) == 1  # the plan's first load (all 8 GPUs), and no other
+    assert runner.warm_loads == gm.stats()["warm_loads"] == 1 and gm.buddy("g0").allocated() == []
+    gm.check_invariants()
+    await runner.close()
+
+
+def test_the_request_restore_seconds_metric_stays_put_when_a_warm_load_comes():
+    """The Prometheus series are each source's own sum: a warm load never moves the requests' (a total less
+    the warm seconds could fall by a rounding step, which Prometheus reads as a counter reset)."""
+    from tangram.service.metrics import _gpu_metrics
+
+    def series(gm):
+        return {(f.name, tuple(sorted(s.labels.items()))): s.value for f in _gpu_metrics(gm.stats()) for s in f.samples}
+
+    gm = _manager()
+    gm.allocate("gpu@g0", 1, "r1", _request("r1", "small", 1))
+    gm.restored("gpu@g0", "r1", 0.1)
+    gm.release("gpu@g0", "r1")
+    before = series(gm)
+    service, chunk = gm.warm_plan("g0")[0]
+    gm.warm("g0", "w1", service, chunk)
+    gm.restored("g0", "w1", 0.7)
+    gm.release("gpu@g0", "w1")
+    after = series(gm)
+    request = ("tangram_gpu_restore_seconds", (("pool", "gpu@g0"), ("source", "request")))
+    warm = ("tangram_gpu_restore_seconds", (("pool", "gpu@g0"), ("source", "warm")))
+    assert before[request] == after[request] == 0.1 and (before[warm], after[warm]) == (0.0, 0.7)
+    assert all(after[k] >= v for k, v in before.items() if k[0] != "tangram_gpu_warm_loading")

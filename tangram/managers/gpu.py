@@ -245,6 +245,10 @@ class GpuManager(ResourceManager):
                 raise AssertionError(f"{pool}: holders {holders} vs buddy {allocated}")
             held = sum(c.size for c in holders.values())
             invariant(buddy.free_devices + held == node.num_gpus, f"{pool}: free + allocated != capacity")
+            books, counted = self._restores[pool], cache.stats()
+            invariant(books.warm_loads + books.request_restores == counted["restores"]
+                      and books.warm_loads <= books.warm_begun <= counted["misses"],
+                      f"{pool}: restores by source {books} vs the cache's {counted['restores']}")
             busy = cache.busy()
             expect = {d: h for h, c in holders.items() for d in c.devices}
             if busy != expect:

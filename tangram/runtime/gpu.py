@@ -70,50 +70,67 @@ class GpuRunner:
             log.error("%s: the warm start stopped: %r", self.pool, task.exception())
 
     async def _warm_up(self, on_free: Callable[[], None], down: Callable[[], asyncio.Event] | None) -> None:
-        node_down = down() if down is not None else asyncio.Event()
-        downw = asyncio.ensure_future(node_down.wait())
-        pending = [] if node_down.is_set() else list(self.manager.warm_plan(self.pool))
+        node_down = down() if down is not None else None
         running: dict[asyncio.Future, str] = {}
+        downw: asyncio.Future | None = None
         try:
+            pending = [] if _is_set(node_down) else list(self.manager.warm_plan(self.pool))
+            if node_down is not None:
+                downw = asyncio.ensure_future(node_down.wait())  # only wakes the wait: is_set() decides
             while pending or running:
+                if _is_set(node_down):
+                    log.warning("%s: the node is down: its warm start ends (%d loads under way stopped, %d not "
+                                "begun)", self.pool, len(running), len(pending))
+                    return  # below: each load stopped, its chunk back once the host has stopped
                 started, pending = self.manager.warm_next(self.pool, pending)
                 for holder, decision in started:
                     running[asyncio.ensure_future(self._load(decision, holder))] = holder
                 if not running:
                     break  # requests hold what is left: the node is busy, its warm start ends
-                done, _ = await asyncio.wait({*running, downw}, return_when=asyncio.FIRST_COMPLETED)
-                if downw in done:
-                    log.warning("%s: the node is down: its warm start ends (%d loads under way stopped, %d not "
-                                "begun)", self.pool, len(running), len(pending))
-                    return  # below: each load stopped, its chunk back once the host has stopped
-                for task in done:
+                await asyncio.wait({*running, *([downw] if downw is not None else [])},
+                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in [t for t in running if t.done()]:  # every load that ended, whatever woke the wait
                     self.manager.release(self.pool, running.pop(task))
                     if task.cancelled():
                         continue
                     if task.exception() is not None:
                         log.warning("%s: a warm start load failed: %r", self.pool, task.exception())
-                    elif task.result():
+                        continue
+                    res = task.result()
+                    if res.status == SUCCEEDED and res.restored:
                         self.warm_loads += 1
+                    elif res.node_down and pending:  # the host's own call found it dead, before the guard did
+                        log.warning("%s: a load found the node down: its warm start ends, %d loads not begun",
+                                    self.pool, len(pending))
+                        pending = []
                 on_free()
         finally:
-            downw.cancel()
+            if downw is not None:
+                downw.cancel()
+            gone = _is_set(node_down)
             for task, holder in running.items():
                 task.cancel()
-                # its chunk goes back once the host has stopped the load, even if this wait is cancelled
-                # again (a close that timed out): not while the host may still be copying onto it
-                task.add_done_callback(lambda _, h=holder: self.manager.release(self.pool, h))
+                task.add_done_callback(lambda _, h=holder: self._stopped(h, on_free if gone else None))
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _load(self, decision: CacheDecision, holder: str) -> bool:
+    def _stopped(self, holder: str, on_free: Callable[[], None] | None) -> None:
+        """A stopped load's chunk goes back once the host has stopped it, even if the wait for it is cancelled
+        again (a close that timed out): not while the host may still copy onto it. On a node that went down
+        (not at close) the runtime's round runs: the node may be back."""
+        self.manager.release(self.pool, holder)
+        if on_free is not None:
+            on_free()
+
+    async def _load(self, decision: CacheDecision, holder: str) -> ExecResult:
         """Restore ``decision``'s instance through the host (a model action with no inputs)."""
         res = await self.host.execute(decision, {"model": parse_service(decision.service)[0], "op": "embed",
                                                  "inputs": []}, timeout_s=WARM_LOAD_TIMEOUT_S)
         if res.status == SUCCEEDED and res.restored:
             self.manager.restored(self.pool, holder, res.restore_s)
-            return True
-        log.warning("%s: warm start could not load %s on %s: %s", self.pool, decision.service, decision.chunk,
-                    res.error or res.status)
-        return False
+        else:
+            log.warning("%s: warm start could not load %s on %s: %s", self.pool, decision.service, decision.chunk,
+                        res.error or res.status)
+        return res
 
     async def close(self) -> None:
         if self._warm is not None:
@@ -124,3 +141,7 @@ class GpuRunner:
             r = close()
             if hasattr(r, "__await__"):
                 await r
+
+
+def _is_set(event: asyncio.Event | None) -> bool:
+    return event is not None and event.is_set()
