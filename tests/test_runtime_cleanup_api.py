@@ -227,6 +227,7 @@ PER_SERVICE_HERE = {
     f"{MANAGERS}._cache[*]._used_mb": "memory used per device",
     f"{MANAGERS}._cache[*].models": "the configured models",
     f"{MANAGERS}._holders": "one (empty) holder table per GPU node",
+    f"{MANAGERS}._restores": "one count of restores by source per GPU node",
     "app.runtime.dispatcher.model_executors": "a model runner per GPU node",
     f"{EXECUTOR}.devices": "its devices",
     f"{EXECUTOR}._masters": "each model's CPU master copy, built at the start",
