@@ -133,12 +133,17 @@ def test_an_arrival_margin_is_stated_on_every_quota_pool():
         stress.main(["--smoke", "--arrival-margin", "0.5", "--books", "conservative"])
 
 
-def test_baselines_from_an_earlier_output_run_tangram_alone(tmp_path, capsys):
-    base = ["--smoke", "--family", "cpu", "--seeds", "0:2", "--jobs", "1", "--json"]
+def _earlier_run(base: list[str], tmp_path, capsys) -> tuple[object, dict]:
+    """Run ``base`` and keep its output for --baselines-from: (its file, draw -> its row)."""
     assert stress.main(base) == 0
     earlier = tmp_path / "earlier.json"
     earlier.write_text(capsys.readouterr().out)
-    stored = {r["seed"]: r for r in json.loads(earlier.read_text())["workloads"]}
+    return earlier, {r["seed"]: r for r in json.loads(earlier.read_text())["workloads"]}
+
+
+def test_baselines_from_an_earlier_output_run_tangram_alone(tmp_path, capsys):
+    base = ["--smoke", "--family", "cpu", "--seeds", "0:2", "--jobs", "1", "--json"]
+    earlier, stored = _earlier_run(base, tmp_path, capsys)
     assert stress.main(base + ["--baselines-from", str(earlier), "--param", "fixed_dop=4"]) == 0
     for row in json.loads(capsys.readouterr().out)["workloads"]:
         before = stored[row["seed"]]["results"]
@@ -162,10 +167,7 @@ def test_warm_start_all_reruns_every_policy_on_tangrams_gpu_manager_warm(tmp_pat
     from tangram.simulator.policies import policy_spec
 
     base = ["--smoke", "--family", "api", "--seeds", "0:4", "--jobs", "1", "--json"]
-    assert stress.main(base) == 0
-    earlier = tmp_path / "earlier.json"
-    earlier.write_text(capsys.readouterr().out)
-    stored = {r["seed"]: r for r in json.loads(earlier.read_text())["workloads"]}
+    earlier, stored = _earlier_run(base, tmp_path, capsys)
     assert stress.main(base + ["--baselines-from", str(earlier), "--warm-start", "all"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["warm_start"] == "all"
