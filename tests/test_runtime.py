@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -287,3 +288,27 @@ async def test_an_executors_bad_restore_measure_does_not_leave_the_action_runnin
         assert r.status == "succeeded"
         assert not rt.engine.running
         whole(rt)
+
+
+async def test_a_build_that_fails_part_way_closes_what_it_had_made(monkeypatch):
+    """A model factory that does not import fails the build after a CPU node's executor made its
+    environment root: that root is gone again (a failed start leaks nothing; it was left behind)."""
+    import tempfile
+
+    from tangram.service.config import ConfigError
+
+    made = []
+    mkdtemp = tempfile.mkdtemp
+
+    def recorded(*args, **kw):
+        made.append(mkdtemp(*args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
+    cfg = parse_config({"cpu_nodes": [{"name": "n0", "cores": [0], "memory_mb": 512}],
+                        "gpu_nodes": [{"name": "g0", "gpus": 1, "device": "cpu", "services": [
+                            {"name": "m", "state_mb": 1, "options": {"factory": "tests.no_such_module:make"}}]}]})
+    with pytest.raises(ConfigError, match="factory"):
+        await build_runtime(cfg)
+    roots = [p for p in made if "tangram-envs-" in p]
+    assert roots and not any(os.path.exists(p) for p in roots)

@@ -90,6 +90,11 @@ class Scaleout:
         self._closers.append(self.hosts.close)
         return manager, runners, models
 
+    async def close(self) -> None:
+        """What a build that failed before its runtime existed had started (the runtime closes it otherwise)."""
+        for close in reversed(self._closers):
+            await close()
+
     def runtime(self, managers: list[Any], *, params: Any, keep_results: int, **kw: Any) -> Any:
         from tangram.core.engine import Engine
         from tangram.scaleout.cluster import ClusterRuntime

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from tangram.core.engine import Engine
 from tangram.policy.compiled import PURE_ENV, native_modules, walk_module
 from tangram.policy.snapshot import PolicyParams
 from tangram.profiles import load_profiles
 from tangram.runtime import Runtime
+from tangram.runtime.environments import quietly
 from tangram.service.config import ClusterConfig, ConfigError, CpuNodeConfig
 from tangram.service.sandbox_protocol import toolchain_paths
 
@@ -22,7 +23,19 @@ log = logging.getLogger("tangram.service")
 
 
 async def build_runtime(cfg: ClusterConfig) -> Runtime:
-    """Managers, executors and the engine of ``cfg`` (call on the loop that will drive it)."""
+    """Managers, executors and the engine of ``cfg`` (call on the loop that will drive it). A build that
+    fails part way (a model's factory that does not import, a docker node refused) closes what it had
+    made, executors and GPU hosts: a failed start leaks no environment root, cgroup or actor."""
+    made: list[Callable[[], Awaitable[Any]]] = []  # the closes of what the build made so far
+    try:
+        return await _build(cfg, made)
+    except BaseException:
+        for close in reversed(made):
+            await quietly(close(), "closing what a failed start had made")
+        raise
+
+
+async def _build(cfg: ClusterConfig, made: list[Callable[[], Awaitable[Any]]]) -> Runtime:
     import asyncio
 
     from tangram.service.auto import resolve_auto
@@ -45,6 +58,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         from tangram.scaleout.build import Scaleout
 
         scale = Scaleout(cfg)
+        made.append(scale.close)
     if cfg.cpu_nodes:
         from tangram.managers.cpu import CpuManager
 
@@ -56,6 +70,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
             env_executors[n.name] = (scale.env_executor(n) if docker and n.executor == "docker"
                                      else _env_executor(n, f"cpu_nodes[{i}]",
                                                         toolchains=toolchain_paths(cfg.sandbox_fusion)))
+            made.append(env_executors[n.name].close)
     model_executors: dict[str, Any] | None = None
     models: set[str] | None = None
     if cfg.gpu_nodes and scale is not None and scale.gpu_host is not None:
@@ -66,6 +81,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
 
         gpu_manager, model_executors, models = build_gpu(cfg.gpu_nodes)
         managers.append(gpu_manager)
+        made.extend(r.close for r in model_executors.values())
     http_executor = None
     if cfg.api_pools:
         from tangram.executors.http import HttpExecutor
@@ -105,6 +121,7 @@ async def build_runtime(cfg: ClusterConfig) -> Runtime:
         rt = Runtime(engine, env_executors=env_executors, http_executor=http_executor,
                      model_executors=model_executors, models=models, profiles=profiles,
                      keep_results=cfg.service.keep_results)
+    made[:] = [rt.close]  # the runtime closes all it was given
     for n in cfg.gpu_nodes:  # each runner's task ends with its close, as the runtime closes
         if n.warm_start:  # scale-out: the node's down signal ends its warm start, as it ends its actions
             signals = getattr(rt, "signals", None)
