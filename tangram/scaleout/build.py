@@ -82,12 +82,12 @@ class Scaleout:
         from tangram.scaleout.ray_gpu import GpuHosts, build_remote_gpu
 
         self.hosts = GpuHosts(self.gpu_host)
+        self._closers.append(self.hosts.close)  # before any actor starts: a build failing among them kills them
         # on the loop's thread: ray.init wants the main thread; actor creation itself does not block
         manager, runners, models = build_remote_gpu(nodes, self.hosts)
         if self.gpu_host.address is not None:  # in-process hosts cannot die apart from us
             for name, r in runners.items():
                 self.probes[name] = r.host.handle.ping
-        self._closers.append(self.hosts.close)
         return manager, runners, models
 
     async def close(self) -> None:
