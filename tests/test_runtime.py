@@ -291,11 +291,12 @@ async def test_an_executors_bad_restore_measure_does_not_leave_the_action_runnin
 
 
 async def test_a_build_that_fails_part_way_closes_what_it_had_made(monkeypatch):
-    """A model factory that does not import fails the build after a CPU node's executor made its
-    environment root: that root is gone again (a failed start leaks nothing; it was left behind)."""
+    """A build that fails after a CPU node's executor made its environment root (here its policy's knobs;
+    in the field a model factory that does not import) removes that root again: a failed start leaks
+    nothing (the root was left behind)."""
     import tempfile
 
-    from tangram.service.config import ConfigError
+    import tangram.service.build as build
 
     made = []
     mkdtemp = tempfile.mkdtemp
@@ -304,11 +305,13 @@ async def test_a_build_that_fails_part_way_closes_what_it_had_made(monkeypatch):
         made.append(mkdtemp(*args, **kw))
         return made[-1]
 
+    def refused(**_):
+        raise RuntimeError("refused")
+
     monkeypatch.setattr(tempfile, "mkdtemp", recorded)
-    cfg = parse_config({"cpu_nodes": [{"name": "n0", "cores": [0], "memory_mb": 512}],
-                        "gpu_nodes": [{"name": "g0", "gpus": 1, "device": "cpu", "services": [
-                            {"name": "m", "state_mb": 1, "options": {"factory": "tests.no_such_module:make"}}]}]})
-    with pytest.raises(ConfigError, match="factory"):
+    monkeypatch.setattr(build, "PolicyParams", refused)
+    cfg = parse_config({"cpu_nodes": [{"name": "n0", "cores": [0], "memory_mb": 512}]})
+    with pytest.raises(RuntimeError, match="refused"):
         await build_runtime(cfg)
     roots = [p for p in made if "tangram-envs-" in p]
     assert roots and not any(os.path.exists(p) for p in roots)
