@@ -122,8 +122,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     stored = json.loads(Path(args.stored).read_text())
-    if stored.get("params") or stored.get("warm_start"):  # its tangram is not the one the grid's default is
-        raise SystemExit("--stored: a run with tangram's settings changed (--param or --warm-start)")
+    if stored.get("params"):  # its tangram is not the one the grid's default is
+        raise SystemExit("--stored: a run with tangram's settings changed (--param)")
+    if args.family == "gpu" and stored.get("warm_start", False) != "all":  # its baselines ran another warm start
+        raise SystemExit("--stored: a GPU run from before the warm start was the default (or --warm-start "
+                         "tangram / none): rerun it with policy_stress.py's default")
     rows = [r for r in stored["workloads"] if r["family"] == args.family]
     if args.draws:
         want = {int(x) for x in args.draws.split(",")}

@@ -135,10 +135,12 @@ def _run_one(job: tuple) -> dict | None:
     t0 = time.perf_counter()
     results, failed = {}, {}
     names = ("tangram",) + tuple(raw["baselines"]["compare"])  # the family's (a neighbour's: its built-in's)
-    # --warm-start all: every policy on tangram's GPU manager warm-starts (as were it the default)
-    warmed = {n for n in names + tuple(also) if n == "tangram" or (warm == "all" and policy_spec(n).gpu_mode == "eoe")}
+    warmed = warmed_policies(names + tuple(also), warm)
     if stored is not None:  # the baselines' runs of an earlier output on this very draw (main checked)
-        keep = {n for n in stored["results"] if n != "tangram" and n not in warmed}
+        # a run is reused where it would run the same now: its warm start the same, or no GPU node to warm
+        was = warmed_policies(tuple(stored["results"]), stored["warm_start"])
+        keep = {n for n in stored["results"]
+                if n != "tangram" and ((n in warmed) == (n in was) or not wl.cluster.gpu_nodes)}
         results = {n: v for n, v in stored["results"].items() if n in keep}
         failed = {n: v for n, v in stored["failed"].items() if n in keep}
         names = tuple(n for n in names if n not in keep)
@@ -147,8 +149,7 @@ def _run_one(job: tuple) -> dict | None:
         spec = policy_spec(name)
         if name == "tangram" and params:
             spec = replace(spec, params=replace(spec.params, **params))
-        if warm and name in warmed:
-            spec = replace(spec, gpu_warm=True)
+        spec = replace(spec, gpu_warm=name in warmed)
         s = simulate(wl, spec, seed=sim_seed).summary
         results[name] = [s[m] for m in MEASURES]
         if s["failed"]:
@@ -164,13 +165,20 @@ def _stored_baselines(path: str, sim_seed: int) -> dict[tuple[str, int], dict]:
     earlier = json.loads(Path(path).read_text())
     if earlier.get("sim_seed") != sim_seed:
         raise SystemExit(f"--baselines-from: {path} ran simulation seed {earlier.get('sim_seed')}, not {sim_seed}")
-    return {(r["family"], r["seed"]): r for r in earlier["workloads"]}
+    mode = earlier.get("warm_start", False)  # outputs from before the warm start was the default ran cold
+    return {(r["family"], r["seed"]): {**r, "warm_start": mode} for r in earlier["workloads"]}
 
 
-def _warm(text: str) -> str:
-    if text != "all":
-        raise argparse.ArgumentTypeError(f"expected 'all' or nothing, got {text!r}")
-    return text
+def warmed_policies(names: tuple[str, ...], warm: bool | str) -> set[str]:
+    """The policies whose GPU nodes warm-start under ``--warm-start`` ``warm``: "all" (the default) every policy
+    on tangram's GPU manager, True tangram alone, False none."""
+    return {n for n in names if warm and (n == "tangram" or (warm == "all" and policy_spec(n).gpu_mode == "eoe"))}
+
+
+def _warm(text: str) -> str | bool:
+    if text not in ("all", "tangram", "none"):
+        raise argparse.ArgumentTypeError(f"expected all, tangram, none or nothing, got {text!r}")
+    return {"all": "all", "tangram": True, "none": False}[text]
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -220,11 +228,12 @@ def main(argv=None) -> int:
                     help="an earlier --json output: reuse its baselines' runs, run tangram alone")
     ap.add_argument("--also", action="append", default=[], metavar="POLICY",
                     help="run this baseline too on every draw (e.g. serverless:fewest); repeatable")
-    ap.add_argument("--warm-start", nargs="?", const=True, default=False, type=_warm,
-                    help="tangram's GPU nodes load their models before the first request (tangram.managers.gpu_warm); "
-                         "'all': every policy's that runs tangram's GPU manager too (api-naive, api-retry, ...), as "
-                         "were it the default (its runs are not reused from --baselines-from); the output's warm_start: false, true "
-                         "or \"all\"")
+    ap.add_argument("--warm-start", nargs="?", const=True, default="all", type=_warm, metavar="all|tangram|none",
+                    help="which GPU nodes load their models before the first request (tangram.managers.gpu_warm): "
+                         "all (the default) under every policy that runs tangram's GPU manager, tangram (or the flag "
+                         "alone) under tangram only, none; the output's warm_start: \"all\", true or false")
+    ap.add_argument("--cold-start", dest="warm_start", action="store_const", const=False,
+                    help="the same as --warm-start none: every GPU node loads a model when a request first needs it")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in args.also:

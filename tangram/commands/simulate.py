@@ -25,9 +25,13 @@ def register(sub) -> None:
                         "under 5 ms either way (a stream per R), to see how far one run's result moves")
     p.add_argument("--batch", type=int, help="trajectories per step (per job), overriding the workload")
     p.add_argument("--steps", type=int, help="rollout steps, overriding the workload")
-    p.add_argument("--warm-start", action="store_true",
-                   help="GPU nodes load their models before the first request (gpu_nodes[].warm_start), under "
-                        "every policy that runs tangram's GPU manager (all but static-services and serverless)")
+    warm = p.add_mutually_exclusive_group()
+    warm.add_argument("--warm-start", dest="warm_start", action="store_true", default=True,
+                      help="GPU nodes load their models before the first request (gpu_nodes[].warm_start), under "
+                           "every policy that runs tangram's GPU manager (all but static-services and serverless): "
+                           "the default")
+    warm.add_argument("--cold-start", dest="warm_start", action="store_false",
+                      help="GPU nodes load each model when a request first needs it (gpu_nodes[].warm_start: false)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line (a list under 'results' with --policy all)")
     p.add_argument("--check", action="store_true", help="check the managers' invariants after every event (slow)")
     p.set_defaults(func=_run)
@@ -62,8 +66,7 @@ def _run(args) -> int:
         else:
             names = [args.policy]
         specs = [policy_spec(n) for n in names]  # unknown names fail before any simulation runs
-        if args.warm_start:
-            specs = [replace(s, gpu_warm=True) if s.gpu_mode == "eoe" else s for s in specs]
+        specs = [replace(s, gpu_warm=args.warm_start) if s.gpu_mode == "eoe" else s for s in specs]
         results = [simulate(wl, s, seed=args.seed, check=args.check, replica=args.replica).summary for s in specs]
     except TangramError as exc:
         print(f"tangram simulate: error: {exc}", file=sys.stderr)
