@@ -16,6 +16,10 @@ The GPU family of ``scripts/policy_stress.py`` (the ``mopd`` kind) has draws whe
   offered-load factor, ``depth``; 160 settings): the best any of them reaches on that draw, and how many
   are within the tolerance of `static-services` on all three measures.
 
+Every GPU node starts cold here (``gpu_warm`` off: each instance loaded when a request first needs it), as
+it did before the warm start was the default: this is the anatomy of the cold start's losses, which the
+warm start (``tangram.managers.gpu_warm``) was then built to remove.
+
 Prints one line per draw, or one JSON object (``docs/results/policy-stress/gpu-loss-anatomy-*.json``;
 ``docs/results/README.md``, "GPU: what the losses to `static-services` are made of").
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -51,7 +56,8 @@ def grid() -> list[dict]:
 
 
 def _spec(name: str, setting: dict | None = None):
-    return spec_for(setting) if name == "tangram" else policy_spec(name)
+    spec = spec_for(setting) if name == "tangram" else policy_spec(name)
+    return replace(spec, gpu_warm=False)  # the cold start's anatomy (above); static-services has its own GPUs
 
 
 def _measures(summary: dict) -> list[float]:

@@ -90,18 +90,21 @@ def _workload(point: tuple):
     return load_workload(workload).with_batch(batch), seed
 
 
-def _spec(policy: str, params: tuple) -> str | PolicySpec:
-    """tangram with ``params`` (FIELD, VALUE) pairs changed; any other policy as named."""
-    if policy != "tangram" or not params:
+def _spec(policy: str, params: tuple, warm: bool = True) -> str | PolicySpec:
+    """tangram with ``params`` (FIELD, VALUE) pairs changed; any other policy as named; ``warm`` False: GPU
+    nodes on tangram's GPU manager start cold (``--cold-start``)."""
+    if (policy != "tangram" or not params) and warm:
         return policy
-    spec = policy_spec("tangram")
-    return replace(spec, params=replace(spec.params, **dict(params)))
+    spec = policy_spec(policy)
+    if policy == "tangram" and params:
+        spec = replace(spec, params=replace(spec.params, **dict(params)))
+    return replace(spec, gpu_warm=warm) if spec.gpu_mode == "eoe" else spec
 
 
 def _one(task: tuple) -> tuple[tuple, dict]:
-    point, policy, replica, params = task
+    point, policy, replica, params, warm = task
     wl, seed = _workload(point)
-    s = Simulation(wl, _spec(policy, params), seed=seed, replica=replica).run().summary
+    s = Simulation(wl, _spec(policy, params, warm), seed=seed, replica=replica).run().summary
     return task[:3], {**{m: s[m] for m in MEASURES}, "failed": s["failed"]}
 
 
@@ -145,7 +148,7 @@ def _summary(policy_runs: list[dict]) -> dict:
 
 
 def run_points(points: list[tuple], replicas: int, policies: list[str] | None, jobs: int = 1,
-               params: dict | None = None) -> list[dict]:
+               params: dict | None = None, warm: bool = True) -> list[dict]:
     """``points``: ``(WORKLOAD, BATCH, SEED)`` or ``("draw", FAMILY, DRAW, SIM_SEED, BOOKS)`` (BOOKS None:
     the service's default); ``params``: PolicyParams fields changed for tangram."""
     pairs = tuple(sorted((params or {}).items()))
@@ -158,7 +161,7 @@ def run_points(points: list[tuple], replicas: int, policies: list[str] | None, j
         for n in names:
             policy_spec(n)  # an unknown name fails before any run
         named[pt] = ["tangram", *[n for n in names if n != "tangram"]]
-    tasks = [(pt, p, r, pairs) for pt, names in named.items() for p in names for r in range(replicas)]
+    tasks = [(pt, p, r, pairs, warm) for pt, names in named.items() for p in names for r in range(replicas)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as ex:
             done = dict(ex.map(_one, tasks))
@@ -168,6 +171,7 @@ def run_points(points: list[tuple], replicas: int, policies: list[str] | None, j
     for pt, names in named.items():
         runs = {p: [done[(pt, p, r)] for r in range(replicas)] for p in names}
         out.append({**_describe(pt), "replicas": replicas, **({"params": dict(pairs)} if pairs else {}),
+                    **({} if warm else {"warm_start": False}),
                     "policies": {p: _summary(rs) for p, rs in runs.items()},
                     "against": compare_point(runs)})
     return out
@@ -202,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a PolicyParams field for tangram (repeatable)")
     ap.add_argument("--books", choices=("adaptive", "conservative"),
                     help="a --draw's quota books, as policy_stress.py --books (default: the service's)")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="GPU nodes on tangram's GPU manager load a model when a request first needs it (the "
+                         "default warm-starts them, gpu_nodes[].warm_start); the point's warm_start: false")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--param: {exc}")
     try:
         results = run_points(args.point + [(*d, args.books) for d in args.draw], args.replicas, args.policies,
-                             args.jobs, dict(args.param))
+                             args.jobs, dict(args.param), warm=not args.cold_start)
     except TangramError as exc:  # an unknown workload or policy, a workload file that does not parse
         ap.error(str(exc))
     if args.json:

@@ -84,7 +84,8 @@ def test_a_stored_replica_reruns_identical(point, policies, replica):
         (p,) = [q for q in _points("sweep-points.json") if (q["workload"], q["batch"], q["seed"]) == point]
         wl, seed = load("noise_spread")._workload(point)
     for policy in policies:
-        s = Simulation(wl, policy, seed=seed, replica=replica).run().summary
+        spec = load("noise_spread")._spec(policy, (), p.get("warm_start", True))  # the dominated draws ran cold
+        s = Simulation(wl, spec, seed=seed, replica=replica).run().summary
         assert p["policies"][policy]["runs"][replica] == [s[m] for m in MEASURES], policy
 
 
@@ -124,14 +125,15 @@ def test_generation_credit_3_on_every_api_point_is_what_the_docs_say():
     credit at 1.5 (the stored sweeps) and at 3 (tangram, static-services and serverless rerun with it; the
     stored api-naive and api-retry, which do not use the order), and the largest loss per measure."""
     rows = _credit_sweep()["rows"]
+    assert _credit_sweep()["warm_start"] is False  # it ran before the warm start was the default
     assert {(r["workload"], r["batch"], r["seed"]) for r in rows} == {
         (w, b, s) for w in ("deepsearch", "mopd+search") for b in (256, 512, 1024, 2048, 4096) for s in (0, 1, 2)}
     ok = {"1.5": [0, 0, 0], "3": [0, 0, 0]}
     worst = {v: dict.fromkeys(MEASURES, 0.0) for v in ok}
+    cold = json.loads((STRESS / "gpu-warm-start-sweep.json").read_text())["points"]  # the sweeps as they ran cold
     for r in rows:
-        where = next(w for w, seed, _ in SWEEPS if seed == r["seed"])
-        stored = next(x for x in _stored(where)["load_sweep"]["workloads"][r["workload"]]["rows"]
-                      if x["batch"] == r["batch"])["results"]
+        stored = {p: dict(zip((*MEASURES, "failed"), x))
+                  for p, x in cold[f"{r['workload']}@{r['batch']}@{r['seed']}"]["cold"].items()}
         base = {p: x for p, x in stored.items() if not p.startswith("tangram")}
         at_3 = {p: x for p, x in base.items() if p in ("api-naive", "api-retry")}
         at_3 |= {p: x for p, x in r["runs"].items() if p != "tangram"}
@@ -157,7 +159,7 @@ def test_a_stored_generation_credit_3_run_reruns_identical():
 
     (r,) = [x for x in _credit_sweep()["rows"] if (x["workload"], x["batch"], x["seed"]) == ("deepsearch", 256, 1)]
     for name in ("tangram", "serverless"):
-        spec = policy_spec(name)
+        spec = replace(policy_spec(name), gpu_warm=False)  # as it ran: cold
         spec = replace(spec, params=replace(spec.params, generation_credit=3.0))
         s = Simulation(load_workload("deepsearch").with_batch(256), spec, seed=1).run().summary
         assert [r["runs"][name][m] for m in MEASURES] == [s[m] for m in MEASURES], name

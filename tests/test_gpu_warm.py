@@ -111,8 +111,8 @@ def _mopd_skewed(batch: int) -> object:
 
 def test_the_simulators_warm_start_loads_before_the_requests_and_keeps_the_books():
     wl = _mopd_skewed(64)
-    cold = Simulation(wl, policy_spec("tangram"), seed=0, check=True).run().summary
-    warm = Simulation(wl, replace(policy_spec("tangram"), gpu_warm=True), seed=0, check=True).run().summary
+    cold = Simulation(wl, replace(policy_spec("tangram"), gpu_warm=False), seed=0, check=True).run().summary
+    warm = Simulation(wl, policy_spec("tangram"), seed=0, check=True).run().summary  # the default
     assert "gpu_warm_loads" not in cold and warm["gpu_warm_loads"] > 0
     # the loads are restores; the requests' own restores are fewer, their hits more
     assert warm["gpu_restores"] - warm["gpu_warm_loads"] < cold["gpu_restores"]
@@ -178,7 +178,9 @@ def test_warm_start_is_a_boolean_in_the_config():
     from tangram.core.errors import ConfigError
     from tests.service_helpers import config
 
-    assert config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu"}]).gpu_nodes[0].warm_start is False
+    assert config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu"}]).gpu_nodes[0].warm_start is True  # default
+    assert config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu", "warm_start": False}]).gpu_nodes[0].warm_start \
+        is False
     with pytest.raises(ConfigError) as e:
         config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu", "warm_start": "yes please"}])
     assert e.value.field == "gpu_nodes[0].warm_start"
@@ -288,9 +290,13 @@ def test_tangram_simulate_warm_start_loads_under_tangrams_gpu_manager_only(capsy
     by = {r["policy"]: r for r in out["results"]}
     assert by["tangram"]["gpu_warm_loads"] > 0
     assert "gpu_warm_loads" not in by["static-services"] and "gpu_warm_loads" not in by["serverless"]
-    assert main(["simulate", "--workload", "mopd-skewed", "--batch", "32", "--json"]) == 0
+    assert main(["simulate", "--workload", "mopd-skewed", "--batch", "32", "--json"]) == 0  # the default: warm
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == by["tangram"]
+    assert main(["simulate", "--workload", "mopd-skewed", "--batch", "32", "--cold-start", "--json"]) == 0
     cold = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "gpu_warm_loads" not in cold and cold["mean_act_s"] != by["tangram"]["mean_act_s"]
+    with pytest.raises(SystemExit):  # one or the other
+        main(["simulate", "--workload", "mopd-skewed", "--warm-start", "--cold-start"])
 
 
 async def test_a_node_that_dies_mid_load_ends_its_warm_start_and_its_chunk_waits_for_the_host_to_stop():

@@ -48,9 +48,12 @@ def test_the_scripts_arguments_are_checked(tmp_path):
         knob_grid.main(["--family", "cpu", "--stored", stored, "--draws", str(undominated)])
     changed = tmp_path / "changed.json"
     changed.write_text(json.dumps({**json.loads((RESULTS / "policy-stress" / "sim-seed-0.json").read_text()),
-                                   "warm_start": True}))
+                                   "params": {"order": "fcfs"}}))
     with pytest.raises(SystemExit, match="settings changed"):
         knob_grid.main(["--family", "cpu", "--stored", str(changed)])
+    # the GPU family's stored runs from before the warm start was the default: their baselines ran cold
+    with pytest.raises(SystemExit, match="before the warm start was the default"):
+        knob_grid.main(["--family", "gpu", "--stored", stored])
 
 
 def _row(d: dict, sim_seed: int) -> str:

@@ -158,17 +158,20 @@ def test_baselines_from_an_earlier_output_run_tangram_alone(tmp_path, capsys):
         stress.main(["--smoke", "--family", "cpu", "--seeds", "0:3", "--baselines-from", str(earlier)])
 
 
-def test_warm_start_all_reruns_every_policy_on_tangrams_gpu_manager_warm(tmp_path, capsys):
-    """``--warm-start all``: tangram and the baselines that run tangram's GPU manager (api-naive, api-retry)
-    are rerun warm-started, even with --baselines-from; those with GPUs of their own are reused."""
+@pytest.mark.parametrize("flag", [[], ["--warm-start", "all"]], ids=["default", "all"])
+def test_warm_start_all_reruns_every_policy_on_tangrams_gpu_manager_warm(tmp_path, capsys, flag):
+    """``--warm-start all`` (the default): tangram and the baselines that run tangram's GPU manager (api-naive,
+    api-retry) run warm-started; with --baselines-from an output that ran them cold they are rerun, those
+    with GPUs of their own reused."""
     from dataclasses import replace
 
     from tangram.simulator import simulate
     from tangram.simulator.policies import policy_spec
 
     base = ["--smoke", "--family", "api", "--seeds", "0:4", "--jobs", "1", "--json"]
-    earlier, stored = _earlier_run(base, tmp_path, capsys)
-    assert stress.main(base + ["--baselines-from", str(earlier), "--warm-start", "all"]) == 0
+    earlier, stored = _earlier_run(base + ["--cold-start"], tmp_path, capsys)
+    assert json.loads(earlier.read_text())["warm_start"] is False
+    assert stress.main(base + ["--baselines-from", str(earlier)] + flag) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["warm_start"] == "all"
     moved = 0
@@ -183,6 +186,19 @@ def test_warm_start_all_reruns_every_policy_on_tangrams_gpu_manager_warm(tmp_pat
             else:
                 assert got == stored[row["seed"]]["results"][name]  # reused
     assert moved  # the warm start changed some run: the draws have GPUs
+    # an output that ran as now is reused whole but for tangram; one whose tangram alone was warm too
+    again = tmp_path / "warm.json"
+    again.write_text(json.dumps(out))
+    for mode in ([], ["--warm-start", "tangram"]):
+        assert stress.main(base + ["--baselines-from", str(again)] + mode) == 0
+        rows = {r["seed"]: r for r in json.loads(capsys.readouterr().out)["workloads"]}
+        for row in out["workloads"]:
+            for name, got in row["results"].items():
+                if name == "tangram":
+                    continue
+                cold = mode and policy_spec(name).gpu_mode == "eoe"  # tangram alone warm: the rest rerun cold
+                want = stored[row["seed"]]["results"][name] if cold else got
+                assert rows[row["seed"]]["results"][name] == want, (mode, name)
 
 
 def test_unprofiled_rewards_and_more_steps_are_drawn_on_request(capsys):

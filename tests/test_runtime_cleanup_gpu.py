@@ -111,10 +111,13 @@ def make_flaky():
     return Flaky(3, 1)
 
 
-def _gpu_config(tmp_path, models: dict[str, str], **service):
+def _gpu_config(tmp_path, models: dict[str, str], *, warm_start: bool = False, **service):
+    """A node of virtual GPUs serving ``models``; cold by default, as these tests count a request's own
+    restores, evictions and failures."""
     services = [{"name": n, "state_mb": MODEL_MB, "options": {"factory": f}} for n, f in models.items()]
     return config(cpu_nodes=TWO_CORES, api_pools=POOLS, gpu_nodes=[
-        {"name": "g0", "gpus": GPUS, "device": "cpu", "memory_mb_per_gpu": GPU_MB, "services": services}],
+        {"name": "g0", "gpus": GPUS, "device": "cpu", "memory_mb_per_gpu": GPU_MB, "services": services,
+         "warm_start": warm_start}],
         service={"state_dir": str(tmp_path / "state"), "keep_results": KEEP, "max_queued_total": MAX_TOTAL,
                  "max_queued_per_job": PER_JOB, **service})
 
@@ -237,10 +240,12 @@ async def test_a_restore_that_raises_leaves_nothing_behind(tmp_path):
         assert {s for s, _ in rt.model_executors["g0"].host._replicas} == {"scorer@dop1"}
 
 
-async def test_a_restart_after_a_shutdown_with_work_in_flight(tmp_path):
+@pytest.mark.parametrize("warm_start", [False, True], ids=["cold", "warm"])
+async def test_a_restart_after_a_shutdown_with_work_in_flight(tmp_path, warm_start):
     pytest.importorskip("torch")
     cfg = _gpu_config(tmp_path, {"scorer": "tests.test_runtime_cleanup_api:make_scorer",
-                                 "slow": "tests.test_runtime_cleanup_api:make_slow"}, engine_window=3)
+                                 "slow": "tests.test_runtime_cleanup_api:make_slow"}, engine_window=3,
+                      warm_start=warm_start)
     final: dict[str, str] = {}  # id -> the status it must answer after the restart
     keys: dict[str, tuple[str, dict]] = {}  # Idempotency-Key -> id, body
     async with Upstream() as up:
@@ -308,6 +313,9 @@ async def test_a_restart_after_a_shutdown_with_work_in_flight(tmp_path):
         async with running_service(cfg) as svc:  # the same state, restarted
             rt, gate = svc.runtime, svc.app[GATE_KEY]
             rt.loose.limit = LOOSE
+            gpu = next(m for m in rt.engine.managers if isinstance(m, GpuManager))
+            # a warm start's loads are the node's own, not an action's: the census below runs after them
+            await _until(lambda: not gpu.stats()["warming"], "the warm start's loads ended")
             rows = _rows(svc.app[STATE_KEY].db)
             assert rows["restarted"] == 0 and rows["actions without outcome"] == 0, rows
             # nothing in memory of the actions before the restart (the census's per-service containers are

@@ -47,10 +47,11 @@ def direct_logprobs(prompt: str, response: str) -> list[float]:
 
 
 def one_device_config():
-    # one device that holds either teacher, never both: every switch evicts and restores
+    # one device that holds either teacher, never both: every switch evicts and restores (cold: no warm start
+    # loads the first teacher before its request)
     state_mb = {"smollm2": 514, "minilm": 87}  # float32 parameters + buffers, measured by the executor
     return config(gpu_nodes=[{
-        "name": "g0", "gpus": 1, "device": "cpu", "memory_mb_per_gpu": max(state_mb.values()) + 32,
+        "name": "g0", "gpus": 1, "device": "cpu", "memory_mb_per_gpu": max(state_mb.values()) + 32, "warm_start": False,
         "services": [{"name": "smollm2", "options": {"factory": "tangram.demo.teachers:smollm2"}},
                      {"name": "minilm", "options": {"factory": "tangram.demo.teachers:minilm"}}]}])
 

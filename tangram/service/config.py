@@ -77,7 +77,7 @@ class GpuNodeConfig:
     memory_mb_per_gpu: int | None = None
     device: str | None = None  # "cuda" / "cpu" (tests)
     services: tuple[GpuServiceConfig, ...] = ()
-    warm_start: bool = False  # load the services at start, on idle GPUs (tangram.managers.gpu_warm)
+    warm_start: bool = True  # load the services at start, on idle GPUs (tangram.managers.gpu_warm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +360,7 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
         services.append(GpuServiceConfig(name=sname, state_mb=state_mb, sharded=sharded,
                                          overhead_mb=overhead_mb, options=opts))
     return GpuNodeConfig(name=name, gpus=gpus, memory_mb_per_gpu=mem, device=device, services=tuple(services),
-                         warm_start=_bool(m.get("warm_start", False), f"{where}.warm_start"))
+                         warm_start=_bool(m.get("warm_start", True), f"{where}.warm_start"))
 
 
 def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
