@@ -6,7 +6,7 @@ The GPU family of ``scripts/policy_stress.py`` (the ``mopd`` kind) has draws whe
 `static-services` on the mean or the p99 ACT and beats it on no measure. For each such draw (or each of
 ``--draws``) this runs, on one simulation seed:
 
-* tangram and `static-services` as ``policy_stress.py`` runs them (one step);
+* tangram and `static-services` as ``policy_stress.py --cold-start`` runs them (one step);
 * both again with loading weights free (``restore_gbps`` 10^6 GB/s): `static-services`' replicas hold
   their weights from before the run at no cost, tangram loads each instance when a request first needs
   it, on the request's critical path;

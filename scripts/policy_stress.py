@@ -4,7 +4,7 @@
     python scripts/policy_stress.py [--family cpu|gpu|api|neighbours|mixed|all] [--seeds 0:36] [--jobs 2] [--json]
                                     [--param order=fcfs ...] [--baselines-from OUT.json]
                                     [--arrival-margin S | --books B] [--generation-scale F] [--restartable]
-                                    [--smoke]
+                                    [--warm-start [all|tangram|none] | --cold-start] [--smoke]
 
 Each seed draws one workload of a family from the ranges below (``cpu``: the
 ``ai-coding`` / ``cpu-contended`` kind, shell actions then an elastic test suite;
@@ -34,7 +34,13 @@ so it is the strongest fixed deployment one could size knowing the mix in advanc
 ``--param KEY=VALUE`` (a JSON value; repeatable) runs tangram with that
 ``PolicyParams`` field changed, to try a policy change on the same workloads;
 ``--baselines-from`` an earlier ``--json`` output reuses its baselines' runs (the same
-draws and simulation seed: checked) and runs tangram alone, a quarter of the time.
+draws and simulation seed: checked) and runs tangram alone, a quarter of the time; a baseline on
+tangram's GPU manager whose GPU nodes started otherwise there (an output from before the warm start
+was the default counts as cold) is rerun too, on a draw with GPUs.
+``--warm-start`` says which policies' GPU nodes load their models before the first request
+(``tangram.managers.gpu_warm``): ``all``, the default, every policy on tangram's GPU manager, as
+the service runs; ``tangram`` (or the flag alone, as before the default) tangram only; ``none``
+(``--cold-start``) none.
 ``--arrival-margin S`` states that ``arrival_margin_s`` on every quota pool of the draws;
 ``--books B`` states those quota books instead (without either, the service's default,
 the adaptive books: ``tangram.managers.basic``; ``--books conservative`` reruns the
@@ -135,10 +141,11 @@ def _run_one(job: tuple) -> dict | None:
     t0 = time.perf_counter()
     results, failed = {}, {}
     names = ("tangram",) + tuple(raw["baselines"]["compare"])  # the family's (a neighbour's: its built-in's)
-    warmed = warmed_policies(names + tuple(also), warm)
+    ran = tuple(stored["results"]) if stored is not None else ()
+    warmed = warmed_policies(names + tuple(also) + ran, warm)
     if stored is not None:  # the baselines' runs of an earlier output on this very draw (main checked)
         # a run is reused where it would run the same now: its warm start the same, or no GPU node to warm
-        was = warmed_policies(tuple(stored["results"]), stored["warm_start"])
+        was = warmed_policies(ran, stored["warm_start"])
         keep = {n for n in stored["results"]
                 if n != "tangram" and ((n in warmed) == (n in was) or not wl.cluster.gpu_nodes)}
         results = {n: v for n, v in stored["results"].items() if n in keep}
@@ -225,15 +232,17 @@ def main(argv=None) -> int:
     ap.add_argument("--restartable", action="store_true",
                     help="mark every elastic CPU reward restartable (a straggler is restarted wider)")
     ap.add_argument("--baselines-from", metavar="JSON",
-                    help="an earlier --json output: reuse its baselines' runs, run tangram alone")
+                    help="an earlier --json output: reuse its baselines' runs (those that would run the same now: "
+                         "their GPU nodes' warm start the same), run tangram and the rest")
     ap.add_argument("--also", action="append", default=[], metavar="POLICY",
                     help="run this baseline too on every draw (e.g. serverless:fewest); repeatable")
-    ap.add_argument("--warm-start", nargs="?", const=True, default="all", type=_warm, metavar="all|tangram|none",
-                    help="which GPU nodes load their models before the first request (tangram.managers.gpu_warm): "
-                         "all (the default) under every policy that runs tangram's GPU manager, tangram (or the flag "
-                         "alone) under tangram only, none; the output's warm_start: \"all\", true or false")
-    ap.add_argument("--cold-start", dest="warm_start", action="store_const", const=False,
-                    help="the same as --warm-start none: every GPU node loads a model when a request first needs it")
+    start = ap.add_mutually_exclusive_group()
+    start.add_argument("--warm-start", nargs="?", const=True, default="all", type=_warm, metavar="all|tangram|none",
+                       help="which GPU nodes load their models before the first request (tangram.managers.gpu_warm): "
+                            "all (the default) under every policy that runs tangram's GPU manager, tangram (or the "
+                            "flag alone) under tangram only, none; the output's warm_start: \"all\", true or false")
+    start.add_argument("--cold-start", dest="warm_start", action="store_const", const=False,
+                       help="the same as --warm-start none: every GPU node loads a model when a request first needs it")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     for name in args.also:

@@ -53,7 +53,8 @@ MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
 KEEP = ("policy", "workload", "trajectories", "actions", "mean_act_s", "p50_act_s", "p99_act_s", "mean_queue_s",
         "mean_exec_s", "mean_setup_s", "mean_restore_s", "step_time_s", "job_step_time_s", "lower_bound_mean_act_s",
         "lower_bound_step_time_s", "failed", "retries", "by_kind", "pools", "gpu_restores", "gpu_cache_hits",
-        "overload_bound_mean_act_s", "memory_bound_mean_act_s", "memory_bound_step_time_s", "restore_share_of_exec")
+        "overload_bound_mean_act_s", "memory_bound_mean_act_s", "memory_bound_step_time_s", "restore_share_of_exec",
+        "gpu_warm_loads")  # the last: the GPU nodes' warm start, where one ran (a run without it has none)
 
 
 def log(msg: str) -> None:

@@ -178,9 +178,18 @@ def test_warm_start_is_a_boolean_in_the_config():
     from tangram.core.errors import ConfigError
     from tests.service_helpers import config
 
-    assert config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu"}]).gpu_nodes[0].warm_start is True  # default
-    assert config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu", "warm_start": False}]).gpu_nodes[0].warm_start \
-        is False
+    from tangram.service.config import warm_start_on
+
+    def node(**m):
+        return config(gpu_nodes=[{"name": "g0", "gpus": 1, **m}]).gpu_nodes[0]
+
+    # unset: on where the devices are CUDA devices, off on virtual CPU devices (the host's own memory)
+    assert node().warm_start is None and node(device="cpu").warm_start is None
+    assert warm_start_on(node(device="cuda"), cuda_visible=False) is True
+    assert warm_start_on(node(), cuda_visible=True) is True and warm_start_on(node(), cuda_visible=False) is False
+    assert warm_start_on(node(device="cpu"), cuda_visible=True) is False
+    assert warm_start_on(node(device="cpu", warm_start=True), cuda_visible=False) is True
+    assert warm_start_on(node(device="cuda", warm_start=False), cuda_visible=True) is False
     with pytest.raises(ConfigError) as e:
         config(gpu_nodes=[{"name": "g0", "gpus": 1, "device": "cpu", "warm_start": "yes please"}])
     assert e.value.field == "gpu_nodes[0].warm_start"

@@ -186,19 +186,42 @@ def test_warm_start_all_reruns_every_policy_on_tangrams_gpu_manager_warm(tmp_pat
             else:
                 assert got == stored[row["seed"]]["results"][name]  # reused
     assert moved  # the warm start changed some run: the draws have GPUs
-    # an output that ran as now is reused whole but for tangram; one whose tangram alone was warm too
+    # an output that ran as now is reused whole but for tangram (its runs marked, to see them come back); with
+    # tangram alone warm, the baselines on its GPU manager are rerun cold
+    marked = _marked(out)
     again = tmp_path / "warm.json"
-    again.write_text(json.dumps(out))
+    again.write_text(json.dumps(marked))
     for mode in ([], ["--warm-start", "tangram"]):
         assert stress.main(base + ["--baselines-from", str(again)] + mode) == 0
         rows = {r["seed"]: r for r in json.loads(capsys.readouterr().out)["workloads"]}
-        for row in out["workloads"]:
+        for row in marked["workloads"]:
             for name, got in row["results"].items():
                 if name == "tangram":
                     continue
-                cold = mode and policy_spec(name).gpu_mode == "eoe"  # tangram alone warm: the rest rerun cold
+                cold = mode and policy_spec(name).gpu_mode == "eoe"
                 want = stored[row["seed"]]["results"][name] if cold else got
                 assert rows[row["seed"]]["results"][name] == want, (mode, name)
+
+
+def _marked(out: dict) -> dict:
+    """``out`` with every baseline's measures replaced by marks no run gives (negative): a reused run shows."""
+    marked = json.loads(json.dumps(out))
+    for i, row in enumerate(marked["workloads"]):
+        for j, name in enumerate(sorted(row["results"])):
+            if name != "tangram":
+                row["results"][name] = [-1.0 - i, -1.0 - j, -1.0]
+    return marked
+
+
+def test_a_cold_output_s_baselines_are_reused_where_a_draw_has_no_gpu(tmp_path, capsys):
+    base = ["--smoke", "--family", "cpu", "--seeds", "0:2", "--jobs", "1", "--json"]
+    earlier, _ = _earlier_run(base + ["--cold-start"], tmp_path, capsys)
+    marked = _marked(json.loads(earlier.read_text()))
+    earlier.write_text(json.dumps(marked))
+    assert stress.main(base + ["--baselines-from", str(earlier)]) == 0  # the default: every GPU manager warm
+    for row, before in zip(json.loads(capsys.readouterr().out)["workloads"], marked["workloads"], strict=True):
+        assert {n: v for n, v in row["results"].items() if n != "tangram"} == \
+               {n: v for n, v in before["results"].items() if n != "tangram"}
 
 
 def test_unprofiled_rewards_and_more_steps_are_drawn_on_request(capsys):

@@ -108,13 +108,14 @@ def test_the_seeds_table_is_the_stored_sweeps():
     assert quoted == expected
 
 
-# the one point of the three sweeps where a baseline that did all its work is at or below tangram
+# the points of the three sweeps where a baseline that did all its work is at or below tangram
 # on every measure, and where docs/results/README.md says so ("Where tangram loses here, and why")
-AHEAD_EVERYWHERE = [(0, "mopd+search", 256, "api-naive"), (0, "mopd+search", 256, "api-retry")]
+AHEAD_EVERYWHERE = [(0, "mopd+search", 256, "api-naive"), (0, "mopd+search", 256, "api-retry"),
+                    (2, "mopd+search", 256, "api-naive"), (2, "mopd+search", 256, "api-retry")]
 
 
 def test_a_baseline_is_ahead_of_tangram_on_every_measure_only_where_the_docs_say():
-    """At every point of the three sweeps (90) but the one named in ``AHEAD_EVERYWHERE``, a
+    """At every point of the three sweeps (90) but those named in ``AHEAD_EVERYWHERE``, a
     baseline that did all its work and is below tangram on one measure is above it on another:
     each loss is a trade-off ("Where tangram loses here, and why"). ``api-naive`` where it gave up
     on calls, and tangram's own FCFS order, are not baselines here."""
@@ -129,7 +130,7 @@ def test_a_baseline_is_ahead_of_tangram_on_every_measure_only_where_the_docs_say
     assert points == 90 and dominated == AHEAD_EVERYWHERE
     doc = (RESULTS / "README.md").read_text()
     for seed, workload, batch in {point[:3] for point in AHEAD_EVERYWHERE}:  # a point, whichever baselines
-        assert f"ahead of tangram on every measure at `{workload}` {batch} on seed {seed}" in doc
+        assert f"at or below tangram on every measure at `{workload}` {batch} on seed {seed}" in " ".join(doc.split())
 
 
 STRESS = RESULTS / "policy-stress"

@@ -314,8 +314,10 @@ async def test_a_restart_after_a_shutdown_with_work_in_flight(tmp_path, warm_sta
             rt, gate = svc.runtime, svc.app[GATE_KEY]
             rt.loose.limit = LOOSE
             gpu = next(m for m in rt.engine.managers if isinstance(m, GpuManager))
-            # a warm start's loads are the node's own, not an action's: the census below runs after them
-            await _until(lambda: not gpu.stats()["warming"], "the warm start's loads ended")
+            # a warm start's loads are the node's own, not an action's: the census below runs after its plan
+            runner = rt.model_executors["g0"]
+            await _until(lambda: runner._warm is None or runner._warm.done(), "the warm start's plan ended")
+            assert (gpu.stats()["warm_loads"] > 0) == warm_start and not gpu.stats()["warming"]
             rows = _rows(svc.app[STATE_KEY].db)
             assert rows["restarted"] == 0 and rows["actions without outcome"] == 0, rows
             # nothing in memory of the actions before the restart (the census's per-service containers are

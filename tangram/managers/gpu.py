@@ -86,9 +86,9 @@ class GpuManager(ResourceManager):
 
     def restored(self, pool: str, holder: str, seconds: float = 0.0) -> None:
         """The executor restored ``holder``'s service; until then it is not resident."""
-        pool = self._pool(pool)
+        pool, seconds = self._pool(pool), max(float(seconds), 0.0)
         if self._cache[pool].restored(holder, seconds):
-            self._restores[pool].add(holder in self._warming, max(float(seconds), 0.0))
+            self._restores[pool].add(holder in self._warming, seconds)
 
     def restore_estimate(self, service: str) -> dict[int, float]:
         """Seconds a cache miss of ``service`` costs at each DoP, for the policy.

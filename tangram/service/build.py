@@ -16,7 +16,7 @@ from tangram.policy.snapshot import PolicyParams
 from tangram.profiles import load_profiles
 from tangram.runtime import Runtime
 from tangram.runtime.environments import quietly
-from tangram.service.config import ClusterConfig, ConfigError, CpuNodeConfig
+from tangram.service.config import ClusterConfig, ConfigError, CpuNodeConfig, warm_start_on
 from tangram.service.sandbox_protocol import toolchain_paths
 
 log = logging.getLogger("tangram.service")
@@ -122,12 +122,21 @@ async def _build(cfg: ClusterConfig, made: list[Callable[[], Awaitable[Any]]]) -
                      model_executors=model_executors, models=models, profiles=profiles,
                      keep_results=cfg.service.keep_results)
     made[:] = [rt.close]  # the runtime closes all it was given
+    cuda_visible = _cuda_visible() if any(n.warm_start is None for n in cfg.gpu_nodes) else False
     for n in cfg.gpu_nodes:  # each runner's task ends with its close, as the runtime closes
-        if n.warm_start:  # scale-out: the node's down signal ends its warm start, as it ends its actions
+        if warm_start_on(n, cuda_visible):  # scale-out: the node's down signal ends its warm start too
             signals = getattr(rt, "signals", None)
             model_executors[n.name].start_warm(
                 rt.tick, down=None if signals is None else (lambda node=n.name: signals.event(node)))
     return rt
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:  # a scale-out head without torch: its GPU hosts are elsewhere
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _cpu_node(n: CpuNodeConfig):

@@ -77,7 +77,17 @@ class GpuNodeConfig:
     memory_mb_per_gpu: int | None = None
     device: str | None = None  # "cuda" / "cpu" (tests)
     services: tuple[GpuServiceConfig, ...] = ()
-    warm_start: bool = True  # load the services at start, on idle GPUs (tangram.managers.gpu_warm)
+    # load the services at start, on idle GPUs (tangram.managers.gpu_warm); None: warm_start_on decides
+    warm_start: bool | None = None
+
+
+def warm_start_on(node: GpuNodeConfig, cuda_visible: bool) -> bool:
+    """Whether ``node`` warm-starts: as configured; unset, where its devices are CUDA devices (``device:
+    cuda``, or no device given and CUDA visible here). Virtual CPU devices share the host's memory, which a
+    plan that fills them would fill: they load on demand unless told otherwise."""
+    if node.warm_start is not None:
+        return node.warm_start
+    return node.device == "cuda" or (node.device is None and cuda_visible)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +370,7 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
         services.append(GpuServiceConfig(name=sname, state_mb=state_mb, sharded=sharded,
                                          overhead_mb=overhead_mb, options=opts))
     return GpuNodeConfig(name=name, gpus=gpus, memory_mb_per_gpu=mem, device=device, services=tuple(services),
-                         warm_start=_bool(m.get("warm_start", True), f"{where}.warm_start"))
+                         warm_start=None if m.get("warm_start") is None else _bool(m["warm_start"], f"{where}.warm_start"))
 
 
 def _api_pool(raw: Any, where: str) -> ApiPoolConfig:

@@ -57,7 +57,7 @@ class PolicySpec:
     api_gives_up: bool = True  # naive: a call fails after the workload's max_retries (False: retries until it succeeds)
     serverless_fewest: bool = False  # serverless: each service on the fewest GPUs it fits, not its replicas' DoP
     # eoe: each GPU node loads its models before the first request (tangram.managers.gpu_warm), on its GPUs;
-    # the live service's default too (gpu_nodes[].warm_start)
+    # the live service's default on CUDA devices too (gpu_nodes[].warm_start)
     gpu_warm: bool = True
 
 
