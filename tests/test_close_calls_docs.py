@@ -12,9 +12,8 @@ from tests.test_simulator_scripts import load
 
 CLOSE = RESULTS / "close-calls"
 # losing points of the sweeps not rerun on replicas (each run of ai-coding at 4,096 takes two minutes
-# here, of mopd+search at 4,096 five); the docs say so
-NOT_RERUN = {("ai-coding", 4096, 1, "fixed-dop:16"), ("ai-coding", 4096, 2, "fixed-dop:16"),
-             ("mopd+search", 4096, 2, "api-retry")}
+# here); the docs say so
+NOT_RERUN = {("ai-coding", 4096, 1, "fixed-dop:16"), ("ai-coding", 4096, 2, "fixed-dop:16")}
 # the draws whose dominated losses were rerun: the stored runs the docs' dominated table reads (seed 0),
 # and the mixed family's
 DRAW_RUNS = {"cpu": STRESS_RUNS[("cpu", 0)], "gpu": STRESS_RUNS[("gpu", 0)], "api": STRESS_RUNS[("api", 0)],
