@@ -122,8 +122,9 @@ def _credit_losses(tangram: dict, baselines: dict) -> list[tuple[str, str, float
 
 def test_generation_credit_3_on_every_api_point_is_what_the_docs_say():
     """Per seed, the API points where tangram is at or below every baseline that did all its work, with the
-    credit at 1.5 (the stored sweeps) and at 3 (tangram, static-services and serverless rerun with it; the
-    stored api-naive and api-retry, which do not use the order), and the largest loss per measure."""
+    credit at 1.5 (the sweeps as they ran cold, kept in gpu-warm-start-sweep.json) and at 3 (tangram,
+    static-services and serverless rerun with it; the cold api-naive and api-retry, which do not use the
+    order), and the largest loss per measure."""
     rows = _credit_sweep()["rows"]
     assert _credit_sweep()["warm_start"] is False  # it ran before the warm start was the default
     assert {(r["workload"], r["batch"], r["seed"]) for r in rows} == {

@@ -196,6 +196,37 @@ def test_warm_start_is_a_boolean_in_the_config():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("device, cuda, warm", [(None, True, True), (None, False, False), ("cpu", True, False)])
+async def test_the_service_s_build_warm_starts_a_node_as_warm_start_on_says(monkeypatch, device, cuda, warm):
+    """The build asks ``warm_start_on`` with what this process sees of CUDA (patched: there is none here)."""
+    pytest.importorskip("torch")
+    import tangram.service.build as build
+    from tangram.service.build import build_runtime
+    from tests.service_helpers import config
+
+    monkeypatch.setattr(build, "_cuda_visible", lambda: cuda)
+    node = {"name": "g0", "gpus": 1, "memory_mb_per_gpu": 1024, "services": [
+        {"name": "a", "state_mb": 100, "options": {"factory": "tests.test_service_kinds:make_scorer"}}]}
+    if device is not None:
+        node["device"] = device
+    monkeypatch.setattr(torch_cuda(), "is_available", lambda: False)  # the node's devices: virtual, here
+    rt = await build_runtime(config(gpu_nodes=[node]))
+    try:
+        runner = rt.model_executors["g0"]
+        assert (runner._warm is not None) == warm
+        if warm:
+            await asyncio.wait_for(runner._warm, 60)
+            assert runner.manager.stats()["warm_loads"] == 1
+    finally:
+        await rt.close()
+
+
+def torch_cuda():
+    import torch
+
+    return torch.cuda
+
+
 async def test_a_service_closed_during_its_warm_start_holds_nothing_after():
     pytest.importorskip("torch")
     from tests.service_helpers import config, running_service

@@ -132,11 +132,14 @@ async def _build(cfg: ClusterConfig, made: list[Callable[[], Awaitable[Any]]]) -
 
 
 def _cuda_visible() -> bool:
+    """CUDA seen from this process (a node with no ``device`` runs here, or on a scale-out host that decides
+    its own devices: such a node says ``device`` or ``warm_start`` to warm-start whatever the head sees)."""
     try:
         import torch
-    except ImportError:  # a scale-out head without torch: its GPU hosts are elsewhere
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - no torch on a scale-out head, or a broken CUDA install: no warm start
         return False
-    return bool(torch.cuda.is_available())
 
 
 def _cpu_node(n: CpuNodeConfig):

@@ -369,8 +369,9 @@ def _gpu_node(raw: Any, where: str) -> GpuNodeConfig:
         opts = dict(_mapping(sm.get("options", {}), f"{sw}.options"))
         services.append(GpuServiceConfig(name=sname, state_mb=state_mb, sharded=sharded,
                                          overhead_mb=overhead_mb, options=opts))
+    warm = None if m.get("warm_start") is None else _bool(m["warm_start"], f"{where}.warm_start")
     return GpuNodeConfig(name=name, gpus=gpus, memory_mb_per_gpu=mem, device=device, services=tuple(services),
-                         warm_start=None if m.get("warm_start") is None else _bool(m["warm_start"], f"{where}.warm_start"))
+                         warm_start=warm)
 
 
 def _api_pool(raw: Any, where: str) -> ApiPoolConfig:
