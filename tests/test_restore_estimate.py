@@ -1,9 +1,12 @@
 """A GPU restore is not part of an action's duration estimate (it is charged apart, per DoP)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tangram.core.estimator import _Mean
+from tangram.simulator.policies import policy_spec
 from tangram.simulator.sim import Simulation
 from tangram.simulator.workload import load_workload
 
@@ -37,7 +40,7 @@ def test_complete_rejects_a_restore_that_is_not_a_finite_non_negative_number(bad
 
 def test_simulator_reports_restores_so_estimates_see_runs_only():
     wl = load_workload("mopd-skewed").with_batch(48)
-    sim = Simulation(wl, "tangram", seed=0)
+    sim = Simulation(wl, replace(policy_spec("tangram"), gpu_warm=False), seed=0)  # cold: the requests restore
     res = sim.run()
     gpu = sorted((r for r in res.records if r.item is not None and r.item.cls.rtype == "gpu"), key=lambda r: r.end)
     assert any(r.restore_s > 0 for r in gpu)  # the check below means something

@@ -139,10 +139,12 @@ def test_noise_spread_needs_two_replicas(capsys):
 def test_noise_spread_runs_a_policy_stress_draw_whose_replica_zero_is_the_stored_run(books, stored, capsys):
     # API draw 5 (128 trajectories) is one whose results differ between the two books
     ns = load("noise_spread")
-    args = ["--draw", "api:5:0", "--replicas", "2", "--policies", "api-retry", "--json"]
+    # the stored families ran cold, before the GPU nodes' warm start was the default
+    args = ["--draw", "api:5:0", "--replicas", "2", "--policies", "api-retry", "--cold-start", "--json"]
     assert ns.main(args + (["--books", books] if books else [])) == 0
     (pt,) = json.loads(capsys.readouterr().out)["points"]
     assert (pt["family"], pt["draw"], pt["sim_seed"], pt["books"]) == ("api", 5, 0, books or "default")
+    assert pt["warm_start"] is False
     rows = json.loads((ROOT / "docs" / "results" / "policy-stress" / stored).read_text())["workloads"]
     (row,) = [w for w in rows if w and w["family"] == "api" and w["seed"] == 5]
     assert pt["policies"]["tangram"]["runs"][0] == row["results"]["tangram"]

@@ -122,7 +122,9 @@ async def _build(cfg: ClusterConfig, made: list[Callable[[], Awaitable[Any]]]) -
                      model_executors=model_executors, models=models, profiles=profiles,
                      keep_results=cfg.service.keep_results)
     made[:] = [rt.close]  # the runtime closes all it was given
-    cuda_visible = _cuda_visible() if any(n.warm_start is None for n in cfg.gpu_nodes) else False
+    # scale-out: a host picks its own devices, the head's CUDA says nothing of them (its `device` field decides)
+    probe = scale is None and any(n.warm_start is None and n.device is None for n in cfg.gpu_nodes)
+    cuda_visible = _cuda_visible() if probe else False
     for n in cfg.gpu_nodes:  # each runner's task ends with its close, as the runtime closes
         if warm_start_on(n, cuda_visible):  # scale-out: the node's down signal ends its warm start too
             signals = getattr(rt, "signals", None)
@@ -132,8 +134,7 @@ async def _build(cfg: ClusterConfig, made: list[Callable[[], Awaitable[Any]]]) -
 
 
 def _cuda_visible() -> bool:
-    """CUDA seen from this process (a node with no ``device`` runs here, or on a scale-out host that decides
-    its own devices: such a node says ``device`` or ``warm_start`` to warm-start whatever the head sees)."""
+    """CUDA seen from this process, where a node with no ``device`` runs its models."""
     try:
         import torch
 

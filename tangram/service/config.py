@@ -83,8 +83,9 @@ class GpuNodeConfig:
 
 def warm_start_on(node: GpuNodeConfig, cuda_visible: bool) -> bool:
     """Whether ``node`` warm-starts: as configured; unset, where its devices are CUDA devices (``device:
-    cuda``, or no device given and CUDA visible here). Virtual CPU devices share the host's memory, which a
-    plan that fills them would fill: they load on demand unless told otherwise."""
+    cuda``, or no device given and ``cuda_visible``: False for a scale-out host, which picks its own). Virtual
+    CPU devices share the host's memory, which a plan that fills them would fill: they load on demand unless
+    told otherwise."""
     if node.warm_start is not None:
         return node.warm_start
     return node.device == "cuda" or (node.device is None and cuda_visible)
