@@ -40,7 +40,7 @@ sys.path.append(str(Path(__file__).resolve().parent))  # stress_families, when l
 
 from tangram.core.errors import TangramError  # noqa: E402
 from tangram.demo.results import judge  # noqa: E402
-from tangram.simulator.policies import PolicySpec, policy_spec  # noqa: E402
+from tangram.simulator.policies import PolicySpec, policy_spec, warm_started  # noqa: E402
 from tangram.simulator.sim import Simulation  # noqa: E402
 from tangram.simulator.workload import load_workload, parse_workload  # noqa: E402
 
@@ -90,15 +90,13 @@ def _workload(point: tuple):
     return load_workload(workload).with_batch(batch), seed
 
 
-def _spec(policy: str, params: tuple, warm: bool = True) -> str | PolicySpec:
-    """tangram with ``params`` (FIELD, VALUE) pairs changed; any other policy as named; ``warm`` False: GPU
-    nodes on tangram's GPU manager start cold (``--cold-start``)."""
-    if (policy != "tangram" or not params) and warm:
-        return policy
+def _spec(policy: str, params: tuple, warm: bool = True) -> PolicySpec:
+    """``policy`` as named, tangram with ``params`` (FIELD, VALUE) pairs changed; ``warm`` False: GPU nodes on
+    tangram's GPU manager start cold (``--cold-start``)."""
     spec = policy_spec(policy)
     if policy == "tangram" and params:
         spec = replace(spec, params=replace(spec.params, **dict(params)))
-    return replace(spec, gpu_warm=warm) if spec.gpu_mode == "eoe" else spec
+    return warm_started(spec, warm)
 
 
 def _one(task: tuple) -> tuple[tuple, dict]:

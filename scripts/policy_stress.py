@@ -66,7 +66,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tangram.policy.snapshot import PolicyParams  # noqa: E402
-from tangram.simulator.policies import policy_spec  # noqa: E402
+from tangram.simulator.policies import has_warm_start, policy_spec, warm_started  # noqa: E402
 from tangram.simulator.sim import simulate  # noqa: E402
 from tangram.simulator.workload import parse_workload  # noqa: E402
 
@@ -133,7 +133,7 @@ def summarize(rows: list[dict], tolerance: float) -> dict:
 
 def _run_one(job: tuple) -> dict | None:
     (family, seed, smoke, margin, books, unprofiled, steps, generation_scale, restartable, params, sim_seed, tolerance,
-     stored, also, warm) = job
+     stored, stored_warm, also, warm) = job
     raw = draw(family, seed, smoke, margin, books, unprofiled, steps, generation_scale, restartable)
     if raw is None:
         return None
@@ -145,7 +145,7 @@ def _run_one(job: tuple) -> dict | None:
     warmed = warmed_policies(names + tuple(also) + ran, warm)
     if stored is not None:  # the baselines' runs of an earlier output on this very draw (main checked)
         # a run is reused where it would run the same now: its warm start the same, or no GPU node to warm
-        was = warmed_policies(ran, stored["warm_start"])
+        was = warmed_policies(ran, stored_warm)
         keep = {n for n in stored["results"]
                 if n != "tangram" and ((n in warmed) == (n in was) or not wl.cluster.gpu_nodes)}
         results = {n: v for n, v in stored["results"].items() if n in keep}
@@ -156,7 +156,7 @@ def _run_one(job: tuple) -> dict | None:
         spec = policy_spec(name)
         if name == "tangram" and params:
             spec = replace(spec, params=replace(spec.params, **params))
-        spec = replace(spec, gpu_warm=name in warmed)
+        spec = warm_started(spec, name in warmed)
         s = simulate(wl, spec, seed=sim_seed).summary
         results[name] = [s[m] for m in MEASURES]
         if s["failed"]:
@@ -167,19 +167,20 @@ def _run_one(job: tuple) -> dict | None:
             "wall_s": round(time.perf_counter() - t0, 2)}
 
 
-def _stored_baselines(path: str, sim_seed: int) -> dict[tuple[str, int], dict]:
-    """(family, draw) -> its row in an earlier ``--json`` output of the same simulation seed."""
+def _stored_baselines(path: str, sim_seed: int) -> tuple[dict[tuple[str, int], dict], bool | str]:
+    """(family, draw) -> its row in an earlier ``--json`` output of the same simulation seed; that output's
+    ``--warm-start``."""
     earlier = json.loads(Path(path).read_text())
     if earlier.get("sim_seed") != sim_seed:
         raise SystemExit(f"--baselines-from: {path} ran simulation seed {earlier.get('sim_seed')}, not {sim_seed}")
     mode = earlier.get("warm_start", False)  # outputs from before the warm start was the default ran cold
-    return {(r["family"], r["seed"]): {**r, "warm_start": mode} for r in earlier["workloads"]}
+    return {(r["family"], r["seed"]): r for r in earlier["workloads"]}, mode
 
 
 def warmed_policies(names: tuple[str, ...], warm: bool | str) -> set[str]:
     """The policies whose GPU nodes warm-start under ``--warm-start`` ``warm``: "all" (the default) every policy
     on tangram's GPU manager, True tangram alone, False none."""
-    return {n for n in names if warm and (n == "tangram" or (warm == "all" and policy_spec(n).gpu_mode == "eoe"))}
+    return {n for n in names if warm and (n == "tangram" or (warm == "all" and has_warm_start(policy_spec(n))))}
 
 
 def _warm(text: str) -> str | bool:
@@ -261,7 +262,7 @@ def main(argv=None) -> int:
                     draw(f, seed, args.smoke, unprofiled=args.unprofiled, generation_scale=args.generation_scale)
                 except ValueError as exc:
                     raise SystemExit(str(exc)) from None
-    stored = _stored_baselines(args.baselines_from, args.sim_seed) if args.baselines_from else {}
+    stored, stored_warm = _stored_baselines(args.baselines_from, args.sim_seed) if args.baselines_from else ({}, False)
     if args.baselines_from:
         for f in families:
             for seed in args.seeds:
@@ -273,7 +274,7 @@ def main(argv=None) -> int:
                     raise SystemExit(f"--baselines-from: {f} draw {seed} there is not the workload drawn now "
                                      "(another --smoke, or the ranges changed)")
     jobs = [(f, s, args.smoke, args.arrival_margin, args.books, args.unprofiled, args.steps, args.generation_scale,
-             args.restartable, params, args.sim_seed, args.tolerance, stored.get((f, s)), tuple(args.also),
+             args.restartable, params, args.sim_seed, args.tolerance, stored.get((f, s)), stored_warm, tuple(args.also),
              args.warm_start)
             for f in families for s in args.seeds]
     if args.jobs > 1:

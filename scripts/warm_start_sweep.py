@@ -18,19 +18,17 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tangram.simulator import simulate  # noqa: E402
-from tangram.simulator.policies import policy_spec  # noqa: E402
+from tangram.simulator.policies import has_warm_start, policy_spec, warm_started  # noqa: E402
 from tangram.simulator.workload import load_workload  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
-OWN_GPUS = ("static", "serverless")  # gpu_mode of the policies the warm start does not touch
 
 
 def sweep_dir(seed: int) -> Path:
@@ -51,7 +49,7 @@ def uses_gpu(name: str) -> bool:
 
 def warm_policies(name: str) -> list[str]:
     compare = load_workload(name).baselines.compare
-    return ["tangram"] + [p for p in compare if policy_spec(p).gpu_mode not in OWN_GPUS]
+    return ["tangram"] + [p for p in compare if has_warm_start(policy_spec(p))]
 
 
 def _row(s: dict) -> list:
@@ -62,7 +60,7 @@ def _run(job: tuple) -> tuple:
     seed, name, batch, policy = job
     t0 = time.perf_counter()
     wl = load_workload(name).with_batch(batch)
-    s = simulate(wl, replace(policy_spec(policy), gpu_warm=False), seed=seed).summary
+    s = simulate(wl, warm_started(policy_spec(policy), False), seed=seed).summary
     print(f"seed {seed} {name} {batch} {policy}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return job, _row(s)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
 
 def register(sub) -> None:
@@ -49,7 +48,7 @@ def _replica(text: str) -> int:
 
 def _run(args) -> int:
     from tangram.core.errors import TangramError
-    from tangram.simulator.policies import policy_spec
+    from tangram.simulator.policies import policy_spec, warm_started
     from tangram.simulator.sim import simulate
     from tangram.simulator.workload import load_cluster, load_workload
 
@@ -66,7 +65,7 @@ def _run(args) -> int:
         else:
             names = [args.policy]
         specs = [policy_spec(n) for n in names]  # unknown names fail before any simulation runs
-        specs = [replace(s, gpu_warm=args.warm_start) if s.gpu_mode == "eoe" else s for s in specs]
+        specs = [warm_started(s, args.warm_start) for s in specs]
         results = [simulate(wl, s, seed=args.seed, check=args.check, replica=args.replica).summary for s in specs]
     except TangramError as exc:
         print(f"tangram simulate: error: {exc}", file=sys.stderr)

@@ -61,6 +61,17 @@ class PolicySpec:
     gpu_warm: bool = True
 
 
+def has_warm_start(spec: PolicySpec) -> bool:
+    """Whether ``spec`` runs tangram's GPU manager, whose nodes a warm start loads; ``static-services`` and
+    ``serverless`` keep GPUs of their own."""
+    return spec.gpu_mode == "eoe"
+
+
+def warm_started(spec: PolicySpec, warm: bool) -> PolicySpec:
+    """``spec`` with its GPU nodes' warm start ``warm`` where it has one (``has_warm_start``), else as it is."""
+    return replace(spec, gpu_warm=warm) if has_warm_start(spec) else spec
+
+
 def _no_affinity(snap: Snapshot) -> Plan:
     """The elastic plan on a snapshot that hides GPU residency (no affinity)."""
     pools = {n: (replace(p, resident=frozenset(), idle=()) if (p.resident or p.idle) else p) for n, p in snap.pools.items()}
