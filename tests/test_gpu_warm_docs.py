@@ -200,3 +200,29 @@ def test_tangram_alone_warm_on_the_api_family_is_what_the_docs_say():
             f"means of the mean {summary[0]['tangram_over_best']['mean_act_s']['geomean']:.3f} and "
             f"{summary[1]['tangram_over_best']['mean_act_s']['geomean']:.3f}")
     assert said in text
+
+
+def test_mopd_2048_both_ways_on_replicas_is_what_the_docs_say():
+    """close-calls/mopd-2048-warm-cold.json: replica 0 of each side is the sweep's run (warm: the stored sweep;
+    cold: the cold side beside it), and the paragraph's ratios are the replicas'."""
+    points = json.loads((RESULTS / "close-calls" / "mopd-2048-warm-cold.json").read_text())["points"]
+    sides = {(p["seed"], p.get("warm_start", True)): p["policies"]["tangram"]["runs"] for p in points}
+    assert set(sides) == {(s, w) for s in (0, 1, 2) for w in (True, False)}
+    assert all(len(runs) == 6 for runs in sides.values())
+    stored = _sweep()["points"]
+    text = " ".join(_section_text().split())
+    p99 = []
+    for s in (0, 1, 2):
+        warm, cold = sides[(s, True)], sides[(s, False)]
+        row = next(r for r in _sweep_script().stored_sweep(s)["mopd"]["rows"] if r["batch"] == 2048)
+        assert warm[0] == [row["results"]["tangram"][m] for m in MEASURES]
+        assert warm[0] == stored[f"mopd@2048@{s}"]["warm"]["tangram"][:3]
+        assert cold[0] == stored[f"mopd@2048@{s}"]["cold"]["tangram"][:3]
+        ratios = sorted(w[0] / c[0] for w, c in zip(warm, cold))
+        below = sum(w[0] <= c[0] for w, c in zip(warm, cold))
+        said = "warm at or below cold on " if s == 0 else ""
+        assert (f"{(ratios[2] + ratios[3]) / 2:.3f} on seed {s} ({ratios[0]:.3f}-{ratios[-1]:.3f}; "
+                f"{said}{below} of 6)") in text
+        p99 += [w[1] / c[1] for w, c in zip(warm, cold)]
+        assert all(w[2] == pytest.approx(c[2], rel=1e-4) for w, c in zip(warm, cold))  # the same step
+    assert f"ratios are {min(p99):.3f}-{max(p99):.3f} over the 18 pairs" in text
