@@ -60,6 +60,7 @@ class GpuManager(ResourceManager):
         self._cache: dict[str, ServiceCache] = {}
         self._holders: dict[str, dict[str, Chunk]] = {}
         self._warming: set[str] = set()  # the holders that are a warm start's loads (warm)
+        self._stopping: set[str] = set()  # chunks kept from holders whose host has not stopped yet (detain)
         self._restores: dict[str, _RestoreBooks] = {}  # pool -> its restores, by what asked for them
         models = list(models)
         for node in nodes:
@@ -171,10 +172,11 @@ class GpuManager(ResourceManager):
         for pool, c in self._cache.items():
             books = self._restores[pool]
             per[pool] = {**c.stats(), **books.as_dict(),
-                         "warming": sum(1 for h in self._holders[pool] if h in self._warming)}
+                         "warming": sum(1 for h in self._holders[pool] if h in self._warming),
+                         "stopping": sum(1 for h in self._holders[pool] if h in self._stopping)}
             per[pool]["hit_rate"] = _rate(per[pool]["hits"], per[pool]["misses"] - books.warm_begun)
         total = {k: 0 for k in ("hits", "misses", "evictions", "restores", "failed_restores", "evicted_mb",
-                                "restored_mb", "warm_loads", "request_restores", "warming")}
+                                "restored_mb", "warm_loads", "request_restores", "warming", "stopping")}
         total.update(restore_s=0.0, warm_restore_s=0.0, request_restore_s=0.0)
         for s in per.values():
             for k in total:
@@ -231,9 +233,28 @@ class GpuManager(ResourceManager):
         if chunk is None:
             return False
         self._warming.discard(holder)
+        self._stopping.discard(holder)
         self._cache[pool].end(holder)
         self._buddy[pool].release(chunk)
         return True
+
+    def detain(self, pool: str, holder: str) -> str | None:
+        """Keep ``holder``'s chunk taken once ``holder`` is done, under a holder of its own (returned) that
+        ``release`` frees: its host has not stopped running there yet (a cancel it has not obeyed), and
+        the next action on the chunk would find its devices busy. The cache forgets an unconfirmed
+        restore as ``end`` does; the chunk is no longer a grant of the engine's (``held``). None:
+        ``holder`` holds nothing here (the engine has already released it)."""
+        chunk = self._holders.get(pool, {}).pop(holder, None)
+        if chunk is None:
+            return None
+        key = f"{holder}#stopping"
+        self._warming.discard(holder)
+        cache = self._cache[pool]
+        cache.end(holder)
+        cache.begin(key, None, chunk)  # a plain hold: nothing of a service counts as resident on it
+        self._holders[pool][key] = chunk
+        self._stopping.add(key)
+        return key
 
     def check_invariants(self) -> None:
         for pool, node in self.nodes.items():
@@ -255,8 +276,10 @@ class GpuManager(ResourceManager):
                 raise AssertionError(f"{pool}: cache busy devices {busy} vs grants {expect}")
 
     def held(self) -> Mapping[str, Mapping[str, Any]]:
-        """The grants the engine gave (a warm start's loads are the manager's own: not here)."""
-        return {p: {h: c for h, c in hs.items() if h not in self._warming} for p, hs in self._holders.items()}
+        """The grants the engine gave (a warm start's loads and the chunks kept for a host that has not
+        stopped are the manager's own: not here)."""
+        return {p: {h: c for h, c in hs.items() if h not in self._warming and h not in self._stopping}
+                for p, hs in self._holders.items()}
 
     # -- internals --------------------------------------------------------- #
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from tangram.core.grants import CacheDecision, parse_service
 from tangram.core.model import Action
-from tangram.executors.base import SUCCEEDED, ExecResult, Placement
+from tangram.executors.base import SUCCEEDED, TIMEOUT, ExecResult, Placement
 
 # what a model action's payload hands to the host (``exec_s``: a simulated host's run time)
 PAYLOAD_FIELDS = ("model", "op", "inputs", "tokens", "exec_s")
@@ -26,7 +26,10 @@ WARM_LOAD_TIMEOUT_S = 600.0
 
 
 class ModelHost(Protocol):
-    """Carries out a cache decision and runs the batch (TorchGpuExecutor, a Ray host's proxy)."""
+    """Carries out a cache decision and runs the batch (TorchGpuExecutor, a Ray host's proxy).
+
+    A host whose calls can outlive their cancel (a remote one) also has ``stopping(holder)``: the future
+    of the call of ``holder`` that was cancelled or timed out and has not stopped yet, or None."""
 
     async def execute(self, decision: CacheDecision, payload: Mapping[str, Any], *,
                       timeout_s: float | None = None) -> ExecResult: ...
@@ -41,6 +44,8 @@ class GpuRunner:
         self.pool = pool
         self.warm_loads = 0  # instances the warm start loaded (start_warm)
         self._warm: asyncio.Task | None = None
+        # the runtime's round (set by the build): a chunk kept for a host that had not stopped is free again
+        self.on_free: Callable[[], None] | None = None
 
     async def run(self, action: Action, placement: Placement, *, timeout_s: float | None = None) -> ExecResult:
         decision = self.manager.lease(self.pool, action.id)
@@ -48,11 +53,35 @@ class GpuRunner:
             raise RuntimeError(f"{action.id} holds no lease on {self.pool}")
         p = action.payload
         payload = {k: p[k] for k in PAYLOAD_FIELDS if k in p}
-        res = await self.host.execute(decision, payload, timeout_s=timeout_s)
+        try:
+            res = await self.host.execute(decision, payload, timeout_s=timeout_s)
+        except asyncio.CancelledError:
+            self._keep_until_stopped(action.id)
+            raise
+        if res.status == TIMEOUT:
+            self._keep_until_stopped(action.id)
         if res.status == SUCCEEDED and res.restored:
             # only now is the service resident in the books (a cancelled restore is forgotten by `end`)
             self.manager.restored(self.pool, action.id, res.restore_s)
         return res
+
+    def _still_running(self, holder: str) -> asyncio.Future | None:
+        stopping = getattr(self.host, "stopping", None)
+        fut = stopping(holder) if stopping is not None else None
+        return fut if fut is not None and not fut.done() else None
+
+    def _keep_until_stopped(self, holder: str) -> None:
+        """An action's call was cancelled or timed out and its host has not stopped it: its chunk stays
+        taken (``GpuManager.detain``) until the host has, then goes back and the round runs."""
+        fut = self._still_running(holder)
+        if fut is None:
+            return
+        key = self.manager.detain(self.pool, holder)
+        if key is None:
+            return
+        log.warning("%s: the host has not stopped %s after its cancel: its GPUs stay held until it does",
+                    self.pool, holder)
+        fut.add_done_callback(lambda _: self._stopped(key, self.on_free))
 
     def start_warm(self, on_free: Callable[[], None], down: Callable[[], asyncio.Event] | None = None) -> None:
         """Load this node's warm plan in the background (:mod:`tangram.managers.gpu_warm`): every load whose
@@ -90,7 +119,7 @@ class GpuRunner:
                 await asyncio.wait({*running, *([downw] if downw is not None else [])},
                                    return_when=asyncio.FIRST_COMPLETED)
                 for task in [t for t in running if t.done()]:  # every load that ended, whatever woke the wait
-                    self.manager.release(self.pool, running.pop(task))
+                    self._stopped(running.pop(task), None)
                     if task.cancelled():
                         continue
                     if task.exception() is not None:
@@ -115,8 +144,13 @@ class GpuRunner:
 
     def _stopped(self, holder: str, on_free: Callable[[], None] | None) -> None:
         """A stopped load's chunk goes back once the host has stopped it, even if the wait for it is cancelled
-        again (a close that timed out): not while the host may still copy onto it. On a node that went down
-        (not at close) the runtime's round runs: the node may be back."""
+        again (a close that timed out), or its call gave up waiting for the host (``stopping``): not while
+        the host may still copy onto it. On a node that went down (not at close) the runtime's round runs:
+        the node may be back."""
+        fut = self._still_running(holder)
+        if fut is not None:
+            fut.add_done_callback(lambda _: self._stopped(holder, on_free or self.on_free))
+            return
         self.manager.release(self.pool, holder)
         if on_free is not None:
             on_free()

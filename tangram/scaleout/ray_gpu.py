@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tangram.core.grants import CacheDecision, parse_service
 from tangram.executors.base import FAILED, SUCCEEDED, TIMEOUT, ExecResult
@@ -144,8 +145,8 @@ class LocalHandle:
     def __init__(self, host: GpuNodeHost):
         self.host = host
 
-    async def call(self, method: str, *args: Any) -> Any:
-        return await getattr(self.host, method)(*args)
+    async def call(self, method: str, *args: Any, unsettled: Callable[[asyncio.Future], None] | None = None) -> Any:
+        return await getattr(self.host, method)(*args)  # in-process: a cancel reaches the host's own coroutine
 
     async def ping(self) -> None:
         await self.host.ping()
@@ -169,7 +170,11 @@ class RayHandle:
         self.actor = actor
         self.name = name
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: str, *args: Any, unsettled: Callable[[asyncio.Future], None] | None = None) -> Any:
+        """``method`` on the host; on a cancel, the host's call is cancelled too and this waits (bounded) until
+        it has stopped: the caller gives the GPUs back once this returns. A host still running after
+        ``_CANCEL_SETTLE_S`` is handed to ``unsettled`` as a future that ends when it stops (the runner
+        keeps the chunk until then)."""
         import ray
 
         ref = getattr(self.actor, method).remote(*args)
@@ -177,12 +182,16 @@ class RayHandle:
             return await ref
         except asyncio.CancelledError:
             ray.cancel(ref)  # the host's coroutine is cancelled too: a half restore is undone there
-            # The caller gives the GPUs back as soon as this returns: wait (bounded) until the
-            # host has really stopped, or the next action on the chunk finds it still busy there.
+            settle = asyncio.ensure_future(_settled(ref))
             try:
-                await asyncio.wait_for(_settled(ref), _CANCEL_SETTLE_S)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait({settle}, timeout=_CANCEL_SETTLE_S)
+            except asyncio.CancelledError:
                 pass
+            if not settle.done():
+                if unsettled is not None:
+                    unsettled(settle)
+                else:
+                    settle.cancel()
             raise
 
     async def ping(self) -> None:
@@ -209,11 +218,21 @@ class RemoteHost:
     def __init__(self, handle: LocalHandle | RayHandle, node: str):
         self.handle = handle
         self.node = node
+        self._stopping: dict[str, asyncio.Future] = {}  # holder -> its cancelled call, still running there
+
+    def stopping(self, holder: str) -> asyncio.Future | None:
+        """The call of ``holder`` that was cancelled (or timed out) and has not stopped on the host yet."""
+        return self._stopping.get(holder)
+
+    def _unsettled(self, holder: str, fut: asyncio.Future) -> None:
+        self._stopping[holder] = fut
+        fut.add_done_callback(lambda f: self._stopping.pop(holder, None) if self._stopping.get(holder) is f else None)
 
     async def execute(self, decision: CacheDecision, payload: Mapping[str, Any], *,
                       timeout_s: float | None = None) -> ExecResult:
+        keep = functools.partial(self._unsettled, decision.holder)
         try:
-            res = await asyncio.wait_for(self.handle.call("execute", decision, payload), timeout_s)
+            res = await asyncio.wait_for(self.handle.call("execute", decision, payload, unsettled=keep), timeout_s)
         except asyncio.TimeoutError:
             return ExecResult(status=TIMEOUT, error=f"no result within {timeout_s:g} s")
         except asyncio.CancelledError:

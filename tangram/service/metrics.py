@@ -69,6 +69,8 @@ def _gpu_metrics(st: dict | None):
     seconds = CounterMetricFamily("tangram_gpu_restore_seconds", "Seconds spent restoring, by what asked",
                                   labels=["pool", "source"])
     warming = GaugeMetricFamily("tangram_gpu_warm_loading", "Warm-start loads under way", labels=["pool"])
+    stopping = GaugeMetricFamily("tangram_gpu_chunks_stopping", "Chunks kept for a host that has not yet "
+                                 "stopped a cancelled or timed-out call", labels=["pool"])
     for pool, s in sorted(st["nodes"].items()):
         for key, family in counts.items():
             family.add_metric([pool], s[key])
@@ -77,10 +79,12 @@ def _gpu_metrics(st: dict | None):
         seconds.add_metric([pool, "request"], s["request_restore_s"])
         seconds.add_metric([pool, "warm"], s["warm_restore_s"])
         warming.add_metric([pool], s["warming"])
+        stopping.add_metric([pool], s["stopping"])
     yield from counts.values()
     yield restores
     yield seconds
     yield warming
+    yield stopping
 
 
 class _GateCollector:

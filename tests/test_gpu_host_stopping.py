@@ -1,0 +1,169 @@
+"""A remote GPU host that has not stopped an action's call when its cancel's settle time is up keeps the action's
+chunk taken (``GpuManager.detain``) until it has: the next action on those GPUs never finds them busy."""
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+
+import pytest
+
+from tangram.core.grants import Chunk
+from tangram.core.model import Action, Demand
+from tangram.executors.base import TIMEOUT
+from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
+from tangram.runtime.gpu import GpuRunner
+from tangram.scaleout import ray_gpu
+
+GB = 1024
+POOL = "gpu@g0"
+
+
+def _manager() -> GpuManager:
+    return GpuManager([GpuNode("g0", 8, 80 * GB)], [ModelSpec("m", 10 * GB)])
+
+
+def _request(aid: str, dop: int = 4) -> Action:
+    return Action.build(aid, {"gpu": Demand.fixed(dop)}, service="m", payload={"model": "m", "op": "embed"})
+
+
+def test_a_detained_chunk_is_the_managers_own_until_released():
+    gm = _manager()
+    chunk = gm.allocate(POOL, 4, "a1", _request("a1"))  # a miss: its restore is not confirmed
+    key = gm.detain(POOL, "a1")
+    assert key is not None and key != "a1"
+    assert gm.held() == {POOL: {}}  # not an engine grant any more
+    assert gm.buddy("g0").allocated() == [chunk]  # but taken: no plan sees it free
+    st = gm.stats()
+    assert st["stopping"] == 1 and st["failed_restores"] == 1  # the abandoned restore is not resident
+    assert st["nodes"][POOL]["stopping"] == 1
+    from tangram.service.metrics import _gpu_metrics
+
+    gauge = next(f for f in _gpu_metrics(st) if f.name == "tangram_gpu_chunks_stopping")
+    assert [(s.labels, s.value) for s in gauge.samples] == [({"pool": POOL}, 1)]
+    assert not gm.cache("g0").is_resident("m@dop4", chunk)
+    gm.check_invariants()
+    assert gm.release(POOL, "a1") is False  # the engine's release of the action finds nothing
+    assert gm.buddy("g0").allocated() == [chunk]
+    assert gm.release(POOL, key) is True
+    assert gm.buddy("g0").allocated() == [] and gm.stats()["stopping"] == 0
+    assert gm.detain(POOL, "a1") is None  # nothing held: nothing to keep
+    gm.check_invariants()
+
+
+class _Ref:
+    """The ObjectRef of a host call that answers after ``run_s``; a cancel takes it ``stop_s`` to obey."""
+
+    def __init__(self, run_s: float, stop_s: float):
+        self.fut = asyncio.get_running_loop().create_future()
+        self.stop_s = stop_s
+        self.stopped = False
+        self._answer = asyncio.get_running_loop().call_later(run_s, self._set, {"status": "succeeded"})
+
+    def _set(self, value):
+        if not self.fut.done():
+            self.fut.set_result(value)
+
+    def cancel(self):
+        self._answer.cancel()
+        asyncio.get_running_loop().call_later(self.stop_s, self._stop)
+
+    def _stop(self):
+        self.stopped = True
+        if not self.fut.done():
+            self.fut.set_exception(RuntimeError("TaskCancelledError"))
+
+    def __await__(self):
+        return asyncio.shield(self.fut).__await__()
+
+
+def _runner(monkeypatch, run_s: float, stop_s: float, settle_s: float = 0.2):
+    refs: list[_Ref] = []
+
+    def remote(*args):
+        refs.append(_Ref(run_s, stop_s))
+        return refs[-1]
+
+    actor = types.SimpleNamespace(execute=types.SimpleNamespace(remote=remote))
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(cancel=lambda ref: ref.cancel()))
+    monkeypatch.setattr(ray_gpu, "_CANCEL_SETTLE_S", settle_s)
+    gm = _manager()
+    runner = GpuRunner(gm, ray_gpu.RemoteHost(ray_gpu.RayHandle(actor, "tangram-gpu-g0"), "g0"), POOL)
+    rounds: list[int] = []
+    runner.on_free = lambda: rounds.append(1)
+    return gm, runner, refs, rounds
+
+
+async def _until(cond, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_timed_out_call_whose_host_has_not_stopped_keeps_its_chunk_until_it_has(monkeypatch):
+    gm, runner, refs, rounds = _runner(monkeypatch, run_s=30.0, stop_s=0.6)
+    chunk = gm.allocate(POOL, 4, "a1", _request("a1"))
+    res = await runner.run(_request("a1"), None, timeout_s=0.1)
+    assert res.status == TIMEOUT
+    assert not refs[0].stopped  # the settle time (0.2 s) is up, the host still runs there
+    gm.release(POOL, "a1")  # the engine ends the action
+    assert gm.buddy("g0").allocated() == [chunk] and gm.stats()["stopping"] == 1
+    gm.check_invariants()
+    assert rounds == []
+    await _until(lambda: refs[0].stopped)
+    await _until(lambda: not gm.buddy("g0").allocated())
+    assert gm.stats()["stopping"] == 0 and rounds == [1]  # back, and the round runs to use it
+    gm.check_invariants()
+
+
+async def test_a_cancelled_call_whose_host_has_not_stopped_keeps_its_chunk_until_it_has(monkeypatch):
+    gm, runner, refs, rounds = _runner(monkeypatch, run_s=30.0, stop_s=0.6)
+    chunk = gm.allocate(POOL, 4, "a1", _request("a1"))
+    task = asyncio.ensure_future(runner.run(_request("a1"), None))
+    await _until(lambda: refs)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gm.release(POOL, "a1")
+    assert gm.buddy("g0").allocated() == [chunk] and not refs[0].stopped
+    await _until(lambda: not gm.buddy("g0").allocated())
+    assert refs[0].stopped and rounds == [1]
+    gm.check_invariants()
+
+
+async def test_a_host_that_stops_within_the_settle_time_gives_the_chunk_back_with_the_action(monkeypatch):
+    gm, runner, refs, rounds = _runner(monkeypatch, run_s=30.0, stop_s=0.05, settle_s=1.0)
+    gm.allocate(POOL, 4, "a1", _request("a1"))
+    res = await runner.run(_request("a1"), None, timeout_s=0.1)
+    assert res.status == TIMEOUT and refs[0].stopped
+    assert gm.release(POOL, "a1") is True  # still the action's grant: the engine's release frees it
+    assert gm.buddy("g0").allocated() == [] and gm.stats()["stopping"] == 0 and rounds == []
+
+
+async def test_a_warm_load_whose_host_has_not_stopped_keeps_its_chunk_until_it_has(monkeypatch):
+    from tangram.runtime import gpu as runtime_gpu
+
+    gm, runner, refs, rounds = _runner(monkeypatch, run_s=30.0, stop_s=0.6)
+    monkeypatch.setattr(runtime_gpu, "WARM_LOAD_TIMEOUT_S", 0.1)
+    plan = gm.warm_plan("g0")
+    runner.start_warm(lambda: None)
+    await asyncio.wait_for(runner._warm, 10)  # every load timed out
+    assert len(refs) >= 1 and not all(r.stopped for r in refs)
+    assert gm.buddy("g0").allocated()  # the loads' hosts still run: their chunks stay taken
+    assert gm.held() == {POOL: {}}
+    await _until(lambda: all(r.stopped for r in refs))
+    await _until(lambda: not gm.buddy("g0").allocated())
+    assert runner.warm_loads == 0 and gm.cache("g0").instances() == [] and plan
+    gm.check_invariants()
+    await runner.close()
+
+
+def test_a_chunk_kept_for_a_stopping_host_is_not_free_to_the_policy():
+    gm = _manager()
+    gm.allocate(POOL, 8, "a1", _request("a1", 8))
+    gm.detain(POOL, "a1")
+    (state,) = list(gm.pool_states())
+    assert state.free == 0 and state.chunks == ()
+    assert Chunk(0, 8) in gm.buddy("g0").allocated()
