@@ -402,3 +402,37 @@ async def test_cancel_while_the_node_dies_never_waits_on_the_dead_node_past_the_
     with pytest.raises(asyncio.CancelledError):
         await call
     assert asyncio.get_running_loop().time() - t0 < 1.0
+
+
+@pytest.mark.parametrize("where", ["second host", "runtime"])
+async def test_a_scaleout_build_that_fails_part_way_kills_the_gpu_hosts_it_had_started(monkeypatch, where):
+    """A build failing while it starts its GPU hosts (the second node's), or after (its runtime), kills the
+    hosts already started and forgets them: a failed start leaves no actor behind."""
+    from tangram.scaleout import build as scaleout_build
+    from tangram.scaleout import ray_gpu
+
+    killed: list[str] = []
+    started: list[GpuHosts] = []
+    start = GpuHosts.start
+
+    def failing_start(self, node, *args, **kw):
+        started.append(self)
+        if where == "second host" and node == "g1":
+            raise RuntimeError("the host of g1 did not start")
+        return start(self, node, *args, **kw)
+
+    def failing_runtime(self, *args, **kw):
+        raise RuntimeError("the runtime did not start")
+
+    monkeypatch.setattr(GpuHosts, "start", failing_start)
+    monkeypatch.setattr(ray_gpu.LocalHandle, "kill", lambda self: killed.append(self.host.node))
+    if where == "runtime":
+        monkeypatch.setattr(scaleout_build.Scaleout, "runtime", failing_runtime)
+    node = {"gpus": 2, "memory_mb_per_gpu": 1000, "services": [{"name": "rm", "state_mb": 10}]}
+    cfg = parse_config({"cpu_nodes": [], "gpu_nodes": [{"name": "g0", **node}, {"name": "g1", **node}],
+                        "scaleout": {"gpu_host": {}}})
+    with pytest.raises(RuntimeError, match="did not start"):
+        await build_runtime(cfg)
+    assert started and all(h is started[0] for h in started)
+    assert killed == (["g0"] if where == "second host" else ["g0", "g1"])
+    assert started[0].handles == {}
