@@ -57,6 +57,7 @@ PYTHONPATH="$PWD" env -u CI "$venv/bin/python" -m pytest -q -p no:cacheprovider 
     tests/test_policy_arrange.py tests/test_policy_greedy.py tests/test_policy_schedule.py \
     tests/test_policy_fastpaths.py tests/test_buddy.py tests/test_cpu_manager.py tests/test_gpu_manager.py \
     tests/test_basic_manager.py tests/test_service_cache.py tests/test_runtime.py tests/test_service_api.py \
+    tests/test_gpu_host_stopping.py \
     tests/test_service_kinds.py tests/test_service_edge.py tests/test_client.py tests/test_simulator.py
 
 here="$(PYTHONPATH="$PWD" "$venv/bin/python" scripts/decision_digest.py --json)"

@@ -152,7 +152,8 @@ async def test_a_warm_load_whose_host_has_not_stopped_keeps_its_chunk_until_it_h
     await asyncio.wait_for(runner._warm, 10)  # every load timed out
     assert len(refs) >= 1 and not all(r.stopped for r in refs)
     assert gm.buddy("g0").allocated()  # the loads' hosts still run: their chunks stay taken
-    assert gm.held() == {POOL: {}}
+    st = gm.stats()
+    assert st["stopping"] == len(gm.buddy("g0").allocated()) and st["warming"] == 0  # kept, not loading
     await _until(lambda: all(r.stopped for r in refs))
     await _until(lambda: not gm.buddy("g0").allocated())
     assert runner.warm_loads == 0 and gm.cache("g0").instances() == [] and plan
@@ -167,3 +168,53 @@ def test_a_chunk_kept_for_a_stopping_host_is_not_free_to_the_policy():
     (state,) = list(gm.pool_states())
     assert state.free == 0 and state.chunks == ()
     assert Chunk(0, 8) in gm.buddy("g0").allocated()
+
+
+async def test_through_the_runtime_an_action_after_a_timed_out_one_waits_until_its_host_has_stopped(monkeypatch):
+    """The dispatcher's safety net ends a timed-out model action 2 s after its timeout, before the host's
+    settle time is up (and before ``wait_for`` hands its cancel on, on Python 3.10 and 3.11): the chunk
+    is still kept, and the next action on those GPUs starts only once the host has stopped."""
+    from tangram.core.engine import Engine
+    from tangram.runtime import dispatch
+    from tangram.runtime.driver import Runtime
+
+    refs: list[_Ref] = []
+    started_after_stop: list[bool] = []
+
+    def remote(*args):
+        started_after_stop.append(all(r.stopped for r in refs))
+        refs.append(_Ref(30.0 if not refs else 0.01, 0.8))
+        return refs[-1]
+
+    actor = types.SimpleNamespace(execute=types.SimpleNamespace(remote=remote))
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(cancel=lambda ref: ref.cancel()))
+    monkeypatch.setattr(ray_gpu, "_CANCEL_SETTLE_S", 5.0)
+    monkeypatch.setattr(dispatch, "TIMEOUT_GRACE_S", 0.05)
+    gm = _manager()
+    runner = GpuRunner(gm, ray_gpu.RemoteHost(ray_gpu.RayHandle(actor, "tangram-gpu-g0"), "g0"), POOL)
+    rt = Runtime(Engine([gm]), model_executors={"g0": runner}, models={"m"})
+    assert runner.on_free == rt.tick  # the runtime wires the round to a kept chunk's return
+    try:
+        a = rt.submit(rt.build_action("model", {"gpu": 8}, payload={"model": "m"}, timeout_s=0.1))
+        b = rt.submit(rt.build_action("model", {"gpu": 8}, payload={"model": "m"}))
+        first = await asyncio.wait_for(rt.wait(a), 3)
+        assert first.status == "timeout" and not refs[0].stopped
+        assert gm.stats()["stopping"] == 1 and len(refs) == 1  # b waits: the host still runs on the GPUs
+        second = await asyncio.wait_for(rt.wait(b), 5)
+        assert second.status == "succeeded" and refs[0].stopped and started_after_stop == [True, True]
+        assert gm.stats()["stopping"] == 0
+        gm.check_invariants()
+    finally:
+        await rt.close()
+
+
+def test_an_action_id_run_again_while_its_last_run_still_stops_gets_a_chunk_kept_apart():
+    gm = _manager()
+    gm.allocate(POOL, 4, "a1", _request("a1"))
+    first = gm.detain(POOL, "a1")
+    gm.allocate(POOL, 4, "a1", _request("a1"))  # the same id again (an in-process caller's own id)
+    second = gm.detain(POOL, "a1")
+    assert first != second and gm.stats()["stopping"] == 2
+    gm.check_invariants()
+    assert gm.release(POOL, first) and gm.release(POOL, second)
+    assert gm.buddy("g0").allocated() == []

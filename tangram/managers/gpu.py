@@ -61,6 +61,7 @@ class GpuManager(ResourceManager):
         self._holders: dict[str, dict[str, Chunk]] = {}
         self._warming: set[str] = set()  # the holders that are a warm start's loads (warm)
         self._stopping: set[str] = set()  # chunks kept from holders whose host has not stopped yet (detain)
+        self._detained = 0
         self._restores: dict[str, _RestoreBooks] = {}  # pool -> its restores, by what asked for them
         models = list(models)
         for node in nodes:
@@ -167,7 +168,8 @@ class GpuManager(ResourceManager):
         """Cache counters summed over nodes, plus each node's own. A warm start's loads are among
         ``misses``, ``restores`` and ``restore_s``; ``warm_loads`` and ``warm_restore_s`` are theirs
         alone, ``request_restores`` and ``request_restore_s`` the requests', ``warming`` the loads under
-        way; ``hit_rate`` is the requests' own (warm loads left out). Each sum only grows."""
+        way, ``stopping`` the chunks kept for a host that has not stopped a call (``detain``);
+        ``hit_rate`` is the requests' own (warm loads left out). Each sum only grows."""
         per = {}
         for pool, c in self._cache.items():
             books = self._restores[pool]
@@ -247,7 +249,8 @@ class GpuManager(ResourceManager):
         chunk = self._holders.get(pool, {}).pop(holder, None)
         if chunk is None:
             return None
-        key = f"{holder}#stopping"
+        self._detained += 1
+        key = f"{holder}#stopping-{self._detained}"  # unique: an id run again while its last run still stops
         self._warming.discard(holder)
         cache = self._cache[pool]
         cache.end(holder)

@@ -38,6 +38,7 @@ from tangram.runtime.loose import LooseTrajectories
 from tangram.runtime.upstream import requeue_after_429
 from tangram.runtime.dispatch import Dispatcher, ExecutorTimedOut, allocation_of, placement_of
 from tangram.runtime.environments import Environment, Environments, network_node, quietly
+from tangram.runtime.gpu import wire_rounds
 from tangram.runtime.job import Job
 from tangram.runtime.stats import RuntimeStats
 
@@ -56,9 +57,7 @@ class Runtime:
     """
 
     def __init__(
-        self,
-        engine: Engine,
-        *,
+        self, engine: Engine, *,
         env_executors: Mapping[str, EnvironmentExecutor] | None = None,
         http_executor: Any = None,
         model_executors: Mapping[str, Any] | Any = None,
@@ -70,6 +69,7 @@ class Runtime:
         self.engine = engine
         self.clock = engine.clock
         self.dispatcher = Dispatcher(dict(env_executors or {}), http_executor, model_executors)
+        wire_rounds(model_executors, self.tick)  # a GPU chunk kept for a host still stopping comes back
         self.env_registry = Environments(self.dispatcher.env_executors)
         self.loose = LooseTrajectories(engine.generating)  # the trajectories http and model actions name
         # the models the GPU nodes can serve (None: unchecked); an unknown one never reaches a manager

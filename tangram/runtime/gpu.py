@@ -114,8 +114,11 @@ class GpuRunner:
                 started, pending = self.manager.warm_next(self.pool, pending)
                 for holder, decision in started:
                     running[asyncio.ensure_future(self._load(decision, holder))] = holder
-                if not running:
-                    break  # requests hold what is left: the node is busy, its warm start ends
+                if not running:  # requests (or hosts still stopping a load) hold what is left
+                    if pending:
+                        log.info("%s: its warm start ends with %d loads not begun: their chunks are taken",
+                                 self.pool, len(pending))
+                    break
                 await asyncio.wait({*running, *([downw] if downw is not None else [])},
                                    return_when=asyncio.FIRST_COMPLETED)
                 for task in [t for t in running if t.done()]:  # every load that ended, whatever woke the wait
@@ -149,7 +152,9 @@ class GpuRunner:
         the node may be back."""
         fut = self._still_running(holder)
         if fut is not None:
-            fut.add_done_callback(lambda _: self._stopped(holder, on_free or self.on_free))
+            key = self.manager.detain(self.pool, holder)  # counted as stopping, no longer as warming
+            if key is not None:
+                fut.add_done_callback(lambda _: self._stopped(key, on_free or self.on_free))
             return
         self.manager.release(self.pool, holder)
         if on_free is not None:
@@ -179,3 +184,12 @@ class GpuRunner:
 
 def _is_set(event: asyncio.Event | None) -> bool:
     return event is not None and event.is_set()
+
+
+def wire_rounds(model_executors: Mapping[str, Any] | Any, on_free: Callable[[], None]) -> None:
+    """Give each :class:`GpuRunner` among a runtime's model executors (a scale-out node's behind its guard)
+    the runtime's round, run when a chunk it kept for a host still stopping a call is free again."""
+    for ex in (model_executors.values() if isinstance(model_executors, Mapping) else [model_executors]):
+        runner = getattr(ex, "inner", ex)
+        if isinstance(runner, GpuRunner) and runner.on_free is None:
+            runner.on_free = on_free

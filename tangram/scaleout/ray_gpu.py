@@ -171,10 +171,10 @@ class RayHandle:
         self.name = name
 
     async def call(self, method: str, *args: Any, unsettled: Callable[[asyncio.Future], None] | None = None) -> Any:
-        """``method`` on the host; on a cancel, the host's call is cancelled too and this waits (bounded) until
-        it has stopped: the caller gives the GPUs back once this returns. A host still running after
-        ``_CANCEL_SETTLE_S`` is handed to ``unsettled`` as a future that ends when it stops (the runner
-        keeps the chunk until then)."""
+        """``method`` on the host; on a cancel, the host's call is cancelled too, handed at once to
+        ``unsettled`` as a future that ends when the host has stopped it (the runner keeps the chunk until
+        then, whenever it looks: a caller cancelled again stops waiting here), and this waits for that,
+        at most ``_CANCEL_SETTLE_S``."""
         import ray
 
         ref = getattr(self.actor, method).remote(*args)
@@ -183,15 +183,14 @@ class RayHandle:
         except asyncio.CancelledError:
             ray.cancel(ref)  # the host's coroutine is cancelled too: a half restore is undone there
             settle = asyncio.ensure_future(_settled(ref))
+            if unsettled is not None:
+                unsettled(settle)
             try:
                 await asyncio.wait({settle}, timeout=_CANCEL_SETTLE_S)
             except asyncio.CancelledError:
                 pass
-            if not settle.done():
-                if unsettled is not None:
-                    unsettled(settle)
-                else:
-                    settle.cancel()
+            if not settle.done() and unsettled is None:
+                settle.cancel()  # nobody waits for it (a ping's caller)
             raise
 
     async def ping(self) -> None:

@@ -126,8 +126,6 @@ async def _build(cfg: ClusterConfig, made: list[Callable[[], Awaitable[Any]]]) -
     probe = scale is None and any(n.warm_start is None and n.device is None for n in cfg.gpu_nodes)
     cuda_visible = _cuda_visible() if probe else False
     for n in cfg.gpu_nodes:  # each runner's task ends with its close, as the runtime closes
-        runner = model_executors[n.name]
-        getattr(runner, "inner", runner).on_free = rt.tick  # a chunk kept for a host still stopping is back
         if warm_start_on(n, cuda_visible):  # scale-out: the node's down signal ends its warm start too
             signals = getattr(rt, "signals", None)
             model_executors[n.name].start_warm(
