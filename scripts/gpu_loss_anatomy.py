@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from knob_grid import grid as knob_grid  # noqa: E402
 from stress_families import draw  # noqa: E402
 
 from tangram.simulator import simulate  # noqa: E402
-from tangram.simulator.policies import policy_spec  # noqa: E402
+from tangram.simulator.policies import policy_spec, warm_started  # noqa: E402
 from tangram.simulator.workload import parse_workload  # noqa: E402
 
 FREE_GBPS = 1e6  # loading 130 GB takes 5 us a GPU: free at the simulator's scale
@@ -57,7 +56,7 @@ def grid() -> list[dict]:
 
 def _spec(name: str, setting: dict | None = None):
     spec = spec_for(setting) if name == "tangram" else policy_spec(name)
-    return replace(spec, gpu_warm=False)  # the cold start's anatomy (above); static-services has its own GPUs
+    return warm_started(spec, False)  # the cold start's anatomy (above)
 
 
 def _measures(summary: dict) -> list[float]:

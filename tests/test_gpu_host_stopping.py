@@ -212,9 +212,43 @@ def test_an_action_id_run_again_while_its_last_run_still_stops_gets_a_chunk_kept
     gm = _manager()
     gm.allocate(POOL, 4, "a1", _request("a1"))
     first = gm.detain(POOL, "a1")
-    gm.allocate(POOL, 4, "a1", _request("a1"))  # the same id again (an in-process caller's own id)
-    second = gm.detain(POOL, "a1")
+    chunk = gm.allocate(POOL, 4, "a1", _request("a1"))  # the same id again (an in-process caller's own id)
+    assert gm.detain(POOL, "a1", Chunk(4 - chunk.start, 4)) is None  # another run's chunk: not taken
+    second = gm.detain(POOL, "a1", chunk)
     assert first != second and gm.stats()["stopping"] == 2
     gm.check_invariants()
     assert gm.release(POOL, first) and gm.release(POOL, second)
     assert gm.buddy("g0").allocated() == []
+
+
+@pytest.mark.parametrize("cancels", [1, 2])
+async def test_behind_a_scaleout_nodes_guard_a_cancelled_call_keeps_its_chunk_even_cancelled_twice(monkeypatch, cancels):
+    """A scale-out GPU node's runner sits behind its node guard: a second cancel (a second DELETE, a shutdown
+    after one) is handed on and waited through, so the runner keeps the chunk before the action ends and
+    the engine releases it."""
+    from tangram.core.engine import Engine
+    from tangram.scaleout.cluster import ClusterRuntime
+    from tangram.scaleout.gate import DownNodes, gate_all
+
+    gm, runner, refs, rounds = _runner(monkeypatch, run_s=30.0, stop_s=1.0, settle_s=5.0)
+    runner.on_free = None  # the runtime wires its own round
+    down = DownNodes()
+    rt = ClusterRuntime(Engine(gate_all([gm], down)), down=down, model_executors={"g0": runner}, models={"m"})
+    try:
+        a = rt.submit(rt.build_action("model", {"gpu": 8}, payload={"model": "m"}))
+        await _until(lambda: refs)
+        for _ in range(cancels):
+            rt.cancel(a)
+            await asyncio.sleep(0.05)
+        out = await asyncio.wait_for(rt.wait(a), 8)
+        assert out.status == "cancelled"
+        if cancels == 1:  # the cancel waited for the host to stop (within the settle time)
+            assert refs[0].stopped and not gm.buddy("g0").allocated() and gm.stats()["stopping"] == 0
+        else:  # the second cancel ended the wait: the action ended first, its chunk kept
+            assert not refs[0].stopped
+            assert gm.buddy("g0").allocated() == [Chunk(0, 8)] and gm.stats()["stopping"] == 1
+        await _until(lambda: refs[0].stopped and not gm.buddy("g0").allocated())
+        assert gm.stats()["stopping"] == 0
+        gm.check_invariants()
+    finally:
+        await rt.close()

@@ -223,6 +223,13 @@ def test_mopd_2048_both_ways_on_replicas_is_what_the_docs_say():
         said = "warm at or below cold on " if s == 0 else ""
         assert (f"{(ratios[2] + ratios[3]) / 2:.3f} on seed {s} ({ratios[0]:.3f}-{ratios[-1]:.3f}; "
                 f"{said}{below} of 6)") in text
+        if s == 0:  # the sweep's own run, and how far the replicas move
+            assert (f"{warm[0][0] / cold[0][0] - 1:.1%} above the cold one on seed 0 "
+                    f"({warm[0][0]:.1f} s against {cold[0][0]:.1f} s)") in text
+            assert f"the sweep's seed-0 ratio ({warm[0][0] / cold[0][0]:.3f})" in text
+            lo, hi = min(c[0] for c in cold), max(c[0] for c in cold)
+            assert f"by up to {hi / lo - 1:.0%} from replica to replica (cold seed 0: {lo:.1f}-{hi:.1f} s)" in text
+            assert max(max(r[0] for r in side) / min(r[0] for r in side) for side in sides.values()) <= hi / lo
         p99 += [w[1] / c[1] for w, c in zip(warm, cold)]
         assert all(w[2] == pytest.approx(c[2], rel=1e-4) for w, c in zip(warm, cold))  # the same step
     assert f"ratios are {min(p99):.3f}-{max(p99):.3f} over the 18 pairs" in text

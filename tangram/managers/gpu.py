@@ -169,7 +169,8 @@ class GpuManager(ResourceManager):
         ``misses``, ``restores`` and ``restore_s``; ``warm_loads`` and ``warm_restore_s`` are theirs
         alone, ``request_restores`` and ``request_restore_s`` the requests', ``warming`` the loads under
         way, ``stopping`` the chunks kept for a host that has not stopped a call (``detain``);
-        ``hit_rate`` is the requests' own (warm loads left out). Each sum only grows."""
+        ``hit_rate`` is the requests' own (warm loads left out). Each sum but ``warming`` and ``stopping``
+        (counts of now) only grows."""
         per = {}
         for pool, c in self._cache.items():
             books = self._restores[pool]
@@ -240,15 +241,17 @@ class GpuManager(ResourceManager):
         self._buddy[pool].release(chunk)
         return True
 
-    def detain(self, pool: str, holder: str) -> str | None:
+    def detain(self, pool: str, holder: str, chunk: Chunk | None = None) -> str | None:
         """Keep ``holder``'s chunk taken once ``holder`` is done, under a holder of its own (returned) that
         ``release`` frees: its host has not stopped running there yet (a cancel it has not obeyed), and
         the next action on the chunk would find its devices busy. The cache forgets an unconfirmed
         restore as ``end`` does; the chunk is no longer a grant of the engine's (``held``). None:
-        ``holder`` holds nothing here (the engine has already released it)."""
-        chunk = self._holders.get(pool, {}).pop(holder, None)
-        if chunk is None:
+        ``holder`` holds nothing here (the engine has already released it), or not ``chunk`` (given: the
+        one its call ran on)."""
+        held = self._holders.get(pool, {}).get(holder)
+        if held is None or (chunk is not None and held != chunk):
             return None
+        chunk = self._holders[pool].pop(holder)
         self._detained += 1
         key = f"{holder}#stopping-{self._detained}"  # unique: an id run again while its last run still stops
         self._warming.discard(holder)

@@ -56,10 +56,10 @@ class GpuRunner:
         try:
             res = await self.host.execute(decision, payload, timeout_s=timeout_s)
         except asyncio.CancelledError:
-            self._keep_until_stopped(action.id)
+            self._keep_until_stopped(action.id, decision.chunk)
             raise
         if res.status == TIMEOUT:
-            self._keep_until_stopped(action.id)
+            self._keep_until_stopped(action.id, decision.chunk)
         if res.status == SUCCEEDED and res.restored:
             # only now is the service resident in the books (a cancelled restore is forgotten by `end`)
             self.manager.restored(self.pool, action.id, res.restore_s)
@@ -70,14 +70,14 @@ class GpuRunner:
         fut = stopping(holder) if stopping is not None else None
         return fut if fut is not None and not fut.done() else None
 
-    def _keep_until_stopped(self, holder: str) -> None:
+    def _keep_until_stopped(self, holder: str, chunk: Any) -> None:
         """An action's call was cancelled or timed out and its host has not stopped it: its chunk stays
         taken (``GpuManager.detain``) until the host has, then goes back and the round runs."""
         fut = self._still_running(holder)
         if fut is None:
             return
-        key = self.manager.detain(self.pool, holder)
-        if key is None:
+        key = self.manager.detain(self.pool, holder, chunk)
+        if key is None:  # the engine released it first (the node went down), or it is another run's now
             return
         log.warning("%s: the host has not stopped %s after its cancel: its GPUs stay held until it does",
                     self.pool, holder)

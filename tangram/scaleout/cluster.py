@@ -93,12 +93,19 @@ class NodeGuard:
             await asyncio.wait({task, downw}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             task.cancel()
-            # the executor kills what it started before returning: wait for that, but only
+            # the executor kills what it started before returning: wait for that, through further cancels
+            # (each handed on: a GPU runner then keeps its chunk for a host still stopping), but only
             # grace_s more once the node is dead (a kill sent to a dead engine may hang)
-            if not ev.is_set():
-                await asyncio.wait({task, downw}, return_when=asyncio.FIRST_COMPLETED)
+            while not task.done() and not ev.is_set():
+                try:
+                    await asyncio.wait({task, downw}, return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:
+                    task.cancel()
             if not task.done():
-                await asyncio.wait({task}, timeout=self.grace_s)
+                try:
+                    await asyncio.wait({task}, timeout=self.grace_s)
+                except asyncio.CancelledError:
+                    pass
             downw.cancel()
             if task.done():
                 _swallow(task)

@@ -190,7 +190,7 @@ class RayHandle:
             except asyncio.CancelledError:
                 pass
             if not settle.done() and unsettled is None:
-                settle.cancel()  # nobody waits for it (a ping's caller)
+                settle.cancel()  # nobody waits for it
             raise
 
     async def ping(self) -> None:
