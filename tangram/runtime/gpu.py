@@ -44,7 +44,7 @@ class GpuRunner:
         self.pool = pool
         self.warm_loads = 0  # instances the warm start loaded (start_warm)
         self._warm: asyncio.Task | None = None
-        # the runtime's round (set by the build): a chunk kept for a host that had not stopped is free again
+        # the runtime's round (wire_rounds): a chunk kept for a host that had not stopped is free again
         self.on_free: Callable[[], None] | None = None
 
     async def run(self, action: Action, placement: Placement, *, timeout_s: float | None = None) -> ExecResult:
