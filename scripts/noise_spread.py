@@ -32,7 +32,6 @@ import json
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,11 +39,11 @@ sys.path.append(str(Path(__file__).resolve().parent))  # stress_families, when l
 
 from tangram.core.errors import TangramError  # noqa: E402
 from tangram.demo.results import judge  # noqa: E402
-from tangram.simulator.policies import PolicySpec, policy_spec, warm_started  # noqa: E402
+from tangram.simulator.policies import PolicySpec, policy_spec  # noqa: E402
 from tangram.simulator.sim import Simulation  # noqa: E402
 from tangram.simulator.workload import load_workload, parse_workload  # noqa: E402
 
-from policy_stress import _param  # noqa: E402
+from policy_stress import _param, spec_of  # noqa: E402
 from stress_families import DRAW, draw  # noqa: E402
 
 MEASURES = ("mean_act_s", "p99_act_s", "step_time_s")
@@ -93,10 +92,7 @@ def _workload(point: tuple):
 def _spec(policy: str, params: tuple, warm: bool = True) -> PolicySpec:
     """``policy`` as named, tangram with ``params`` (FIELD, VALUE) pairs changed; ``warm`` False: GPU nodes on
     tangram's GPU manager start cold (``--cold-start``)."""
-    spec = policy_spec(policy)
-    if policy == "tangram" and params:
-        spec = replace(spec, params=replace(spec.params, **dict(params)))
-    return warm_started(spec, warm)
+    return spec_of(policy, dict(params), warm)
 
 
 def _one(task: tuple) -> tuple[tuple, dict]:

@@ -66,7 +66,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tangram.policy.snapshot import PolicyParams  # noqa: E402
-from tangram.simulator.policies import has_warm_start, policy_spec, warm_started  # noqa: E402
+from tangram.simulator.policies import PolicySpec, has_warm_start, policy_spec, warm_started  # noqa: E402
 from tangram.simulator.sim import simulate  # noqa: E402
 from tangram.simulator.workload import parse_workload  # noqa: E402
 
@@ -153,11 +153,7 @@ def _run_one(job: tuple) -> dict | None:
         names = tuple(n for n in names if n not in keep)
     names += tuple(n for n in also if n not in names)
     for name in names:
-        spec = policy_spec(name)
-        if name == "tangram" and params:
-            spec = replace(spec, params=replace(spec.params, **params))
-        spec = warm_started(spec, name in warmed)
-        s = simulate(wl, spec, seed=sim_seed).summary
+        s = simulate(wl, spec_of(name, params, name in warmed), seed=sim_seed).summary
         results[name] = [s[m] for m in MEASURES]
         if s["failed"]:
             failed[name] = s["failed"]  # actions it gave up on (api-naive): its ACT and step skip that work
@@ -175,6 +171,15 @@ def _stored_baselines(path: str, sim_seed: int) -> tuple[dict[tuple[str, int], d
         raise SystemExit(f"--baselines-from: {path} ran simulation seed {earlier.get('sim_seed')}, not {sim_seed}")
     mode = earlier.get("warm_start", False)  # outputs from before the warm start was the default ran cold
     return {(r["family"], r["seed"]): r for r in earlier["workloads"]}, mode
+
+
+def spec_of(name: str, params: dict | None, warm: bool) -> PolicySpec:
+    """``name``'s spec, tangram's with ``params`` (PolicyParams fields) changed; its GPU nodes' warm start
+    ``warm`` where it has one."""
+    spec = policy_spec(name)
+    if name == "tangram" and params:
+        spec = replace(spec, params=replace(spec.params, **params))
+    return warm_started(spec, warm)
 
 
 def warmed_policies(names: tuple[str, ...], warm: bool | str) -> set[str]:

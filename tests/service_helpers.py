@@ -63,6 +63,15 @@ async def running_service(cfg=None, **kw: Any) -> AsyncIterator[Service]:
         await runner.cleanup()
 
 
+async def until(pred, timeout_s: float = 3.0) -> None:
+    """Wait until ``pred()`` holds, polling every 10 ms; fail after ``timeout_s``."""
+    for _ in range(int(timeout_s / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached in time")
+
+
 async def settle(rt: Runtime, timeout_s: float = 5.0) -> None:
     """Wait until nothing runs or waits (a cancelled action's kill takes a moment)."""
     loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@ chunk taken (``GpuManager.detain``) until it has: the next action on those GPUs 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import types
 
@@ -14,6 +15,7 @@ from tangram.executors.base import TIMEOUT
 from tangram.managers.gpu import GpuManager, GpuNode, ModelSpec
 from tangram.runtime.gpu import GpuRunner
 from tangram.scaleout import ray_gpu
+from tests.service_helpers import until
 
 GB = 1024
 POOL = "gpu@g0"
@@ -94,12 +96,7 @@ def _runner(monkeypatch, run_s: float, stop_s: float, settle_s: float = 0.2):
     return gm, runner, refs, rounds
 
 
-async def _until(cond, timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < end, "timed out"
-        await asyncio.sleep(0.01)
+_until = functools.partial(until, timeout_s=5.0)
 
 
 async def test_a_timed_out_call_whose_host_has_not_stopped_keeps_its_chunk_until_it_has(monkeypatch):

@@ -14,6 +14,7 @@ from tangram.core.errors import UnavailableError
 from tangram.executors.base import SUCCEEDED
 from tangram.scaleout.cluster import EnvironmentLostError
 from tangram.scaleout.health import HealthMonitor
+from tests.service_helpers import until
 from tests.test_scaleout import SleepExecutor, make_cluster
 
 
@@ -32,14 +33,6 @@ class KeepingExecutor(SleepExecutor):
         await self.gate.wait()
         self.reattached.append(env_id)
         return env_id in self.envs
-
-
-async def until(pred, timeout_s: float = 3.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if pred():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in time")
 
 
 async def placed(rt, env_id: str) -> str:

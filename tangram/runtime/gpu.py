@@ -70,18 +70,20 @@ class GpuRunner:
         fut = stopping(holder) if stopping is not None else None
         return fut if fut is not None and not fut.done() else None
 
-    def _keep_until_stopped(self, holder: str, chunk: Any) -> None:
-        """An action's call was cancelled or timed out and its host has not stopped it: its chunk stays
-        taken (``GpuManager.detain``) until the host has, then goes back and the round runs."""
+    def _keep_until_stopped(self, holder: str, chunk: Any = None, on_free: Callable[[], None] | None = None) -> bool:
+        """``holder``'s call (an action's, a warm load's) was cancelled or timed out and its host has not
+        stopped it: its chunk stays taken (``GpuManager.detain``: counted as stopping) until the host has,
+        then goes back and ``on_free`` (else the runtime's round) runs. False: the host has stopped it."""
         fut = self._still_running(holder)
         if fut is None:
-            return
+            return False
         key = self.manager.detain(self.pool, holder, chunk)
         if key is None:  # the engine released it first (the node went down), or it is another run's now
-            return
+            return True
         log.warning("%s: the host has not stopped %s after its cancel: its GPUs stay held until it does",
                     self.pool, holder)
-        fut.add_done_callback(lambda _: self._stopped(key, self.on_free))
+        fut.add_done_callback(lambda _: self._stopped(key, on_free or self.on_free))
+        return True
 
     def start_warm(self, on_free: Callable[[], None], down: Callable[[], asyncio.Event] | None = None) -> None:
         """Load this node's warm plan in the background (:mod:`tangram.managers.gpu_warm`): every load whose
@@ -150,11 +152,7 @@ class GpuRunner:
         again (a close that timed out), or its call gave up waiting for the host (``stopping``): not while
         the host may still copy onto it. On a node that went down (not at close) the runtime's round runs:
         the node may be back."""
-        fut = self._still_running(holder)
-        if fut is not None:
-            key = self.manager.detain(self.pool, holder)  # counted as stopping, no longer as warming
-            if key is not None:
-                fut.add_done_callback(lambda _: self._stopped(key, on_free or self.on_free))
+        if self._keep_until_stopped(holder, on_free=on_free):
             return
         self.manager.release(self.pool, holder)
         if on_free is not None:

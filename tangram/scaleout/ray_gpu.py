@@ -225,7 +225,12 @@ class RemoteHost:
 
     def _unsettled(self, holder: str, fut: asyncio.Future) -> None:
         self._stopping[holder] = fut
-        fut.add_done_callback(lambda f: self._stopping.pop(holder, None) if self._stopping.get(holder) is f else None)
+
+        def stopped(f: asyncio.Future) -> None:
+            if self._stopping.get(holder) is f:  # not a later call of the same holder's
+                del self._stopping[holder]
+
+        fut.add_done_callback(stopped)
 
     async def execute(self, decision: CacheDecision, payload: Mapping[str, Any], *,
                       timeout_s: float | None = None) -> ExecResult:
